@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""mfsdp: enable, check and verify Megatron FSDP in Megatron-Bridge jobs.
+
+This is the one entry point the skill's agent calls (``python3 scripts/mfsdp.py
+COMMAND ...`` from the skill folder). It is deliberately thin: it knows the
+command names and one line about each, and imports the module behind a command
+only when that command runs. Two reasons:
+
+* speed: ``check`` must start in a few interpreter start-ups, so nothing heavy
+  (jsonschema, the checkpoint reader, the memory model) is imported for it;
+* isolation: a broken optional part (say, the GPU smoke launcher) cannot stop
+  the offline commands from working.
+
+Each command module under ``mfsdp_lib`` provides ``configure(parser)`` (adds its
+arguments to an ``argparse`` parser) and ``run(args) -> int`` (the exit code).
+Errors in the user's input are raised as ``mfsdp_lib.findings.InputError`` and
+become one line on stderr with exit code 2, never a traceback.
+
+Runs on Python 3.10+ with the standard library and PyYAML.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# The library lives next to this file; make it importable however we are run
+# (from the skill root, from an installed copy, through a symlink).
+_HERE = os.path.dirname(os.path.realpath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+MIN_PYTHON = (3, 10)  # NVIDIA's PyTorch containers ship 3.10 and newer.
+
+# name -> (module under mfsdp_lib, one-line summary). The order is the order
+# of --help, which follows the enablement workflow in SKILL.md.
+COMMANDS = {
+    "check": ("cli_check", "check a Bridge config against every Megatron FSDP rule at once"),
+    "enable": ("cli_enable", "apply the Megatron FSDP overrides to a config and say what changed"),
+    "memory": ("cli_memory", "estimate per-GPU memory for DDP, distributed optimizer and each FSDP strategy"),
+    "ckpt": ("cli_ckpt", "tell a checkpoint's real format and whether it matches its run config"),
+    "log": ("cli_log", "judge a training log: finite loss, skipped/NaN iterations, known failures"),
+    "anchors": ("cli_anchors", "verify the skill's code anchors against the installed Megatron-Bridge"),
+    "rules": ("cli_rules", "list the rule table, or write references/rules.md from it"),
+    "smoke": ("cli_smoke", "run the GPU smoke test (torchrun + Megatron-Bridge pretrain)"),
+}
+
+EPILOG = """\
+Typical flow:
+  mfsdp.py check my_run_config.yaml          # every problem, with its fix
+  mfsdp.py enable my_run_config.yaml -o fsdp.yaml
+  mfsdp.py memory fsdp.yaml --gpu-mem-gib 80  # will it fit, per strategy
+  mfsdp.py smoke --nproc-per-node 2           # real run on GPUs
+  mfsdp.py log train.log; mfsdp.py ckpt /path/to/checkpoints
+
+Exit codes: 0 ok, 1 findings of error severity, 2 unusable input.
+Run 'mfsdp.py COMMAND --help' for a command's options.
+"""
+
+
+def _top_help(prog: str) -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = [
+        f"usage: {prog} COMMAND [ARGS ...]",
+        "",
+        "Enable, check and verify Megatron FSDP in Megatron-Bridge training jobs.",
+        "",
+        "commands:",
+    ]
+    for name, (_, summary) in COMMANDS.items():
+        lines.append(f"  {name:<{width}}  {summary}")
+    lines.append("")
+    lines.append(EPILOG)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "mfsdp.py"
+    if sys.version_info < MIN_PYTHON:
+        sys.stderr.write(f"{prog}: needs Python {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer\n")
+        return 2
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(_top_help(prog))
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from mfsdp_lib import __version__
+
+        print(f"{prog} {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        sys.stderr.write(f"{prog}: unknown command '{name}'{hint}; run '{prog} --help'\n")
+        return 2
+
+    from mfsdp_lib import cliutil
+
+    return cliutil.run_command(prog, name, COMMANDS[name], rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Findings: the one shape every checking command reports in.
+
+``check``, ``ckpt`` and ``log`` all report a list of findings, each with a stable
+rule id, a severity, the dotted config ``path`` to change (or the file it is
+about), a message that names the value found, and a concrete ``fix``. Keeping a
+single record and a single renderer means the JSON contract
+``{"ok": bool, "findings": [{"rule", "severity", "path", "message", "fix"}]}``
+is the same everywhere, and tests can assert on it once.
+
+Exit codes are shared too (``EXIT_*``): 0 no error-severity finding, 1 at least
+one, 2 unusable input (raised as ``InputError`` and printed as one line).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_INPUT = 2
+
+SEVERITIES = ("error", "warning", "info")  # most to least severe; the text report keeps this order
+
+
+class InputError(Exception):
+    """The user's input cannot be used (missing file, bad YAML, unknown key...).
+
+    The message must be one line that says what is wrong and, where possible,
+    how to fix it; the CLI prints it on stderr and exits 2.
+    """
+
+
+@dataclass
+class Finding:
+    rule: str  # stable id, e.g. "MFSDP-CKPT-FORMAT"; never reused for another meaning
+    severity: str  # one of SEVERITIES
+    path: str  # dotted config key (``checkpoint.ckpt_format``), env var (``env.CUDA_DEVICE_MAX_CONNECTIONS``) or file
+    message: str  # names the value found
+    fix: str  # a concrete change, ideally a ``key=value`` the user can paste
+    extra: dict = field(default_factory=dict)  # optional machine-readable details (source anchor, values)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"bad severity {self.severity!r}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        extra = d.pop("extra")
+        d.update({k: v for k, v in extra.items() if k not in d})
+        return d
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    return any(f.severity == "error" for f in findings)
+
+
+def exit_code(findings: Iterable[Finding]) -> int:
+    return EXIT_FINDINGS if has_errors(findings) else EXIT_OK
+
+
+def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(findings, key=lambda f: (order[f.severity], f.path, f.rule))
+
+
+def render_text(findings: list[Finding], header: str = "", out=None) -> None:
+    """Human report: a header line, then one block per finding, most severe first."""
+    out = out or sys.stdout
+    if header:
+        out.write(header.rstrip() + "\n")
+    if not findings:
+        out.write("no findings\n")
+        return
+    for f in sort_findings(findings):
+        out.write(f"{f.severity.upper():7} {f.rule}  {f.path}\n")
+        out.write(f"        {f.message}\n")
+        if f.fix:
+            out.write(f"        fix: {f.fix}\n")
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
+    out.write(", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items()) + "\n")
+
+
+def render_json(findings: list[Finding], out=None, **extra) -> None:
+    """Exactly one JSON object on stdout: {"ok", "findings", **extra}."""
+    out = out or sys.stdout
+    obj = {"ok": not has_errors(findings), "findings": [f.to_dict() for f in sort_findings(findings)]}
+    obj.update(extra)
+    out.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")

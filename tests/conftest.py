@@ -1,0 +1,78 @@
+"""Shared test set-up.
+
+* ``scripts/`` is put on sys.path so tests import ``mfsdp_lib`` exactly as the CLI does.
+* ``shared_dir`` is ``../shared`` beside the skill root when present (it holds real
+  fixtures made on GPUs and the maintainers' signing material); tests that need it
+  skip cleanly when it is absent, e.g. in a user's installed copy.
+* ``run_cli`` runs ``scripts/mfsdp.py`` in a subprocess, the way an agent does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+MFSDP = SCRIPTS / "mfsdp.py"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+
+def _find_shared() -> Path | None:
+    env = os.environ.get("MFSDP_SHARED_DIR")
+    candidates = [Path(env)] if env else []
+    candidates.append(ROOT.parent / "shared")
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+SHARED = _find_shared()
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if SHARED is None:
+        pytest.skip("../shared is absent (it holds the real GPU-run fixtures); nothing to test against")
+    return SHARED
+
+
+def run_cli(*args: str, input: str | bytes | None = None, env: dict | None = None, cwd=None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python3 scripts/mfsdp.py ARGS`` and capture text output."""
+    full_env = dict(os.environ)
+    full_env.pop("MFSDP_DEBUG", None)
+    if env:
+        full_env.update(env)
+    if isinstance(input, bytes):
+        proc = subprocess.run([sys.executable, str(MFSDP), *args], input=input, capture_output=True,
+                              env=full_env, cwd=cwd, timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode,
+                                           proc.stdout.decode("utf-8", "replace"),
+                                           proc.stderr.decode("utf-8", "replace"))
+    return subprocess.run([sys.executable, str(MFSDP), *args], input=input, capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs CUDA GPUs and an importable Megatron-Bridge")
+    config.addinivalue_line("markers", "network: needs a package registry (PyPI / npm)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
