@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 MFSDP = SCRIPTS / "mfsdp.py"
@@ -76,3 +78,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs and an importable Megatron-Bridge")
     config.addinivalue_line("markers", "network: needs a package registry (PyPI / npm)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+# Real-wheel fixtures (bridge_wheel, mcore_wheel, bridge_src, mcore_src) live in _wheels.py.
+from _wheels import bridge_src, bridge_wheel, mcore_src, mcore_wheel  # noqa: E402,F401
