@@ -56,11 +56,11 @@ def configure(parser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
-def _locate(which: str, given: str | None, other=None):
+def _locate(which: str, given: str | None):
     src = _sources.locate(which, given)
     if given and src is None:
         name = _sources.DISTRIBUTIONS[which]
-        raise InputError(f"--{'bridge' if which == 'bridge' else 'mcore'}-src {given}: "
+        raise InputError(f"--{which}-src {given}: "
                          f"no {name} sources there (want a folder holding "
                          f"{_sources.PACKAGE_PREFIXES[which][0]} or a {name.replace('-', '_')} wheel)")
     return src
