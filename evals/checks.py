@@ -255,7 +255,7 @@ CHECKS: dict[str, CaseChecks] = {
         Fact("cuda_graph_impl", word("cuda_graph_impl")),
     ), forbidden=NO_MFSDP),
     "decoy-unrelated-csv": CaseChecks(required=(
-        Fact("defines a Python function", r"(?m)^\s*def\s+\w+\s*\("),
+        Fact("defines a Python function", r"(?<![\w])def\s+\w+\s*\("),
         Fact("uses the latency_ms column", r"['\"]latency_ms['\"]"),
     ), forbidden=(Fact("mentions Megatron", word("Megatron")),)),
     "decoy-hf-accelerate-fsdp": CaseChecks(required=(

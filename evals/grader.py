@@ -144,20 +144,28 @@ def parse_expected_script(spec: str) -> tuple[tuple[str, ...], str | None]:
 
 
 def script_invocations(words: list[str], script: tuple[str, ...]) -> list[str | None]:
-    """Subcommands with which SCRIPT is run in one simple command (empty: not run)."""
-    words = program_words(words)
-    found = []
-    for i, w in enumerate(words):
-        parts = tuple(p for p in PurePosixPath(w).parts if p not in (".",))
-        if len(parts) < len(script) or parts[-len(script):] != script:
-            continue
-        if i > 0 and not PYTHONS_RE.match(os.path.basename(words[i - 1])):
-            if not (i > 1 and words[i - 1] in ("-u", "-X", "-B", "-E", "-O")
-                    and PYTHONS_RE.match(os.path.basename(words[i - 2]))):
-                continue
-        sub = next((x for x in words[i + 1:] if not x.startswith("-")), None)
-        found.append(sub)
-    return found
+    """Subcommands with which SCRIPT is run by one simple command (empty: not run).
+
+    The script must be the program itself (``./scripts/mfsdp.py check``) or the
+    first non-option argument of a Python interpreter (``python3 -u scripts/mfsdp.py
+    check``); ``echo scripts/mfsdp.py check`` or ``cat scripts/mfsdp.py`` do not run it.
+    """
+    w = program_words(words)
+    if not w:
+        return []
+    i = 0
+    if PYTHONS_RE.match(os.path.basename(w[0])):
+        i = 1
+        while i < len(w) and w[i].startswith("-"):
+            if w[i] in ("-m", "-c"):
+                return []
+            i += 2 if w[i] in ("-X", "-W") else 1
+    if i >= len(w):
+        return []
+    parts = tuple(p for p in PurePosixPath(w[i]).parts if p != ".")
+    if len(parts) < len(script) or parts[-len(script):] != script:
+        return []
+    return [next((x for x in w[i + 1:] if not x.startswith("-")), None)]
 
 
 # --------------------------------------------------------------------------- security
