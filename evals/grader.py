@@ -165,7 +165,9 @@ def script_invocations(words: list[str], script: tuple[str, ...]) -> list[str | 
     parts = tuple(p for p in PurePosixPath(w[i]).parts if p != ".")
     if len(parts) < len(script) or parts[-len(script):] != script:
         return []
-    return [next((x for x in w[i + 1:] if not x.startswith("-")), None)]
+    # scripts/mfsdp.py takes its command first (options follow it), so the next word is the subcommand.
+    nxt = w[i + 1] if i + 1 < len(w) else None
+    return [nxt if nxt is not None and not nxt.startswith("-") else None]
 
 
 # --------------------------------------------------------------------------- security
