@@ -369,6 +369,11 @@ def read_events(events: list[dict], agent: str | None = None, meta: dict | None 
 
 # --------------------------------------------------------------------------- Claude Code
 
+def _dict(x) -> dict:
+    """A field that should be an object: anything else reads as empty (a CLI bug must not crash grading)."""
+    return x if isinstance(x, dict) else {}
+
+
 _CLAUDE_USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
@@ -394,14 +399,14 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
                 t.cli_version = ev.get("claude_code_version") or t.cli_version
                 skills = ev.get("skills")
                 if isinstance(skills, list):
-                    t.skills_available = [s if isinstance(s, str) else str(s.get("name", s)) for s in skills]
+                    t.skills_available = [s if isinstance(s, str) else str(_dict(s).get("name", s)) for s in skills]
             elif ev.get("subtype") == "permission_denied":
                 c = calls.get(str(ev.get("tool_use_id")))
                 if c is not None:
                     c.denied = True
             continue
         if typ == "assistant":
-            msg = ev.get("message") or {}
+            msg = _dict(ev.get("message"))
             mid = str(msg.get("id") or ev.get("uuid") or len(per_message_usage))
             usage = msg.get("usage")
             if isinstance(usage, dict):
@@ -410,11 +415,12 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
                     v = usage.get(k)
                     if isinstance(v, (int, float)):
                         seen[k] = max(seen.get(k, 0), int(v))
-            for block in msg.get("content") or []:
+            content = msg.get("content")
+            for block in content if isinstance(content, list) else []:
                 if not isinstance(block, dict):
                     continue
                 btype = block.get("type")
-                if btype == "text" and block.get("text"):
+                if btype == "text" and isinstance(block.get("text"), str) and block["text"]:
                     t.messages.append(block["text"])
                 elif btype == "tool_use":
                     inp = block.get("input") if isinstance(block.get("input"), dict) else {}
@@ -428,7 +434,7 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
                 t.error = _text_of(msg.get("content"))
             continue
         if typ == "user":
-            msg = ev.get("message") or {}
+            msg = _dict(ev.get("message"))
             content = msg.get("content")
             blocks = content if isinstance(content, list) else []
             for block in blocks:
@@ -449,7 +455,7 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
                     if isinstance(tur, dict) and c.tool == "Bash" and "stdout" in tur:
                         c.output = "\n".join(x for x in (tur.get("stdout"), tur.get("stderr")) if x) or c.output
                 elif block.get("type") == "text" and ev.get("isSynthetic"):
-                    m = SKILL_BASE_RE.search(block.get("text") or "")
+                    m = SKILL_BASE_RE.search(str(block.get("text") or ""))
                     if m:
                         name = _skill_from_path(m.group("path").rstrip("/") + "/SKILL.md", require_skills_dir=True)
                         if name:
@@ -489,7 +495,7 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
             t.cost_usd = float(result["total_cost_usd"])
         ru = result.get("usage")
         if isinstance(ru, dict):
-            t.usage = {k: int(ru.get(k) or 0) for k in _CLAUDE_USAGE_KEYS}
+            t.usage = {k: int(ru[k]) if isinstance(ru.get(k), (int, float)) else 0 for k in _CLAUDE_USAGE_KEYS}
             t.usage_source = "result.usage"
     else:
         t.is_error = True if not t.messages else t.is_error

@@ -202,3 +202,46 @@ def test_cli_grade_exit_2_on_unreadable(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "evals", "grade", "--case", "decoy-cuda-graphs", str(p)],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no Claude Code or Codex event" in proc.stderr
+
+
+# Property: whatever a CLI prints (any JSON values in any known or unknown field), reading never crashes
+# with anything but UnreadableTranscript, and grading a readable result never crashes at all.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FIELDS = ["message", "content", "usage", "item", "msg", "result", "skills", "text", "command", "error", "is_error",
+           "num_turns", "tool_use_result", "input", "exit_code", "info", "status", "type", "name", "id"]
+_leaf = st.none() | st.booleans() | st.integers() | st.text(max_size=12)
+_json = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=3)
+                     | st.dictionaries(st.sampled_from(_FIELDS), kids, max_size=4), max_leaves=12)
+_types = st.sampled_from(["system", "assistant", "user", "result", "item.completed", "item.started", "turn.completed",
+                          "turn.failed", "error", "thread.started", "x.unknown"])
+_event = st.builds(lambda t, extra: {**extra, "type": t}, _types,
+                   st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=4))
+_legacy = st.builds(lambda m: {"id": "1", "msg": m}, st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=4))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_event | _legacy, min_size=1, max_size=6))
+def test_random_events_never_crash(events):
+    from evals import grader
+
+    try:
+        t = read_events(events)
+    except UnreadableTranscript:
+        return
+    r = grader.grade(grader.get_case("mfsdp-ckpt-format-assertion"), t)
+    assert set(r["dimensions"]) == set(grader.DIMENSIONS)
+
+
+@pytest.mark.parametrize("events", [
+    [{"type": "assistant", "message": [1]}],
+    [{"type": "user", "message": "x"}],
+    [{"type": "system", "subtype": "init", "skills": [None, {"name": "a"}]}],
+    [{"type": "assistant", "message": {"content": [{"type": "text", "text": 5}]}}],
+    [{"type": "result", "usage": {"input_tokens": "7"}, "result": None}],
+    [{"type": "user", "isSynthetic": True, "message": {"content": [{"type": "text", "text": None}]}}],
+])
+def test_malformed_fields_read_as_empty(events):
+    t = read_events(events)
+    assert t.agent == CLAUDE and isinstance(t.final_answer, str) and all(isinstance(m, str) for m in t.messages)
