@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from . import checks as checks_mod
-from .transcripts import AGENTS, UnreadableTranscript
+from .transcripts import AGENTS, UnreadableTranscript, read_json_file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -121,19 +121,10 @@ def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None 
     return problems
 
 
-def _read_json(path: Path, what: str):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UnreadableTranscript(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise UnreadableTranscript(f"{what} {path} is not valid JSON: {exc}") from None
-
-
 def cmd_validate(args) -> int:
-    cases = _read_json(Path(args.evals), "cases file")
-    schema = _read_json(Path(args.schema), "schema")
-    budgets = _read_json(BUDGETS_JSON, "budgets") if BUDGETS_JSON.is_file() else None
+    cases = read_json_file(Path(args.evals), "cases file")
+    schema = read_json_file(Path(args.schema), "schema")
+    budgets = read_json_file(BUDGETS_JSON, "budgets") if BUDGETS_JSON.is_file() else None
     problems = validate_cases(cases, schema, budgets=budgets)
     objs = [c for c in cases if isinstance(c, dict)] if isinstance(cases, list) else []
     summary = {"ok": not problems, "cases": len(objs),
@@ -220,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.command](args)
     except UnreadableTranscript as exc:
         return _fail(str(exc))
+    except BrokenPipeError:  # output piped into head: not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ A test keeps ``CHECKS`` and ``evals.json`` in step (same ids, every regex compil
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 SKILL = "nemo-mbridge-perf-megatron-fsdp"
 

@@ -38,7 +38,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from . import checks as checks_mod
-from .transcripts import CLAUDE, Transcript, UnreadableTranscript, read_events, read_transcript
+from .transcripts import CLAUDE, Transcript, UnreadableTranscript, read_events, read_json_file, read_transcript
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -81,17 +81,8 @@ DESTRUCTIVE_PROGRAMS = frozenset({"mkfs", "shutdown", "reboot", "halt", "powerof
 
 # --------------------------------------------------------------------------- data
 
-def _load_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UnreadableTranscript(f"{path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise UnreadableTranscript(f"{path}: not valid JSON ({exc})") from None
-
-
 def load_cases(path: str | os.PathLike | None = None) -> list[dict]:
-    data = _load_json(Path(path) if path else EVALS_JSON)
+    data = read_json_file(path or EVALS_JSON, "cases file")
     if not isinstance(data, list):
         raise UnreadableTranscript(f"{path or EVALS_JSON}: expected a JSON array of cases")
     return data
@@ -105,7 +96,7 @@ def get_case(case_id: str, path: str | os.PathLike | None = None) -> dict:
 
 
 def budget_for(case: dict, budgets: dict | None = None) -> dict:
-    budgets = budgets if budgets is not None else _load_json(BUDGETS_JSON)
+    budgets = budgets if budgets is not None else read_json_file(BUDGETS_JSON, "budgets")
     base = dict(budgets.get("negative" if case.get("expected_skill") is None else "default", {}))
     if case.get("expected_skill") is None and not base:
         base = dict(budgets.get("default", {}))

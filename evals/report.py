@@ -44,11 +44,10 @@ import json
 import os
 import platform
 import shlex
-import sys
 import tempfile
 from pathlib import Path
 
-from .transcripts import UnreadableTranscript
+from .transcripts import UnreadableTranscript, read_json_file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -70,12 +69,7 @@ def configure(parser) -> None:
 
 
 def _load(path: str) -> dict:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UnreadableTranscript(f"cannot read results {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise UnreadableTranscript(f"results {path} is not valid JSON: {exc}") from None
+    data = read_json_file(path, "results")
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise UnreadableTranscript(f"results {path}: expected an object with a 'runs' list")
     return data

@@ -107,6 +107,16 @@ class UnreadableTranscript(Exception):
     """The file is missing, unreadable, or holds no event of a known CLI."""
 
 
+def read_json_file(path: str | os.PathLike, what: str = "file"):
+    """One JSON document (cases, schema, budgets, results); a problem is one UnreadableTranscript line."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UnreadableTranscript(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UnreadableTranscript(f"{what} {path} is not valid JSON: {exc}") from None
+
+
 @dataclass
 class ToolCall:
     """One action the agent took: a shell command, a file read, a skill load..."""
