@@ -1,0 +1,154 @@
+"""evals/evals.json: schema, coverage, scripts it names, checks in step, facts against the real source."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from evals import checks  # noqa: E402
+from evals.__main__ import dispatcher_commands, validate_cases  # noqa: E402
+
+EVALS = json.loads((ROOT / "evals" / "evals.json").read_text())
+SCHEMA = json.loads((ROOT / "evals" / "evals.schema.json").read_text())
+KEYS = {"id", "question", "expected_skill", "expected_script", "ground_truth", "expected_behavior"}
+
+
+def _validate(argv=(), cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "evals", "validate", *argv], capture_output=True, text=True,
+                          cwd=cwd, timeout=60)
+
+
+def test_validate_cli_accepts_the_shipped_cases():
+    proc = _validate(["--format", "json"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] is True and out["problems"] == []
+    assert out["cases"] == len(EVALS) >= 20
+    assert out["negative"] >= 5 and out["with_script"] >= 6
+
+
+def test_every_case_has_exactly_the_six_keys_and_unique_ids():
+    assert all(set(c) == KEYS for c in EVALS)
+    ids = [c["id"] for c in EVALS]
+    assert len(ids) == len(set(ids))
+
+
+def test_cases_cover_what_users_ask():
+    text = " ".join(c["question"] for c in EVALS)
+    for topic in ("Megatron-FSDP requires the fsdp_dtensor checkpointing format!", "torch_dist",
+                  "CUDA_DEVICE_MAX_CONNECTIONS", "cpu_offloading", "use_tp_pp_dp_mapping", "use_torch_fsdp2",
+                  "use_distributed_optimizer", "out of GPU memory", "log", "verify"):
+        assert topic in text, topic
+    decoys = " ".join(c["question"] for c in EVALS if c["expected_skill"] is None)
+    for topic in ("torchtitan", "DeepSpeed", "DDP", "CUDA graphs", "CSV"):
+        assert topic in decoys, topic
+
+
+@pytest.mark.parametrize("mutate, expect", [
+    (lambda c: c[0].update(extra=1), "Additional properties"),
+    (lambda c: c[0].pop("ground_truth"), "'ground_truth' is a required property"),
+    (lambda c: c[0].update(expected_script="mfsdp.py check"), "does not match"),
+    (lambda c: c[0].update(expected_behavior="one string"), "is not of type 'array'"),
+    (lambda c: c[0].update(expected_skill=""), "does not match"),
+    (lambda c: c[1].update(id=c[0]["id"]), "duplicate id"),
+    (lambda c: c[0].update(expected_script="scripts/mfsdp.py frobnicate"), "'frobnicate' is not a command"),
+    (lambda c: c[0].update(expected_script="scripts/nothere.py check"), "does not exist"),
+    (lambda c: c.__setitem__(slice(None), c[:3]), "coverage"),
+])
+def test_validate_reports_each_kind_of_problem(mutate, expect):
+    cases = copy.deepcopy(EVALS)
+    mutate(cases)
+    problems = validate_cases(cases, SCHEMA)
+    assert any(expect in p for p in problems), problems
+
+
+def test_validate_cli_exit_codes(tmp_path):
+    bad = tmp_path / "evals.json"
+    bad.write_text(json.dumps([{"id": "x"}]))
+    proc = _validate(["--evals", str(bad)])
+    assert proc.returncode == 1 and "required property" in proc.stdout
+    bad.write_text("[{not json")
+    proc = _validate(["--evals", str(bad)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "not valid JSON" in proc.stderr
+    proc = _validate(["--evals", str(tmp_path / "missing.json")])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_expected_scripts_name_real_dispatcher_commands():
+    commands = dispatcher_commands(ROOT / "scripts" / "mfsdp.py")
+    assert {"check", "enable", "memory", "ckpt", "log", "smoke"} <= commands
+    for c in EVALS:
+        if c["expected_script"]:
+            path, *sub = c["expected_script"].split()
+            assert (ROOT / path).is_file()
+            assert not sub or sub[0] in commands
+
+
+def test_checks_cover_exactly_the_cases_and_compile():
+    assert set(checks.CHECKS) == {c["id"] for c in EVALS}
+    for cid, cc in checks.CHECKS.items():
+        assert cc.required, cid
+        for fact in cc.required + cc.forbidden:
+            re.compile(fact.pattern)
+        assert 2 not in cc.exit_codes  # unusable input never counts as the script working
+
+
+@pytest.mark.parametrize("case", EVALS, ids=lambda c: c["id"])
+def test_ground_truth_passes_its_own_checks_and_a_non_answer_fails(case):
+    assert checks.evaluate(case["id"], case["ground_truth"])["passed"], case["id"]
+    assert not checks.evaluate(case["id"], "I am not sure, sorry.")["passed"]
+
+
+def test_kv_accepts_the_ways_answers_write_a_setting():
+    rx = checks.kv("ddp.use_megatron_fsdp", "True")
+    for text in ("ddp.use_megatron_fsdp=True", "cfg.ddp.use_megatron_fsdp = True", "set `ddp.use_megatron_fsdp` to true",
+                 "ddp:\n  overlap_grad_reduce: true\n  use_megatron_fsdp: true\n"):
+        assert re.search(rx, text, re.I | re.M), text
+    for text in ("dist.use_megatron_fsdp=True", "ddp.use_megatron_fsdp=False", "ddp.use_megatron_fsdp_v2=True",
+                 "dist:\n  use_megatron_fsdp: true\n"):
+        assert not re.search(rx, text, re.I | re.M), text
+
+
+# Facts the cases state, checked in the real pinned wheels' source (read as text).
+BRIDGE_FACTS = [
+    "Megatron-FSDP requires the fsdp_dtensor checkpointing format!",
+    "use_megatron_fsdp and use_torch_fsdp2 are mutually exclusive.",
+    "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.",
+    "use_tp_pp_dp_mapping is not supported with Megatron FSDP",
+    "fsdp_dtensor checkpoint format only supports Megatron FSDP",
+    "average_in_collective not supported with NCCL symmetric registration. Deactivating...",
+    "check_weight_hash_across_dp_replicas_interval is not",
+    "also_save_hf_checkpoint=True is not supported together with ckpt_format='fsdp_dtensor'",
+]
+
+
+def test_quoted_bridge_messages_exist_in_bridge_062(bridge_src):
+    text = (bridge_src / "megatron" / "bridge" / "training" / "config.py").read_text()
+    for fact in BRIDGE_FACTS:
+        assert fact in text, fact
+    quoted = " ".join(c["question"] + c["ground_truth"] for c in EVALS)
+    for fact in BRIDGE_FACTS[:5]:
+        assert fact.rstrip(".!") in quoted or fact.split(" (")[0][:40] in quoted, fact
+
+
+def test_mcore_facts_in_megatron_core_0192(mcore_src):
+    core = mcore_src / "megatron" / "core"
+    ddp = (core / "distributed" / "distributed_data_parallel_config.py").read_text()
+    assert "data_parallel_sharding_strategy: str = 'no_shard'" in ddp
+    for s in ("'no_shard', 'optim',", "'optim_grads', 'optim_grads_params'"):
+        assert s in ddp
+    tc = (core / "transformer" / "transformer_config.py").read_text()
+    assert "no support for Pipeline parallelism with CPU offloading" in tc
+    assert "CPU offloading does not work when activation recomputation is enabled" in tc
+    assert re.search(r"cuda_graph_impl: Literal\[[^\]]*'transformer_engine'", tc)
+    training = (mcore_src / "megatron" / "training" / "config" / "training_config.py").read_text()
+    assert re.search(r'ckpt_format: Literal\[[^\]]*\] = "torch_dist"', training)
