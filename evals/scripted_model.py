@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -280,6 +281,18 @@ class ScriptedModel:
         return "".join(parts).encode()
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """Records a connection error (a client that hangs up mid-reply) in the request log, not on stderr."""
+
+    daemon_threads = True
+    owner: "ScriptedModelServer | None" = None
+
+    def handle_error(self, request, client_address) -> None:
+        exc = sys.exc_info()[1]
+        if self.owner is not None:
+            self.owner.record({"time": time.time(), "connection_error": f"{type(exc).__name__}: {exc}"})
+
+
 class ScriptedModelServer:
     """The HTTP server around a ScriptedModel. Use as a context manager; ``base_url`` is set once started."""
 
@@ -303,8 +316,8 @@ class ScriptedModelServer:
     # -- lifecycle --
     def start(self) -> "ScriptedModelServer":
         handler = _make_handler(self)
-        self._httpd = ThreadingHTTPServer((LOOPBACK, 0), handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _QuietServer((LOOPBACK, 0), handler)
+        self._httpd.owner = self
         self.base_url = f"http://{LOOPBACK}:{self._httpd.server_address[1]}"
         self._started = time.monotonic()
         serve = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
