@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import importlib.util
 import json
 import os
@@ -74,6 +75,9 @@ CLAUDE_ALLOWED_TOOLS = "Bash,Read,Skill,Glob,Grep,Edit,Write"
 # A model name in Codex 0.163's own catalogue, so it does not warn about missing metadata in scripted runs.
 CODEX_SCRIPTED_MODEL = "gpt-5.5"
 DUMMY_KEY = "scripted-not-a-key"
+# Codex 0.163 features that phone out on start-up (plugin marketplace sync, ChatGPT apps, model discovery).
+CODEX_OFF_FEATURES = ("apps", "plugins", "remote_plugin", "plugin_sharing", "api_key_model_discovery",
+                      "in_app_updates")
 # Per-attempt wall clock: scripted runs finish in seconds; a live agent may think for minutes.
 SCRIPTED_TIMEOUT_S = 180
 LIVE_TIMEOUT_S = 900
@@ -143,13 +147,19 @@ def find_skills_cli(allow_npx: bool = True) -> list[str] | None:
     return None
 
 
-def cli_version(argv: list[str]) -> str:
+@functools.lru_cache(maxsize=None)
+def _cli_version(argv: tuple[str, ...]) -> str:
     try:
         out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60,
                              stdin=subprocess.DEVNULL)
         return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
     except (OSError, subprocess.TimeoutExpired):
         return ""
+
+
+def cli_version(argv: list[str]) -> str:
+    """`CLI --version`, asked once per binary per process."""
+    return _cli_version(tuple(argv))
 
 
 # --------------------------------------------------------------------------------------------- cases, scripts
@@ -212,6 +222,8 @@ def codex_home(home: Path, base_url: str | None) -> Path:
         "check_for_update_on_startup = false\n"
         "[analytics]\nenabled = false\n"
         "[feedback]\nenabled = false\n"
+        # Features that reach github.com / chatgpt.com at start-up (seen with strace); an eval needs none.
+        "[features]\n" + "".join(f"{name} = false\n" for name in CODEX_OFF_FEATURES) +
         "[model_providers.evals]\n"
         'name = "evals"\n' + provider +
         'wire_api = "responses"\n'
