@@ -1,0 +1,226 @@
+"""``python3 -m evals validate|grade|run|report``: the skill's eval harness.
+
+* ``validate`` checks ``evals/evals.json`` against ``evals/evals.schema.json``
+  (jsonschema, imported only here), unique ids, that every ``expected_script``
+  file exists and its subcommand is one of ``scripts/mfsdp.py``'s ``COMMANDS``
+  (read from the file's source, not imported), that ``evals/checks.py`` has
+  checks for exactly these cases, that ``budgets.json`` names only known cases,
+  and the coverage the project promises (>= 20 cases, >= 5 decoys, >= 6 cases
+  that run a script).
+* ``grade --case ID TRANSCRIPT`` scores one transcript (see ``evals.grader``):
+  exit 0 pass, 1 fail, 2 unreadable transcript or unknown case.
+* ``run`` is the end-to-end runner (``evals/runner.py``, role evalse2e), imported
+  only when asked for, so the rest works without it.
+* ``report RESULTS.json`` turns a ``run`` results file into the BENCHMARK tables
+  under ``benchmarks/results/`` (see ``evals.report``).
+
+Bad input is one line on stderr and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from pathlib import Path
+
+from . import checks as checks_mod
+from .transcripts import AGENTS, UnreadableTranscript
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SCHEMA_JSON = HERE / "evals.schema.json"
+EVALS_JSON = HERE / "evals.json"
+BUDGETS_JSON = HERE / "budgets.json"
+DISPATCHER = ROOT / "scripts" / "mfsdp.py"
+
+# What issue 7 promises about the case set.
+MIN_CASES, MIN_NEGATIVE, MIN_SCRIPT = 20, 5, 6
+
+PROG = "python3 -m evals"
+EPILOG = f"""\
+examples:
+  {PROG} validate
+  {PROG} grade --case mfsdp-ckpt-format-assertion run/claude.jsonl --format json
+  {PROG} run --agent claude-code --cases decoy-cuda-graphs --attempts 1
+  {PROG} report results/claude-code.json
+
+exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input.
+"""
+
+
+def _fail(msg: str) -> int:
+    sys.stderr.write(f"{PROG}: {msg}\n")
+    return 2
+
+
+def dispatcher_commands(path: Path = DISPATCHER) -> set[str]:
+    """The keys of COMMANDS in scripts/mfsdp.py, read from its source (no import)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMMANDS" for t in node.targets):
+            if isinstance(node.value, ast.Dict):
+                return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    return set()
+
+
+def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None = None) -> list[str]:
+    """Every problem with the case set, as lines (empty: valid)."""
+    try:
+        import jsonschema
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise UnreadableTranscript("validate needs the jsonschema package (pip install 'jsonschema>=4.17')")
+    problems = []
+    validator = jsonschema.Draft202012Validator(schema)
+    for err in sorted(validator.iter_errors(cases), key=lambda e: list(e.absolute_path)):
+        where = "/".join(str(p) for p in err.absolute_path) or "(root)"
+        problems.append(f"schema: {where}: {err.message}")
+    if not isinstance(cases, list):
+        return problems
+    objs = [c for c in cases if isinstance(c, dict)]
+    ids = [c.get("id") for c in objs]
+    for dup in sorted({i for i in ids if ids.count(i) > 1 and isinstance(i, str)}):
+        problems.append(f"duplicate id: {dup}")
+    commands_cache: dict[Path, set[str]] = {}
+    for c in objs:
+        spec = c.get("expected_script")
+        if not isinstance(spec, str):
+            continue
+        parts = spec.split()
+        script = root / parts[0]
+        if not script.is_file():
+            problems.append(f"{c.get('id')}: expected_script file {parts[0]} does not exist")
+            continue
+        if len(parts) > 1:
+            if script.resolve() not in commands_cache:
+                try:
+                    commands_cache[script.resolve()] = dispatcher_commands(script)
+                except (OSError, SyntaxError, ValueError):
+                    commands_cache[script.resolve()] = set()
+            known = commands_cache[script.resolve()]
+            if parts[1] not in known:
+                problems.append(f"{c.get('id')}: '{parts[1]}' is not a command of {parts[0]} "
+                                f"(known: {', '.join(sorted(known)) or 'none'})")
+    known_ids = {i for i in ids if isinstance(i, str)}
+    for cid in sorted(known_ids - set(checks_mod.CHECKS)):
+        problems.append(f"{cid}: no answer checks in evals/checks.py")
+    for cid in sorted(set(checks_mod.CHECKS) - known_ids):
+        problems.append(f"evals/checks.py has checks for unknown case {cid}")
+    if budgets is not None:
+        for cid in sorted(set(budgets.get("cases", {})) - known_ids):
+            problems.append(f"budgets.json names unknown case {cid}")
+    neg = sum(1 for c in objs if c.get("expected_skill") is None)
+    scr = sum(1 for c in objs if isinstance(c.get("expected_script"), str))
+    if len(objs) < MIN_CASES:
+        problems.append(f"coverage: {len(objs)} cases, at least {MIN_CASES} wanted")
+    if neg < MIN_NEGATIVE:
+        problems.append(f"coverage: {neg} negative/decoy cases, at least {MIN_NEGATIVE} wanted")
+    if scr < MIN_SCRIPT:
+        problems.append(f"coverage: {scr} cases with an expected_script, at least {MIN_SCRIPT} wanted")
+    return problems
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UnreadableTranscript(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UnreadableTranscript(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+def cmd_validate(args) -> int:
+    cases = _read_json(Path(args.evals), "cases file")
+    schema = _read_json(Path(args.schema), "schema")
+    budgets = _read_json(BUDGETS_JSON, "budgets") if BUDGETS_JSON.is_file() else None
+    problems = validate_cases(cases, schema, budgets=budgets)
+    objs = [c for c in cases if isinstance(c, dict)] if isinstance(cases, list) else []
+    summary = {"ok": not problems, "cases": len(objs),
+               "negative": sum(1 for c in objs if c.get("expected_skill") is None),
+               "with_script": sum(1 for c in objs if isinstance(c.get("expected_script"), str)),
+               "problems": problems}
+    if args.format == "json":
+        print(json.dumps(summary, indent=2))
+    else:
+        for p in problems:
+            print(f"error: {p}")
+        print(f"{args.evals}: {summary['cases']} cases ({summary['negative']} negative, "
+              f"{summary['with_script']} run a script): {'valid' if not problems else f'{len(problems)} problem(s)'}")
+    return 0 if not problems else 1
+
+
+def cmd_grade(args) -> int:
+    from . import grader
+
+    try:
+        case = grader.get_case(args.case, args.evals)
+    except KeyError:
+        return _fail(f"unknown case '{args.case}' in {args.evals or EVALS_JSON}")
+    result = grader.grade(case, args.transcript, agent=args.agent, judge=args.judge)
+    if args.format == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        sys.stdout.write(grader.render_text(result))
+    return 0 if result["passed"] else 1
+
+
+def cmd_report(args) -> int:
+    from . import report
+
+    return report.main_args(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Eval harness of the Megatron FSDP skill: validate the cases, "
+                                "grade transcripts, run agents end to end, report.", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="{validate,grade,run,report}")
+    v = sub.add_parser("validate", help="check evals.json against its schema and the scripts it names")
+    v.add_argument("--evals", default=str(EVALS_JSON), help="cases file (default: evals/evals.json)")
+    v.add_argument("--schema", default=str(SCHEMA_JSON), help="JSON Schema (default: evals/evals.schema.json)")
+    v.add_argument("--format", choices=("text", "json"), default="text")
+    g = sub.add_parser("grade", help="score one transcript on the five dimensions",
+                       description="Score TRANSCRIPT (Claude Code stream-json or Codex exec --json; a "
+                                   "TRANSCRIPT.meta.json invocation record beside it is read too) against case ID.",
+                       epilog=f"example: {PROG} grade --case decoy-cuda-graphs out/codex.jsonl --agent codex",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("--case", required=True, help="case id from evals.json")
+    g.add_argument("transcript", help="transcript file (JSON Lines)")
+    g.add_argument("--agent", choices=AGENTS, help="which CLI wrote it (default: detected)")
+    g.add_argument("--format", choices=("text", "json"), default="text")
+    g.add_argument("--judge", action="store_true",
+                   help="also ask an LLM judge (only when ANTHROPIC_API_KEY is set; skipped otherwise)")
+    g.add_argument("--evals", default=None, help="cases file (default: evals/evals.json)")
+    sub.add_parser("run", help="run the agent CLIs end to end (evals/runner.py)", add_help=False)
+    r = sub.add_parser("report", help="turn a run results file into benchmarks/results/evals_<agent>.json")
+    from . import report as report_mod
+
+    report_mod.configure(r)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":
+        if not (HERE / "runner.py").is_file():
+            return _fail("'run' needs evals/runner.py (the end-to-end runner), which is not in this copy")
+        try:
+            from . import runner
+        except ImportError as exc:
+            return _fail(f"'run' could not load evals/runner.py: {exc}")
+        return int(runner.main(argv[1:]) or 0)
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return 2
+    args = parser.parse_args(argv)
+    handlers = {"validate": cmd_validate, "grade": cmd_grade, "report": cmd_report}
+    try:
+        return handlers[args.command](args)
+    except UnreadableTranscript as exc:
+        return _fail(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Turn ``run`` results into BENCHMARK tables: pass rates per dimension, with and without the skill.
+
+Input: one or more results files written by ``python3 -m evals run`` (role
+evalse2e), all for the same agent::
+
+    {
+      "agent": "claude-code" | "codex",
+      "scripted_model": true,            # replies came from the scripted CI model server
+      "model": "claude-sonnet-4-5",      # optional
+      "cli_version": "2.1.332",          # optional
+      "date": "2026-12-02T18:00:00Z",    # optional (ISO); default: now
+      "machine": "words",                # optional; default: this host
+      "command": "python3 -m evals run --agent claude-code ...",
+      "runs": [
+        {"case": "mfsdp-enable-llama3-recipe", "attempt": 1, "with_skill": true,
+         "transcript": "path/to/transcript.jsonl", "grade": {<evals.grader.grade() result>}},
+        ...
+      ]
+    }
+
+``with_skill`` and ``scripted_model`` may also come from ``grade.transcript``
+(the invocation record). A run whose grade is missing (the CLI crashed, the
+transcript was unreadable) counts as failed on every dimension: dropping it
+would flatter the numbers.
+
+Output, in the project's benchmark shape (``{"benchmark", "title", "date",
+"machine", "command", "columns", "rows", "notes", "raw"}``):
+
+* ``benchmarks/results/evals_<agent>.json``: one row per dimension plus "All
+  five": runs with the skill, pass rate with it, pass rate without it, and the
+  uplift in percentage points (NVIDIA reports the same five dimensions);
+* ``benchmarks/results/evals_<agent>_cases.json``: one row per case.
+
+Runs against the scripted model prove the plumbing (real CLI, real skill
+install, real tool calls, real grading), not a model's ability; their title
+and notes say "scripted model (CI plumbing test), not a model's performance",
+so BENCHMARK.md can never present them as one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+from .transcripts import UnreadableTranscript
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+DIMENSIONS = ("security", "correctness", "discoverability", "effectiveness", "efficiency")
+SCRIPTED_LABEL = "scripted model (CI plumbing test), not a model's performance"
+AGENT_NAMES = {"claude-code": "Claude Code", "codex": "Codex"}
+
+
+def configure(parser) -> None:
+    parser.description = ("Turn results files of 'python3 -m evals run' into benchmarks/results/evals_<agent>.json "
+                          "(pass rate per dimension with and without the skill, and the uplift) and "
+                          "evals_<agent>_cases.json (per case).")
+    parser.epilog = ("example: python3 -m evals report out/claude-with.json out/claude-without.json\n"
+                     "Scripted-model runs are labelled '" + SCRIPTED_LABEL + "'.")
+    parser.add_argument("results", nargs="+", help="results JSON file(s) written by 'run' (one agent)")
+    parser.add_argument("--out-dir", default=str(DEFAULT_OUT), help="where to write (default: benchmarks/results)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _load(path: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UnreadableTranscript(f"cannot read results {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UnreadableTranscript(f"results {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise UnreadableTranscript(f"results {path}: expected an object with a 'runs' list")
+    return data
+
+
+def _with_skill(run: dict) -> bool | None:
+    if isinstance(run.get("with_skill"), bool):
+        return run["with_skill"]
+    t = (run.get("grade") or {}).get("transcript") or {}
+    return t.get("with_skill") if isinstance(t.get("with_skill"), bool) else None
+
+
+def _passed(run: dict, dim: str | None) -> bool:
+    g = run.get("grade")
+    if not isinstance(g, dict):
+        return False
+    if dim is None:
+        return bool(g.get("passed"))
+    d = (g.get("dimensions") or {}).get(dim)
+    return bool(isinstance(d, dict) and d.get("passed"))
+
+
+def _rate(runs: list[dict], dim: str | None) -> float | None:
+    return None if not runs else sum(_passed(r, dim) for r in runs) / len(runs)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{round(100 * x)}%"
+
+
+def _uplift(a: float | None, b: float | None) -> str:
+    if a is None or b is None:
+        return "n/a"
+    pp = round(100 * (a - b))
+    return f"{pp:+d} pp"
+
+
+def build(results: list[dict], report_command: str | None = None) -> tuple[dict, dict]:
+    """The two benchmark objects (summary, per case) for the merged RESULTS."""
+    agents = {r.get("agent") for r in results}
+    if len(agents) != 1 or None in agents:
+        raise UnreadableTranscript(f"results must all name one agent, got {sorted(map(str, agents))}")
+    agent = agents.pop()
+    runs = [run for r in results for run in r["runs"] if isinstance(run, dict)]
+    scripted = any(bool(r.get("scripted_model")) for r in results) or any(
+        bool(((run.get("grade") or {}).get("transcript") or {}).get("scripted_model")) for run in runs)
+    with_runs = [r for r in runs if _with_skill(r) is True]
+    without_runs = [r for r in runs if _with_skill(r) is False]
+    first = results[0]
+    date = first.get("date") or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    machine = first.get("machine") or f"{platform.node() or 'host'}: {platform.platform()}, {os.cpu_count()} CPUs"
+    command = " ; ".join(dict.fromkeys(str(r.get("command")) for r in results if r.get("command"))) or \
+        (report_command or "python3 -m evals report")
+    who = AGENT_NAMES.get(agent, agent)
+    model = first.get("model")
+    label = f"{who} CLI" + (f" {first['cli_version']}" if first.get("cli_version") else "")
+    if scripted:
+        title = f"Skill evals, {label}: {SCRIPTED_LABEL}"
+    else:
+        title = f"Skill evals, {label}" + (f" with {model}" if model else "") + ": pass rate with and without the skill"
+    notes = []
+    if scripted:
+        notes.append(f"{SCRIPTED_LABEL}: every reply came from the scripted model server on 127.0.0.1; the CLI, the "
+                     "skill install, the tool calls and the grading are real, the answers and token counts are not.")
+    notes += [
+        f"{len(with_runs)} run(s) with the skill installed, {len(without_runs)} without; "
+        f"{len({r.get('case') for r in runs})} case(s).",
+        "A dimension's rate is the share of runs that passed it; 'All five' is the share of runs that passed every "
+        "dimension. Uplift = with skill minus without, in percentage points.",
+        "Graded by evals/grader.py: explicit per-case checks on the final answer (evals/checks.py), skill load "
+        "from the transcript, expected script run and exit status, budgets in evals/budgets.json.",
+    ]
+    if not without_runs:
+        notes.append("No run without the skill: uplift not measured.")
+    if report_command:
+        notes.append(f"Tables written by: {report_command}")
+
+    rows, raw_dims = [], {}
+    for dim in list(DIMENSIONS) + [None]:
+        a, b = _rate(with_runs, dim), _rate(without_runs, dim)
+        name = dim.capitalize() if dim else "All five (case passes)"
+        rows.append([name, len(with_runs), _pct(a), _pct(b), _uplift(a, b)])
+        raw_dims[dim or "all"] = {"with_skill": a, "without_skill": b}
+    summary = {
+        "benchmark": f"evals_{agent}", "title": title, "date": date, "machine": machine, "command": command,
+        "columns": ["Dimension", "Runs with skill", "With skill", "Without skill", "Uplift"],
+        "rows": rows, "notes": notes,
+        "raw": {"agent": agent, "scripted_model": scripted, "model": model, "cli_version": first.get("cli_version"),
+                "rates": raw_dims, "runs": [_raw_run(r) for r in runs]},
+    }
+
+    case_rows = []
+    for cid in dict.fromkeys(r.get("case") for r in runs):
+        w = [r for r in with_runs if r.get("case") == cid]
+        wo = [r for r in without_runs if r.get("case") == cid]
+        a, b = _rate(w, None), _rate(wo, None)
+        failing = sorted({d for r in w for d in DIMENSIONS if not _passed(r, d)})
+        case_rows.append([cid, len(w), _pct(a), len(wo), _pct(b), _uplift(a, b), ", ".join(failing) or "-"])
+    cases = {
+        "benchmark": f"evals_{agent}_cases", "title": title.replace("Skill evals", "Skill evals per case", 1),
+        "date": date, "machine": machine, "command": command,
+        "columns": ["Case", "Runs with skill", "Pass with skill", "Runs without", "Pass without skill", "Uplift",
+                    "Dimensions failed with skill"],
+        "rows": case_rows, "notes": notes[:1] if scripted else [],
+        "raw": {"agent": agent, "scripted_model": scripted},
+    }
+    return summary, cases
+
+
+def _raw_run(run: dict) -> dict:
+    g = run.get("grade") if isinstance(run.get("grade"), dict) else {}
+    return {"case": run.get("case"), "attempt": run.get("attempt"), "with_skill": _with_skill(run),
+            "transcript": run.get("transcript"), "passed": bool(g.get("passed")),
+            "scores": {d: (g.get("dimensions") or {}).get(d, {}).get("score") for d in DIMENSIONS},
+            "usage": g.get("transcript")}
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main_args(args) -> int:
+    results = [_load(p) for p in args.results]
+    report_command = "python3 -m evals report " + " ".join(shlex.quote(p) for p in args.results)
+    summary, cases = build(results, report_command)
+    out = Path(args.out_dir)
+    written = []
+    for obj in (summary, cases):
+        path = out / f"{obj['benchmark']}.json"
+        write_atomic(path, obj)
+        written.append(str(path))
+    if args.format == "json":
+        print(json.dumps({"written": written, "rows": summary["rows"]}, indent=2))
+    else:
+        print(summary["title"])
+        w = [max(len(str(x)) for x in col) for col in zip(summary["columns"], *summary["rows"])]
+        for row in [summary["columns"]] + summary["rows"]:
+            print("  " + "  ".join(str(x).ljust(n) for x, n in zip(row, w)))
+        for p in written:
+            print(f"wrote {p}")
+    return 0
+
+
