@@ -18,7 +18,7 @@ Layout under ``--out DIR``::
     DIR/<agent>/<...>/<case>/attempt-<n>/transcript.jsonl                 the CLI's stdout
     DIR/<agent>/<...>/<case>/attempt-<n>/transcript.jsonl.meta.json       invocation sidecar (evals.transcripts)
     DIR/<agent>/<...>/<case>/attempt-<n>/stderr.txt, model-requests.jsonl (scripted), grade.json
-    DIR/results.json                                                      the results, BRIEF benchmark shape
+    DIR/results.json                                                      the runs, as `evals report` reads them
 
 Finding the binaries (first hit wins): ``CLAUDE_CLI`` / ``CODEX_CLI`` / ``SKILLS_CLI`` environment variables;
 the PyPI packages ``claude-agent-sdk`` (``claude_agent_sdk/_bundled/claude``) and ``openai-codex-cli-bin``
@@ -337,67 +337,35 @@ def run_attempt(*, agent: str, case: dict, attempt: int, with_skill: bool, out: 
     Path(str(transcript) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     record.update({"transcript": str(transcript), "exit_code": exit_code, "seconds": seconds})
     if grade:
-        record["grade"] = grade_transcript(case_id, transcript, agent)
+        record["grade"] = grade_transcript(case, transcript, agent)
         (adir / "grade.json").write_text(json.dumps(record["grade"], indent=2) + "\n", encoding="utf-8")
     return record
 
 
-def grade_transcript(case_id: str, transcript: Path, agent: str) -> dict:
-    """Grade with evals.grader (role evalscore); a missing grader is recorded, not hidden."""
+def grade_transcript(case: dict, transcript: Path, agent: str) -> dict | None:
+    """Grade with evals.grader; an unreadable transcript (the CLI crashed) is None, which report counts as failed."""
+    from evals import grader
+    from evals.transcripts import UnreadableTranscript
     try:
-        from evals import grader
-    except ImportError as exc:
-        return {"case": case_id, "agent": agent, "passed": None, "error": f"evals.grader unavailable: {exc}"}
-    result = grader.grade(case_id, str(transcript), agent=agent)
-    return result if isinstance(result, dict) else _as_dict(result)
-
-
-def _as_dict(obj) -> dict:
-    for name in ("to_dict", "as_dict", "to_json"):
-        fn = getattr(obj, name, None)
-        if callable(fn):
-            val = fn()
-            return json.loads(val) if isinstance(val, str) else val
-    import dataclasses
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    raise TypeError(f"cannot turn a {type(obj).__name__} grade into JSON")
+        return grader.grade(case, str(transcript), agent=agent)
+    except UnreadableTranscript:
+        return None
 
 
 # --------------------------------------------------------------------------------------------- results
 
-DIMENSIONS = ("security", "correctness", "discoverability", "effectiveness", "efficiency")
-
-
-def summarize(records: list[dict], command: str, scripted: bool, agent: str) -> dict:
-    """results.json in the BRIEF's benchmark shape: one row per (case, with/without skill)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["case"], r["with_skill"]), []).append(r)
-    rows = []
-    for (case_id, with_skill), rs in sorted(groups.items()):
-        graded = [r["grade"] for r in rs if isinstance(r.get("grade"), dict) and r["grade"].get("passed") is not None]
-        passed = sum(1 for g in graded if g["passed"])
-        dims = []
-        for d in DIMENSIONS:
-            ok = [g.get("dimensions", {}).get(d, {}).get("passed") for g in graded]
-            dims.append(f"{sum(1 for x in ok if x)}/{len(ok)}" if ok else "n/a")
-        rows.append([agent, case_id, "with" if with_skill else "without", len(rs), passed, *dims,
-                     round(sum(r["seconds"] for r in rs) / len(rs), 2)])
-    title = f"End-to-end eval runs: {agent} CLI"
-    notes = []
-    if scripted:
-        title += f" against the scripted model ({sm.SCRIPTED_LABEL}S: a plumbing check, not a model's performance)"
-        notes.append("Model turns were replayed from evals/scripted/*.json by evals/scripted_model.py on "
-                     "127.0.0.1; the CLI, the skills install, tool execution and transcripts are real. Token "
-                     "counts and costs are synthetic. Never read these rows as a model's score.")
-    return {"benchmark": f"evals-e2e-{agent}{'-scripted' if scripted else ''}", "title": title,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python "
-                       f"{platform.python_version()}",
-            "command": command, "scripted_model": scripted,
-            "columns": ["agent", "case", "skill", "attempts", "passed", *DIMENSIONS, "mean seconds"],
-            "rows": rows, "notes": notes, "raw": {"attempts": records}}
+def results_file(records: list[dict], command: str, scripted: bool, agent: str, cli: list[str],
+                 model: str | None) -> dict:
+    """results.json in the input format of ``python3 -m evals report`` (evals/report.py)."""
+    return {"agent": agent, "scripted_model": scripted,
+            "model": sm.SCRIPTED_MODEL_NAME if scripted else model, "cli_version": cli_version(cli),
+            "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "machine": f"{platform.node() or 'host'}: {platform.platform()}, {os.cpu_count()} CPUs",
+            "command": command,
+            "note": (f"{sm.SCRIPTED_LABEL}S: model turns replayed from evals/scripted/ on 127.0.0.1; the CLI, the "
+                     "skills install, tool execution and transcripts are real; token counts and costs are "
+                     "synthetic. A plumbing check, never a model's score.") if scripted else "",
+            "runs": records}
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -487,15 +455,15 @@ def _main(args, argv: list[str]) -> int:
                                   cli=cli, skills_cli=skills_cli, script_path=scripts.get(case_id) if scripted else None,
                                   model=args.model, timeout_s=args.timeout)
                 g = rec.get("grade") or {}
-                verdict = {True: "PASS", False: "FAIL"}.get(g.get("passed"), "UNGRADED")
+                verdict = {True: "PASS", False: "FAIL"}.get(g.get("passed"), "FAIL (unreadable transcript)")
                 print(f"{verdict:8} {args.agent} {case_id} {'with' if with_skill else 'without'}-skill "
                       f"attempt {n} ({rec['seconds']} s) {rec['transcript']}")
                 records.append(rec)
     command = shlex.join(["python3", "-m", "evals", "run", *argv])
-    results = summarize(records, command, scripted, args.agent)
+    results = results_file(records, command, scripted, args.agent, cli, args.model)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"results: {out / 'results.json'}")
-    verdicts = [r.get("grade", {}).get("passed") for r in records]
+    print(f"results: {out / 'results.json'} (tables: python3 -m evals report {out / 'results.json'})")
+    verdicts = [(r.get("grade") or {}).get("passed") for r in records]
     return 0 if all(v is True for v in verdicts) else 1
 
 
