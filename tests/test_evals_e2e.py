@@ -9,7 +9,8 @@ checks what really happened on both sides of the wire:
   scripts/mfsdp.py, whose output went back to the model as a tool result;
 * evals.grader grades the transcript: positive and negative cases pass, the no-skill baseline fails.
 
-Skips (with the install command) when a CLI is not installed; nothing here downloads.
+Skips (with the install command) when a CLI is not installed, or fails when EVALS_E2E_REQUIRE=1 (for CI);
+nothing here downloads.
 Binaries: pip install claude-agent-sdk==0.2.189 openai-codex-cli-bin==0.163.0; npm install skills@1.5.18
 (or point CLAUDE_CLI / CODEX_CLI / SKILLS_CLI at them).
 """
@@ -34,16 +35,22 @@ from evals import scripted_model as sm  # noqa: E402
 from evals.transcripts import read_transcript  # noqa: E402
 
 SKILL = runner.SKILL_NAME
+# CI sets this so that a broken install fails loudly instead of skipping the only real end-to-end test.
+REQUIRE = bool(os.environ.get("EVALS_E2E_REQUIRE"))
 POSITIVE = {runner.CLAUDE: "mfsdp-ckpt-format-assertion", runner.CODEX: "mfsdp-tp-pp-dp-mapping"}
 NEGATIVE = "decoy-unrelated-csv"
 pytestmark = pytest.mark.slow
+
+
+def _absent(reason: str):
+    (pytest.fail if REQUIRE else pytest.skip)(reason + ("" if not REQUIRE else " (EVALS_E2E_REQUIRE is set)"))
 
 
 def _cli_or_skip(agent: str) -> list[str]:
     cli = runner.find_agent_cli(agent)
     if cli is None:
         pkg = runner.CLAUDE_PYPI if agent == runner.CLAUDE else runner.CODEX_PYPI
-        pytest.skip(f"the {agent} CLI is not installed: pip install {pkg[0]}=={pkg[1]} (or set "
+        _absent(f"the {agent} CLI is not installed: pip install {pkg[0]}=={pkg[1]} (or set "
                     f"{'CLAUDE_CLI' if agent == runner.CLAUDE else 'CODEX_CLI'})")
     return cli
 
@@ -52,7 +59,7 @@ def _cli_or_skip(agent: str) -> list[str]:
 def skills_cli() -> list[str]:
     cli = runner.find_skills_cli(allow_npx=False)
     if cli is None:
-        pytest.skip(f"the skills CLI is not installed: npm install skills@{runner.SKILLS_NPM_VERSION} "
+        _absent(f"the skills CLI is not installed: npm install skills@{runner.SKILLS_NPM_VERSION} "
                     "(or set SKILLS_CLI)")
     return cli
 
