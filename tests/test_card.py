@@ -1,0 +1,110 @@
+"""card.yaml validates against schemas/card.schema.json, and every status it claims
+is backed: by a test that exists, or (for runtime_verified) by a recorded GPU run
+in this repo. skill-card.md has its sections and copies no result figures."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from _helpers_skill import ROOT, exists_or_pending, read
+
+CARD = yaml.safe_load(read("card.yaml"))
+SKILL_CARD = read("skill-card.md")
+# Which evidence kinds can back which status.
+BACKING = {
+    "code_verified": {"test"},
+    "runtime_verified": {"run"},
+    "known_failure": {"run", "upstream_issue", "test"},
+    "doc_only": {"source", "upstream_issue", "test", "pending_run", "run"},
+    "unclear": {"source", "upstream_issue", "test", "pending_run", "run"},
+}
+SKILL_CARD_SECTIONS = ["Description", "Owner", "License", "Use case", "Known risks and mitigations",
+                       "References", "Skill output", "Evaluation agents", "Evaluation tasks and metrics",
+                       "Results", "Version"]
+
+
+def _schema():
+    return json.loads(read("schemas/card.schema.json"))
+
+
+def test_card_validates_against_its_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator.check_schema(_schema())
+    jsonschema.validate(CARD, _schema())
+
+
+def test_schema_rejects_what_it_should():
+    jsonschema = pytest.importorskip("jsonschema")
+    bad_status = dict(CARD, validation_status={"x": ["verified_by_vibes"]})
+    no_pins = {k: v for k, v in CARD.items() if k != "validated_against"}
+    extra_key = dict(CARD, when_to_use="anything")
+    for bad in (bad_status, no_pins, extra_key):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, _schema())
+
+
+def test_pinned_versions_match_the_code():
+    from mfsdp_lib import PINNED_BRIDGE, PINNED_MCORE
+
+    assert CARD["validated_against"]["megatron-bridge"] == PINNED_BRIDGE
+    assert CARD["validated_against"]["megatron-core"] == PINNED_MCORE
+
+
+def test_every_status_is_backed_by_evidence_of_the_right_kind():
+    for item, statuses in CARD["validation_status"].items():
+        kinds = {e["kind"] for e in CARD["evidence"] if item in e["covers"]}
+        for status in statuses:
+            assert kinds & BACKING[status], f"{item}: {status} needs evidence of kind {BACKING[status]}, has {kinds}"
+
+
+def test_evidence_entries_cover_real_items_and_point_at_real_files():
+    items = set(CARD["validation_status"])
+    for e in CARD["evidence"]:
+        assert set(e["covers"]) <= items, f"evidence covers unknown items: {set(e['covers']) - items}"
+        if e["kind"] in ("test", "run"):
+            exists, pending = exists_or_pending(e["ref"])
+            if not exists:
+                assert pending, f"evidence {e['ref']} does not exist"
+                continue
+        if e["kind"] == "test":
+            assert re.fullmatch(r"tests/test_\w+\.py", e["ref"])
+
+
+def test_runtime_verified_only_from_a_recorded_run_in_this_repo():
+    """A GPU claim needs a results file (benchmarks/results/*.json) naming a real command."""
+    for item, statuses in CARD["validation_status"].items():
+        if "runtime_verified" not in statuses:
+            continue
+        runs = [e for e in CARD["evidence"] if e["kind"] == "run" and item in e["covers"]]
+        assert runs, f"{item} is runtime_verified without a run"
+        for e in runs:
+            path = ROOT / e["ref"]
+            assert path.is_file() and path.suffix == ".json", f"{e['ref']}: a recorded result file"
+            result = json.loads(path.read_text())
+            assert result.get("command") and result.get("machine") and result.get("date")
+
+
+def test_recommended_path_is_what_skill_md_tells_the_agent_to_set():
+    body = read("SKILL.md")
+    for key, value in CARD["recommended_path"].items():
+        py = {True: "True", False: "False"}.get(value, f'"{value}"')
+        assert f"cfg.{key} = {py}" in body, f"SKILL.md does not set {key} = {py}"
+
+
+def test_skill_card_sections_license_and_version():
+    heads = re.findall(r"^## (.+)$", SKILL_CARD, re.M)
+    assert heads == SKILL_CARD_SECTIONS
+    assert "Apache-2.0" in SKILL_CARD
+    from mfsdp_lib import __version__
+
+    assert __version__ in SKILL_CARD.split("## Version", 1)[1]
+
+
+def test_skill_card_results_point_to_benchmark_and_copy_no_figures():
+    results = SKILL_CARD.split("## Results", 1)[1].split("\n## ", 1)[0]
+    assert "BENCHMARK.md" in results
+    assert not re.search(r"\d+(\.\d+)?\s*(%|ms|GiB|s\b|x\b|tokens)", results), "figures belong in BENCHMARK.md"
