@@ -171,6 +171,27 @@ CONTAINER_KEYS = (
     "nvrx_straggler", "profiling", "peft", "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart",
 )
 
+# Fields without any default in the source (the dataclass requires them); the table
+# holds None for them, meaning "absent". CommOverlapConfig(tp_comm_overlap=...) is required.
+REQUIRED = ("comm_overlap.tp_comm_overlap",)
+
+# Every field of the two top-level sections that are null in a recipe dump but may be
+# given as mappings (so an unknown key there can still get a did-you-mean).
+MIXED_PRECISION_KEYS = (
+    "fp32", "fp16", "bf16", "params_dtype", "pipeline_dtype", "autocast_dtype", "autocast_enabled",
+    "grad_reduce_in_fp32", "fp8", "fp8_recipe", "first_last_layers_bf16", "fp8_margin", "fp8_amax_history_len",
+    "fp8_amax_compute_algo", "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention", "fp8_param",
+    "fp8_param_gather", "fp4", "fp4_recipe", "fp4_param", "fp4_param_gather", "loss_scale", "initial_loss_scale",
+    "min_loss_scale", "loss_scale_window", "hysteresis", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+    "reuse_grad_buf_for_mxfp8_param_ag",
+)  # B_MP: MixedPrecisionConfig
+COMM_OVERLAP_KEYS = (
+    "tp_comm_overlap", "tp_comm_overlap_cfg", "tp_comm_bootstrap_backend", "overlap_p2p_comm", "batch_p2p_comm",
+    "overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step", "align_param_gather",
+    "bucket_size", "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "data_parallel_size",
+    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+)  # B_CO: CommOverlapConfig
+
 # Mixed-precision presets (``mixed_precision: bf16_mixed`` in YAML): the fields of the
 # preset that overlap the rules' fields. Bridge's ``MixedPrecisionConfig.setup()``
 # copies EVERY field of the preset onto the model, optimizer and ddp configs that have
