@@ -20,9 +20,10 @@ Layout under ``--out DIR``::
     DIR/<agent>/<...>/<case>/attempt-<n>/stderr.txt, model-requests.jsonl (scripted), grade.json
     DIR/results.json                                                      the runs, as `evals report` reads them
 
-Finding the binaries (first hit wins): ``CLAUDE_CLI`` / ``CODEX_CLI`` / ``SKILLS_CLI`` environment variables;
-the PyPI packages ``claude-agent-sdk`` (``claude_agent_sdk/_bundled/claude``) and ``openai-codex-cli-bin``
-(``codex_cli_bin/bin/codex``) located without importing them; ``node_modules/.bin/skills`` in the skill root;
+Finding the binaries (first hit wins): ``CLAUDE_CLI`` / ``CODEX_CLI`` / ``SKILLS_CLI`` (or ``MFSDP_SKILLS_CLI``)
+environment variables; the PyPI packages ``claude-agent-sdk`` (``claude_agent_sdk/_bundled/claude``) and
+``openai-codex-cli-bin`` (``codex_cli_bin/bin/codex``) located without importing them (so ``pip install
+--no-deps`` is enough); ``.cache/node/node_modules/.bin/skills`` (scripts/dev.sh) or ``node_modules/.bin/skills``;
 ``claude`` / ``codex`` / ``skills`` on PATH; finally ``npx --yes skills@SKILLS_NPM_VERSION`` (npm registry).
 
 Isolation: every CLI gets a fresh HOME (and CLAUDE_CONFIG_DIR / CODEX_HOME inside it), a minimal environment
@@ -99,6 +100,11 @@ Check a Bridge config: `python3 scripts/mfsdp.py check CONFIG.yaml`.
 """
 
 
+# Where scripts/dev.sh (.cache/node) or a plain `npm install` in the skill root put the skills CLI.
+SKILLS_CLI_LOCAL = (SKILL_ROOT / ".cache" / "node" / "node_modules" / ".bin" / "skills",
+                    SKILL_ROOT / "node_modules" / ".bin" / "skills")
+
+
 class RunError(Exception):
     """Something the run needs is missing or broken (one line, exit 2)."""
 
@@ -133,11 +139,12 @@ def find_agent_cli(agent: str) -> list[str] | None:
 
 
 def find_skills_cli(allow_npx: bool = True) -> list[str] | None:
-    if os.environ.get("SKILLS_CLI"):
-        return shlex.split(os.environ["SKILLS_CLI"])
-    local = SKILL_ROOT / "node_modules" / ".bin" / "skills"
-    if local.is_file():
-        return [str(local)]
+    for var in ("SKILLS_CLI", "MFSDP_SKILLS_CLI"):  # MFSDP_SKILLS_CLI: what scripts/dev.sh exports
+        if os.environ.get(var):
+            return shlex.split(os.environ[var])
+    for local in SKILLS_CLI_LOCAL:
+        if local.is_file():
+            return [str(local)]
     on_path = shutil.which("skills")
     if on_path:
         return [on_path]

@@ -85,8 +85,12 @@ def test_cli_lookup_honours_environment(monkeypatch):
     assert runner.find_agent_cli(runner.CLAUDE) == ["/opt/x/claude"]
     assert runner.find_skills_cli() == ["node", "/opt/skills/bin/cli.mjs"]
     monkeypatch.delenv("SKILLS_CLI")
+    monkeypatch.setenv("MFSDP_SKILLS_CLI", "/opt/dev/skills")
+    assert runner.find_skills_cli() == ["/opt/dev/skills"]
+    monkeypatch.delenv("MFSDP_SKILLS_CLI")
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert runner.find_skills_cli(allow_npx=False) in (None, [str(ROOT / "node_modules" / ".bin" / "skills")])
+    local = [[str(p)] for p in runner.SKILLS_CLI_LOCAL if p.is_file()]
+    assert runner.find_skills_cli(allow_npx=False) == (local[0] if local else None)
 
 
 def _fake_root(tmp_path: Path, with_skill_md: bool) -> Path:
