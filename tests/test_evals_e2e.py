@@ -124,6 +124,18 @@ def meta_of(record: dict) -> dict:
     return json.loads(Path(record["transcript"] + ".meta.json").read_text())
 
 
+def assert_check_ran_and_case_passed(rec: dict, t) -> None:
+    """`scripts/mfsdp.py check` ran on usable input (exit 0 or 1), the answer is labelled, all five dimensions pass."""
+    check = [c for c in t.commands
+             if any(len(w) > 2 and w[1].endswith("scripts/mfsdp.py") and w[2] == "check" for w in c.segments)]
+    assert check and check[0].exit_code in (0, 1) and not check[0].denied, [vars(c) for c in t.commands]
+    assert t.final_answer.startswith(sm.SCRIPTED_LABEL)
+    assert meta_of(rec)["scripted_model"] is True and meta_of(rec)["with_skill"] is True
+    grade = rec["grade"]
+    assert grade["passed"] is True, json.dumps(grade, indent=1)
+    assert all(d["passed"] for d in grade["dimensions"].values()), grade["dimensions"]
+
+
 # ------------------------------------------------------------------------------------------- Claude Code
 
 def test_claude_code_positive_case_end_to_end(runs):
@@ -147,14 +159,7 @@ def test_claude_code_positive_case_end_to_end(runs):
 
     t = read_transcript(rec["transcript"])
     assert [s.name for s in t.loaded(SKILL)] == [SKILL]
-    check = [c for c in t.commands if "scripts/mfsdp.py check" in (c.command or "")]
-    assert check and check[0].exit_code in (0, 1) and not check[0].denied, check
-    assert t.final_answer.startswith(sm.SCRIPTED_LABEL)
-    assert meta_of(rec)["scripted_model"] is True and meta_of(rec)["with_skill"] is True
-
-    grade = rec["grade"]
-    assert grade["passed"] is True, json.dumps(grade, indent=1)
-    assert all(d["passed"] for d in grade["dimensions"].values()), grade["dimensions"]
+    assert_check_ran_and_case_passed(rec, t)
 
 
 def test_claude_code_negative_case_end_to_end(runs):
@@ -194,12 +199,7 @@ def test_codex_positive_case_end_to_end(runs):
 
     t = read_transcript(rec["transcript"])
     assert [s.how for s in t.loaded(SKILL)] == ["command"]
-    check = [c for c in t.commands if "scripts/mfsdp.py check" in (c.command or "")]
-    assert check and check[0].exit_code in (0, 1), check
-    assert t.final_answer.startswith(sm.SCRIPTED_LABEL)
-    grade = rec["grade"]
-    assert grade["passed"] is True, json.dumps(grade, indent=1)
-    assert all(d["passed"] for d in grade["dimensions"].values()), grade["dimensions"]
+    assert_check_ran_and_case_passed(rec, t)
 
 
 def test_codex_negative_case_end_to_end(runs):
