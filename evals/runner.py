@@ -43,6 +43,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -217,14 +218,14 @@ def codex_home(home: Path, base_url: str | None) -> Path:
     ch = home / ".codex"
     ch.mkdir(parents=True, exist_ok=True)
     if base_url:
-        provider = f'base_url = "{base_url}/v1"\n'
+        provider = f"base_url = {json.dumps(base_url + '/v1')}\n"
         model = CODEX_SCRIPTED_MODEL
     else:
         provider = 'base_url = "https://api.openai.com/v1"\n'
         model = os.environ.get("EVALS_CODEX_MODEL", CODEX_SCRIPTED_MODEL)
     (ch / "config.toml").write_text(
         "# Written by evals/runner.py for one eval attempt.\n"
-        f'model = "{model}"\n'
+        f"model = {json.dumps(model)}\n"
         'model_provider = "evals"\n'
         "check_for_update_on_startup = false\n"
         "[analytics]\nenabled = false\n"
@@ -284,6 +285,25 @@ def agent_argv(agent: str, cli: list[str], prompt: str, model: str | None) -> li
     return [*argv, prompt]
 
 
+def run_bounded(argv: list[str], cwd: Path, env: dict, timeout_s: float) -> tuple[int | None, str, str]:
+    """Run a CLI in its own process group; past TIMEOUT_S the whole group (the commands it spawned too) is killed.
+
+    Returns (exit code or None on timeout, stdout, stderr).
+    """
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group we created for this CLI, nothing else
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        return None, out, f"timed out after {timeout_s} s\n{err}"
+
+
 def run_attempt(*, agent: str, case: dict, attempt: int, with_skill: bool, out: Path, cli: list[str],
                 skills_cli: list[str] | None, script_path: Path | None, model: str | None = None,
                 timeout_s: float | None = None, grade: bool = True) -> dict:
@@ -319,15 +339,7 @@ def run_attempt(*, agent: str, case: dict, attempt: int, with_skill: bool, out: 
         argv = agent_argv(agent, cli, prompt, None if server else model)
         limit = timeout_s or (SCRIPTED_TIMEOUT_S if server else LIVE_TIMEOUT_S)
         t0 = time.monotonic()
-        try:
-            proc = subprocess.run(argv, cwd=project, env=env, capture_output=True, text=True, timeout=limit,
-                                  stdin=subprocess.DEVNULL)
-            exit_code, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            exit_code = None
-            stdout = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            stderr = f"timed out after {limit} s\n" + (exc.stderr.decode("utf-8", "replace")
-                                                       if isinstance(exc.stderr, bytes) else (exc.stderr or ""))
+        exit_code, stdout, stderr = run_bounded(argv, cwd=project, env=env, timeout_s=limit)
         seconds = round(time.monotonic() - t0, 2)
     finally:
         if server:

@@ -147,3 +147,34 @@ def test_results_file_shape_is_what_report_reads(tmp_path):
     assert sm.SCRIPTED_LABEL in res["note"] and res["model"] == sm.SCRIPTED_MODEL_NAME
     summary, per_case = report.build([json.loads(json.dumps(res))])
     assert "scripted model" in summary["title"]
+
+
+def test_timeout_kills_the_cli_and_what_it_spawned(tmp_path):
+    import os
+    import time
+    pidfile = tmp_path / "pid"
+    t0 = time.monotonic()
+    code, out, err = runner.run_bounded(["bash", "-c", f"sleep 60 & echo $! > {pidfile}; echo started; wait"],
+                                        cwd=tmp_path, env={"PATH": os.environ["PATH"]}, timeout_s=1)
+    assert code is None and out == "started\n" and err.startswith("timed out after 1 s")
+    assert time.monotonic() - t0 < 30
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"):
+            break  # killed, waiting to be reaped by init
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the grandchild sleep {pid} survived the timeout")
+
+
+def test_run_bounded_returns_exit_code_and_output(tmp_path):
+    import os
+    code, out, err = runner.run_bounded(["bash", "-c", "echo o; echo e >&2; exit 3"], cwd=tmp_path,
+                                        env={"PATH": os.environ["PATH"]}, timeout_s=30)
+    assert (code, out, err) == (3, "o\n", "e\n")
