@@ -399,7 +399,8 @@ skill install + CLI + scripts + grader, labelled SCRIPTED everywhere, never a mo
 EPILOG = """\
 examples:
   python3 -m evals run --agent claude-code --scripted --out /tmp/evalrun
-  python3 -m evals run --agent codex --cases enable-fsdp-on-llama3-recipe --without-skill
+  python3 -m evals run --agent codex --cases mfsdp-enable-llama3-recipe decoy-unrelated-csv --both
+  python3 -m evals report /tmp/evalrun/results.json --out-dir /tmp/tables
   ANTHROPIC_API_KEY=... python3 -m evals run --agent claude-code --live --attempts 3 --both
 exit status: 0 every graded attempt passed; 1 some attempt failed; 2 the run could not start.
 """
@@ -411,15 +412,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", required=True, choices=AGENTS)
     p.add_argument("--cases", nargs="+", metavar="ID", help="case ids (default: every case that has a script "
                    "when scripted, every case when live)")
-    p.add_argument("--attempts", type=int, default=1, metavar="N")
+    p.add_argument("--attempts", type=int, default=1, metavar="N", help="runs per case and skill mode (default 1)")
     skill = p.add_mutually_exclusive_group()
     skill.add_argument("--with-skill", dest="skill_mode", action="store_const", const="with", help="(default)")
     skill.add_argument("--without-skill", dest="skill_mode", action="store_const", const="without")
     skill.add_argument("--both", dest="skill_mode", action="store_const", const="both",
                        help="each case with and without the skill, for the uplift")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--scripted", dest="source", action="store_const", const="scripted")
-    src.add_argument("--live", dest="source", action="store_const", const="live")
+    src.add_argument("--scripted", dest="source", action="store_const", const="scripted",
+                     help="replay evals/scripted/ on 127.0.0.1 (default without an API key)")
+    src.add_argument("--live", dest="source", action="store_const", const="live",
+                     help="the real model API (default with ANTHROPIC_API_KEY / OPENAI_API_KEY)")
     p.add_argument("--model", help="model name for --live runs")
     p.add_argument("--out", type=Path, help="output folder (default: a new temporary folder)")
     p.add_argument("--evals", type=Path, default=EVALS_JSON, help="cases file (default: evals/evals.json)")
