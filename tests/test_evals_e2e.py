@@ -1,0 +1,244 @@
+"""End to end: the REAL Claude Code and Codex CLIs, the REAL `skills` install, our scripts, the grader.
+
+Only the model is scripted (evals/scripted_model.py on 127.0.0.1, replaying evals/scripted/<case>.json). Each
+test installs the skill into a throw-away project with the npm `skills` CLI, runs the agent headless, and then
+checks what really happened on both sides of the wire:
+* the CLI told the model about the installed skill (Claude Code's system/init line and its request; Codex's
+  skill listing in its request);
+* loading the skill put our SKILL.md in front of the model, and the scripted command ran our real
+  scripts/mfsdp.py, whose output went back to the model as a tool result;
+* evals.grader grades the transcript: positive and negative cases pass, the no-skill baseline fails.
+
+Skips (with the install command) when a CLI is not installed, or fails when EVALS_E2E_REQUIRE=1 (for CI);
+nothing here downloads.
+Binaries: pip install claude-agent-sdk==0.2.189 openai-codex-cli-bin==0.163.0; npm install skills@1.5.18
+(or point CLAUDE_CLI / CODEX_CLI / SKILLS_CLI at them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from evals import runner  # noqa: E402
+from evals import scripted_model as sm  # noqa: E402
+from evals.transcripts import read_transcript  # noqa: E402
+
+SKILL = runner.SKILL_NAME
+# CI sets this so that a broken install fails loudly instead of skipping the only real end-to-end test.
+REQUIRE = bool(os.environ.get("EVALS_E2E_REQUIRE"))
+POSITIVE = {runner.CLAUDE: "mfsdp-ckpt-format-assertion", runner.CODEX: "mfsdp-tp-pp-dp-mapping"}
+NEGATIVE = "decoy-unrelated-csv"
+pytestmark = pytest.mark.slow
+
+
+def _absent(reason: str):
+    (pytest.fail if REQUIRE else pytest.skip)(reason + ("" if not REQUIRE else " (EVALS_E2E_REQUIRE is set)"))
+
+
+def _cli_or_skip(agent: str) -> list[str]:
+    cli = runner.find_agent_cli(agent)
+    if cli is None:
+        pkg = runner.CLAUDE_PYPI if agent == runner.CLAUDE else runner.CODEX_PYPI
+        _absent(f"the {agent} CLI is not installed: pip install {pkg[0]}=={pkg[1]} (or set "
+                    f"{'CLAUDE_CLI' if agent == runner.CLAUDE else 'CODEX_CLI'})")
+    return cli
+
+
+@pytest.fixture(scope="module")
+def skills_cli() -> list[str]:
+    cli = runner.find_skills_cli(allow_npx=False)
+    if cli is None:
+        _absent(f"the skills CLI is not installed: npm install skills@{runner.SKILLS_NPM_VERSION} "
+                    "(or set SKILLS_CLI)")
+    return cli
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict:
+    return runner.load_cases()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, skills_cli, cases):
+    """Run each (agent, case, with_skill) at most once per module; tests share the results."""
+    out = tmp_path_factory.mktemp("e2e")
+    done: dict = {}
+
+    def run(agent: str, case_id: str, with_skill: bool = True) -> dict:
+        key = (agent, case_id, with_skill)
+        if key not in done:
+            done[key] = runner.run_attempt(agent=agent, case=cases[case_id], attempt=1, with_skill=with_skill,
+                                           out=out, cli=_cli_or_skip(agent), skills_cli=skills_cli,
+                                           script_path=runner.SCRIPTED_DIR / f"{case_id}.json")
+        return done[key]
+    return run
+
+
+def requests_of(record: dict) -> list[dict]:
+    log = Path(record["transcript"]).parent / "model-requests.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def strings(obj):
+    """Every string inside a request body (message texts, system prompt, tool outputs)."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from strings(v)
+
+
+def skill_description(record: dict) -> str:
+    """The description from the installed SKILL.md front matter (what the CLI must list)."""
+    text = (Path(record["install"]["installed"]) / "SKILL.md").read_text()
+    front = text.split("---")[1]
+    import yaml
+    return " ".join(str(yaml.safe_load(front)["description"]).split())
+
+
+def listed_in(body: dict, name: str) -> str | None:
+    """The skill-listing line `- NAME: description` the CLI put into a request, or None."""
+    pattern = re.compile(rf"^\s*-\s+{re.escape(name)}:\s*(.+)$", re.M)
+    for s in strings(body):
+        m = pattern.search(s)
+        if m:
+            return m.group(1)
+    return None
+
+
+def meta_of(record: dict) -> dict:
+    return json.loads(Path(record["transcript"] + ".meta.json").read_text())
+
+
+def assert_check_ran_and_case_passed(rec: dict, t) -> None:
+    """`scripts/mfsdp.py check` ran on usable input (exit 0 or 1), the answer is labelled, all five dimensions pass."""
+    check = [c for c in t.commands
+             if any(len(w) > 2 and w[1].endswith("scripts/mfsdp.py") and w[2] == "check" for w in c.segments)]
+    assert check and check[0].exit_code in (0, 1) and not check[0].denied, [vars(c) for c in t.commands]
+    assert t.final_answer.startswith(sm.SCRIPTED_LABEL)
+    assert meta_of(rec)["scripted_model"] is True and meta_of(rec)["with_skill"] is True
+    grade = rec["grade"]
+    assert grade["passed"] is True, json.dumps(grade, indent=1)
+    assert all(d["passed"] for d in grade["dimensions"].values()), grade["dimensions"]
+
+
+# ------------------------------------------------------------------------------------------- Claude Code
+
+def test_claude_code_positive_case_end_to_end(runs):
+    rec = runs(runner.CLAUDE, POSITIVE[runner.CLAUDE])
+    assert rec["exit_code"] == 0, Path(rec["transcript"]).parent.joinpath("stderr.txt").read_text()[-2000:]
+    events = [json.loads(line) for line in Path(rec["transcript"]).read_text().splitlines() if line.strip()]
+    init = next(e for e in events if e.get("type") == "system" and e.get("subtype") == "init")
+    assert SKILL in init["skills"], "Claude Code's system/init line does not list the installed skill"
+
+    reqs = [r for r in requests_of(rec) if r.get("dialect") == "anthropic" and r.get("turn") is not None]
+    assert [r["turn"] for r in reqs] == [0, 1, 2]
+    listing = listed_in(reqs[0]["body"], SKILL)
+    assert listing and listing.startswith(skill_description(rec)[:40]), "the skill listing the model saw"
+    # The Skill tool put our SKILL.md in front of the model (Claude Code's own message, not ours).
+    assert any(s.startswith("Base directory for this skill:") and s.splitlines()[0].endswith(f"/.claude/skills/{SKILL}")
+               for s in strings(reqs[1]["body"]["messages"]))
+    # Our script really ran: its result came back to the model as the Bash tool_result.
+    result = next(b for m in reqs[2]["body"]["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+                  for b in m["content"] if b.get("type") == "tool_result" and b["tool_use_id"] == "toolu_scripted_1")
+    assert "ckpt_format" in json.dumps(result["content"]), result
+
+    t = read_transcript(rec["transcript"])
+    assert [s.name for s in t.loaded(SKILL)] == [SKILL]
+    assert_check_ran_and_case_passed(rec, t)
+
+
+def test_claude_code_negative_case_end_to_end(runs):
+    rec = runs(runner.CLAUDE, NEGATIVE)
+    assert rec["exit_code"] == 0
+    t = read_transcript(rec["transcript"])
+    assert SKILL in t.skills_available  # installed and offered ...
+    assert t.loaded(SKILL) == [] and t.tool_calls == []  # ... and rightly left alone
+    assert rec["grade"]["passed"] is True, json.dumps(rec["grade"], indent=1)
+    assert rec["grade"]["dimensions"]["discoverability"]["passed"] is True
+
+
+def test_claude_code_without_skill_baseline_fails(runs):
+    """Same scripted turns, no skill installed: the Skill call errors, the script is missing, the grade fails."""
+    rec = runs(runner.CLAUDE, POSITIVE[runner.CLAUDE], with_skill=False)
+    t = read_transcript(rec["transcript"])
+    assert SKILL not in t.skills_available and t.loaded(SKILL) == []
+    assert meta_of(rec)["with_skill"] is False
+    assert rec["grade"]["passed"] is False
+    assert rec["grade"]["dimensions"]["discoverability"]["passed"] is False
+    assert rec["grade"]["dimensions"]["effectiveness"]["passed"] is False
+
+
+# ------------------------------------------------------------------------------------------- Codex
+
+def test_codex_positive_case_end_to_end(runs):
+    rec = runs(runner.CODEX, POSITIVE[runner.CODEX])
+    assert rec["exit_code"] == 0, Path(rec["transcript"]).parent.joinpath("stderr.txt").read_text()[-2000:]
+    reqs = [r for r in requests_of(rec) if r.get("dialect") == "responses" and r.get("turn") is not None]
+    assert [r["turn"] for r in reqs] == [0, 1, 2]
+    listing = listed_in(reqs[0]["body"], SKILL)
+    assert listing and listing.startswith(skill_description(rec)[:40]), "Codex did not list the installed skill"
+    outputs = {i["call_id"]: i["output"] for i in reqs[2]["body"]["input"]
+               if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    assert f"name: {SKILL}" in outputs["call_scripted_0"]  # Codex's shell printed our SKILL.md to the model
+    assert "use_tp_pp_dp_mapping" in str(outputs["call_scripted_1"])
+
+    t = read_transcript(rec["transcript"])
+    assert [s.how for s in t.loaded(SKILL)] == ["command"]
+    assert_check_ran_and_case_passed(rec, t)
+
+
+def test_codex_negative_case_end_to_end(runs):
+    rec = runs(runner.CODEX, NEGATIVE)
+    assert rec["exit_code"] == 0
+    reqs = [r for r in requests_of(rec) if r.get("dialect") == "responses"]
+    assert listed_in(reqs[0]["body"], SKILL), "the skill was installed, so Codex must offer it"
+    t = read_transcript(rec["transcript"])
+    assert t.loaded(SKILL) == [] and t.commands == []
+    assert rec["grade"]["passed"] is True, json.dumps(rec["grade"], indent=1)
+
+
+# ------------------------------------------------------------------------------------------- the CLI entry
+
+def test_run_command_writes_results_that_report_reads(tmp_path, skills_cli):
+    """`python3 -m evals run` then `python3 -m evals report`: the whole CLI path, labelled scripted throughout."""
+    _cli_or_skip(runner.CLAUDE)
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
+    if skills_cli and not os.environ.get("SKILLS_CLI"):
+        env["SKILLS_CLI"] = shlex.join(skills_cli)
+    proc = subprocess.run([sys.executable, "-m", "evals", "run", "--agent", "claude-code", "--cases", NEGATIVE,
+                           POSITIVE[runner.CLAUDE], "--both", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # The no-skill baseline of the positive case fails its grade, so the run exits 1.
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["agent"] == "claude-code" and results["scripted_model"] is True
+    assert sm.SCRIPTED_LABEL in results["note"]
+    runs = {(r["case"], r["with_skill"]): r for r in results["runs"]}
+    assert set(runs) == {(NEGATIVE, True), (NEGATIVE, False), (POSITIVE[runner.CLAUDE], True),
+                         (POSITIVE[runner.CLAUDE], False)}
+    assert runs[(POSITIVE[runner.CLAUDE], True)]["grade"]["passed"] is True
+    assert runs[(POSITIVE[runner.CLAUDE], False)]["grade"]["passed"] is False
+    assert all(Path(r["transcript"]).is_file() for r in results["runs"])
+
+    tables = tmp_path / "tables"
+    rep = subprocess.run([sys.executable, "-m", "evals", "report", str(out / "results.json"), "--out-dir",
+                          str(tables), "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    summary = json.loads((tables / "evals_claude-code.json").read_text())
+    assert "scripted model" in summary["title"]
