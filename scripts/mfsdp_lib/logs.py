@@ -69,7 +69,7 @@ PYTEST_FAILED_RE = re.compile(r"^(?:FAILED|ERROR) (\S+::\S+|\S+\.py)")
 # "[Rank 0]"), a logging level with logger name, and an exception class name.
 _PREFIX = (r"^(?:\[[^\]]{0,120}\]\s*)*"
            r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]*)?:\s*)?"
-           r"(?:(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)\s*:\s*)?")
+           r"(?:(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|IsEnabled)\s*:\s*)?")
 
 
 @dataclass(frozen=True)
