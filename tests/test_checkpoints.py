@@ -296,3 +296,13 @@ def test_real_runs_are_self_consistent(root: Path):
         assert recorded == report.format
     if report.inspected and report.inspected.train_state:
         assert report.inspected.train_state["step"] == report.latest
+
+
+def test_permission_denied_is_inputerror_even_as_root(monkeypatch):
+    """Root can read everything, so simulate the kernel's answer for an unreadable folder."""
+    def deny(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(C.os, "listdir", deny)
+    with pytest.raises(InputError, match="permission denied"):
+        C.inspect(str(CKPT / "fsdp_dtensor_ok"))
