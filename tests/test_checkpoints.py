@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import struct
 import zipfile
 from pathlib import Path
 

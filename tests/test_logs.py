@@ -320,3 +320,13 @@ def test_real_logs_parse(path):
         loss = rep.loss_summary()
         assert loss["key"] is not None and loss["first_iteration"] <= loss["last_iteration"]
         assert isinstance(loss["first"], float) and math.isfinite(loss["first"])
+
+
+def test_spliced_iteration_line_is_ignored_not_misread():
+    """Without torchrun prefixes two ranks can write into one line; the cut iteration line must not count."""
+    lines = real_iteration_lines()
+    spliced = lines[4][:90] + "WARNING:megatron.core.timers:rank 0 late\n" + lines[4][90:] + "\n"
+    data = ("\n".join(lines[:4]) + "\n" + spliced + "\n".join(lines[5:]) + "\n").encode()
+    rep = analyse_bytes(data)
+    assert rep.partial_iteration_lines == 1 and rep.iterations == 9
+    assert rep.last_iteration == 10 and rep.loss_summary()["last_finite"]
