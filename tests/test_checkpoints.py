@@ -305,3 +305,28 @@ def test_permission_denied_is_inputerror_even_as_root(monkeypatch):
     monkeypatch.setattr(C.os, "listdir", deny)
     with pytest.raises(InputError, match="permission denied"):
         C.inspect(str(CKPT / "fsdp_dtensor_ok"))
+
+
+def test_root_without_tracker_would_start_from_random(tmp_path):
+    root = copy_tree(CKPT / "fsdp_dtensor_ok", tmp_path / "ck")
+    for t in ("latest_train_state.pt", "latest_checkpointed_iteration.txt"):
+        (root / t).unlink()
+    report = C.inspect(str(root))
+    f = next(f for f in report.findings if f.rule == "MFSDP-CKPT-NO-TRACKER")
+    assert f.severity == "error" and "iter_0000020" in f.fix and report.format == "fsdp_dtensor"
+
+
+def test_release_tracker(tmp_path):
+    root = copy_tree(CKPT / "fsdp_dtensor_ok", tmp_path / "ck")
+    (root / "iter_0000020").rename(root / "release")
+    (root / "latest_train_state.pt").unlink()
+    (root / "latest_checkpointed_iteration.txt").write_text("release\n")
+    report = C.inspect(str(root))
+    assert report.latest == "release" and report.format == "fsdp_dtensor"
+    assert not rules(report, "error")
+
+
+def test_bridge_tracker_messages(bridge_src):
+    text = (bridge_src / "megatron/bridge/training/checkpointing.py").read_text()
+    assert "could not find the metadata file" in text and "exit_on_missing_checkpoint" in text
+    assert 'release = metastring == "release"' in text

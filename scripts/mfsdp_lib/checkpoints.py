@@ -761,6 +761,17 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
                     break
         iterations = sorted(iter_dirs, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0))
         tracker, tracked = _read_trackers(path, entries, findings)
+        if not tracker:
+            ints = [i for i in iterations if isinstance(i, int)]
+            newest = max(ints) if ints else None
+            findings.append(Finding(
+                "MFSDP-CKPT-NO-TRACKER", "error", path,
+                f"no {TRACKER_TRAIN_STATE} or {TRACKER_TXT}: loading this root, Bridge finds no iteration, prints "
+                "'could not find the metadata file' and starts from random initialisation",
+                (f"point checkpoint.load at {os.path.join(path, _iter_name(newest))} (an iteration folder loads "
+                 f"directly), or set checkpoint.ckpt_step={newest}" if newest is not None else
+                 "point checkpoint.load at an iteration folder")
+                + "; checkpoint.exit_on_missing_checkpoint=true makes a missing checkpoint fatal instead of silent"))
         if tracked is not None and tracked not in iter_dirs:
             name = "release" if tracked == RELEASE_DIR else f"iter_{tracked:07d}"
             have = [i for i in iterations if isinstance(i, int)]
@@ -961,7 +972,7 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
             "--ckpt-format fsdp_dtensor"),
         ("fsdp_dtensor", "hf"): (
             f"Bridge: torchrun --nproc_per_node=<gpus> {BRIDGE_MFSDP_CONVERT} export --hf-model {hf_id} "
-            f"--megatron-path {os.path.dirname(os.path.normpath(src)) or src} --hf-path <output_dir> {par} "
+            f"--megatron-path {src} --hf-path <output_dir> {par} "
             "--ckpt-format fsdp_dtensor"),
         ("fsdp_dtensor", "torch_dist"): (
             "no direct tool: export to Hugging Face with Bridge's "
