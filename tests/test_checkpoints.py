@@ -330,3 +330,19 @@ def test_bridge_tracker_messages(bridge_src):
     text = (bridge_src / "megatron/bridge/training/checkpointing.py").read_text()
     assert "could not find the metadata file" in text and "exit_on_missing_checkpoint" in text
     assert 'release = metastring == "release"' in text
+
+
+def test_big_metadata_is_scanned_for_shard_names(monkeypatch, tmp_path):
+    """Past the full-parse limit only the shard names are read (byte scan), still never unpickled."""
+    monkeypatch.setattr(C, "MAX_DCP_FULL_PARSE", 1000)
+    monkeypatch.setattr(C, "SCAN_CHUNK", 997)  # names straddling chunk borders must still be found
+    fast, err = C.read_dcp_metadata(str(REAL_ITER / ".metadata"))
+    assert err is None and fast["mode"].startswith("names only")
+    assert set(fast["files"]) == {"__0_0.distcp"}
+    report = C.inspect(str(REAL_CKPT))
+    assert "MFSDP-CKPT-NO-PAYLOAD" in rules(report, "error")
+    root = copy_tree(REAL_CKPT, tmp_path / "ck")
+    (root / "iter_0000010" / "__0_0.distcp").write_bytes(b"")
+    assert not rules(C.inspect(str(root)), "error")  # sizes are unknown in this mode: presence only
+    (tmp_path / "not_dcp").write_bytes(b"x" * 5000)
+    assert C.read_dcp_metadata(str(tmp_path / "not_dcp"))[0] is None
