@@ -109,3 +109,12 @@ def test_pipe_path_streams():
     t.join(timeout=10)
     assert proc.returncode == 0, err
     assert "iterations: 10 lines" in out
+
+
+def test_plain_imports_only(root):
+    """ckpt and log load only the standard library and PyYAML (fast start, nothing optional needed)."""
+    code = ("import sys; sys.path.insert(0, 'scripts'); import mfsdp_lib.cli_ckpt, mfsdp_lib.cli_log; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'numpy', 'jsonschema', 'megatron', 'safetensors', 'yaml')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # yaml too is imported lazily, only when a run_config.yaml is read

@@ -330,3 +330,11 @@ def test_spliced_iteration_line_is_ignored_not_misread():
     rep = analyse_bytes(data)
     assert rep.partial_iteration_lines == 1 and rep.iterations == 9
     assert rep.last_iteration == 10 and rep.loss_summary()["last_finite"]
+
+
+def test_same_iteration_from_two_ranks_counts_once():
+    lines = real_iteration_lines()
+    doubled = "".join(f"[default0]:{l}\n[default1]:{l}\n" for l in lines).encode()
+    rep = analyse_bytes(doubled)
+    assert rep.iterations == 10 and rep.duplicate_iteration_lines == 10 and rep.restarts == 0
+    assert not L.judge(rep)

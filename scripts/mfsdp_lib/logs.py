@@ -236,6 +236,7 @@ class LogReport:
     ranks_seen: set = field(default_factory=set)
     iterations: int = 0
     partial_iteration_lines: int = 0
+    duplicate_iteration_lines: int = 0
     first_iteration: int | None = None
     last_iteration: int | None = None
     train_iters: int | None = None
@@ -282,7 +283,8 @@ class LogReport:
             "lines": self.lines,
             "iterations": {"count": self.iterations, "first": self.first_iteration, "last": self.last_iteration,
                            "train_iters": self.train_iters, "restarts": self.restarts,
-                           "partial_lines": self.partial_iteration_lines},
+                           "partial_lines": self.partial_iteration_lines,
+                           "duplicate_lines": self.duplicate_iteration_lines},
             "loss": self.loss_summary(),
             "skipped_iterations": self.skipped,
             "nan_iterations": self.nan,
@@ -453,7 +455,10 @@ def _iteration(rep: LogReport, m: re.Match) -> None:
         rep.partial_iteration_lines += 1
         return
     it, total = int(m.group(1)), int(m.group(2))
-    if rep.last_iteration is not None and it <= rep.last_iteration:
+    if it == rep.last_iteration and total == rep.train_iters:
+        rep.duplicate_iteration_lines += 1  # the same line printed by more than one rank: count it once
+        return
+    if rep.last_iteration is not None and it < rep.last_iteration:
         rep.restarts += 1  # a resumed or re-run job appended to the same log
     rep.iterations += 1
     if rep.first_iteration is None:
