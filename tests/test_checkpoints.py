@@ -346,3 +346,14 @@ def test_big_metadata_is_scanned_for_shard_names(monkeypatch, tmp_path):
     assert not rules(C.inspect(str(root)), "error")  # sizes are unknown in this mode: presence only
     (tmp_path / "not_dcp").write_bytes(b"x" * 5000)
     assert C.read_dcp_metadata(str(tmp_path / "not_dcp"))[0] is None
+
+
+def test_train_state_zip_bomb_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(C, "MAX_SMALL_FILE", 10_000)
+    bomb = tmp_path / "train_state.pt"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("train_state/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("train_state/data/0", b"\0" * 1_000_000)  # deflates to ~1 kB
+    assert bomb.stat().st_size < 10_000
+    ts, err = C.read_train_state(str(bomb))
+    assert ts is None and "too large" in err

@@ -338,6 +338,8 @@ def read_train_state(path: str) -> tuple[dict | None, str | None]:
             order = "<"
             if prefix + "byteorder" in names:
                 order = "<" if zf.read(prefix + "byteorder").strip() == b"little" else ">"
+            if any(i.file_size > MAX_SMALL_FILE for i in zf.infolist()):  # no zip bombs: real members are bytes
+                return None, "a member of the archive is too large for a train state"
             tree = read_pickle_tree(zf.read(pkl[0]), persistent=True)
             if not isinstance(tree, dict):
                 return None, "data.pkl does not hold a dict"
