@@ -825,7 +825,7 @@ class Estimate:
 
 def _counts_from_params(params: float, par: Parallel) -> Counts:
     per_gpu = params / (par.tp * par.pp)
-    return Counts(total=int(params), embedding=0, output_layer=0, layer_dense=[], layer_experts=[],
+    return Counts(total=int(round(params)), embedding=0, output_layer=0, layer_dense=[], layer_experts=[],
                   final_norm=0, gpu_dense=per_gpu, gpu_experts=0.0, gpu_non_unit=0.0, gpu_unit=0.0,
                   gpu_first_grads=0.0, layers_on_gpu=0, padded_vocab=0)
 
