@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
@@ -104,12 +105,13 @@ ADAM_STATES = 2  # exp_avg and exp_avg_sq (optimizer 'adam', the Bridge default)
 FSDP_MIN_COMM_UNIT = 1_000_000_000
 FSDP_DOUBLE_BUFFER_SLOTS = 2  # FixedPoolAllocator(size=UB_BUFFER_NUM=2)
 
-# Megatron-Core DDP (distributed_data_parallel.py): bucket_size default when unset.
+# bucket_size when unset: max(40e6, 1e6 x DP x CP) (megatron/training/models/dist_utils.py,
+# distributed/distributed_data_parallel.py), so buckets grow with DP.
 DDP_MIN_BUCKET = 40_000_000
 DDP_BUCKET_PER_DP_RANK = 1_000_000
 
-# How far ``smallest_dp`` searches; memory is non-increasing in DP, so a bisection is exact.
-MAX_DP_SEARCH = 1 << 20
+# How far ``smallest_dp`` searches (data-parallel sizes beyond this are not built today).
+MAX_DP_SEARCH = 16384
 
 # Built-in shapes: the public Hugging Face ``config.json`` of each model
 # (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
@@ -179,6 +181,16 @@ def dtype_bytes(value, default: int | None = None) -> int | None:
     if name not in DTYPE_BYTES:
         raise ModelError(f"unknown dtype {value!r} (expected one of bf16, fp16, fp32, fp8)")
     return DTYPE_BYTES[name]
+
+
+def _positive(value, name: str, what: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ModelError(f"{name} must be {what}, got {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ModelError(f"{name} must be positive, got {value!r}")
+    return number
 
 
 def _bool(value, default: bool = False) -> bool:
@@ -437,22 +449,50 @@ class Precision:
     bucket_size: int | None = None  # ddp.bucket_size
 
 
+def _mixed_precision(cfg: Mapping | None) -> dict:
+    """What ``mixed_precision`` forces: Bridge's ``MixedPrecisionConfig.setup`` copies its
+    ``bf16``/``fp16``/``grad_reduce_in_fp32`` onto the model, optimizer and DDP configs, so it
+    wins over them. A recipe name (``bf16_mixed``, ``fp16_with_fp8_..._mixed``) stands for
+    that recipe: the bf16 ones reduce gradients in fp32, the fp16 ones do not
+    (``training/mixed_precision.py``)."""
+    mp = _get(cfg, "mixed_precision")
+    if isinstance(mp, str):
+        name = mp.lower()
+        fp16 = name.startswith("fp16")
+        return {"bf16": "bf16" in name, "fp16": fp16, "grad_reduce_in_fp32": not fp16}
+    if isinstance(mp, Mapping):
+        return {k: _bool(mp[k]) for k in ("bf16", "fp16", "grad_reduce_in_fp32") if mp.get(k) is not None}
+    return {}
+
+
+def _fraction(value, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ModelError(f"{name} must be a number in [0, 1], got {value!r}") from None
+    if not 0.0 <= number <= 1.0:
+        raise ModelError(f"{name} must be in [0, 1], got {value!r}")
+    return number
+
+
 def precision_from_config(cfg: Mapping | None) -> Precision:
-    fp16 = _bool(_first(cfg, ("model.fp16", "mixed_precision.fp16", "optimizer.fp16")), False)
-    bf16 = _bool(_first(cfg, ("model.bf16", "mixed_precision.bf16", "optimizer.bf16")), not fp16)
+    mp = _mixed_precision(cfg)
+    fp16 = mp.get("fp16", _bool(_first(cfg, ("model.fp16", "optimizer.fp16")), False))
+    # Said nowhere: bf16, as every Bridge pretraining recipe sets (mixed_precision="bf16_mixed").
+    bf16 = mp.get("bf16", _bool(_first(cfg, ("model.bf16", "optimizer.bf16")), not fp16))
     pbytes = 2 if (bf16 or fp16) else 4
-    # Bridge's bf16_mixed recipe (training/mixed_precision.py) sets grad_reduce_in_fp32=True.
-    grad_fp32 = _bool(_first(cfg, ("ddp.grad_reduce_in_fp32", "mixed_precision.grad_reduce_in_fp32")), True)
+    # MixedPrecisionConfig's default (and bf16_mixed's) is grad_reduce_in_fp32=True.
+    grad_fp32 = mp.get("grad_reduce_in_fp32", _bool(_get(cfg, "ddp.grad_reduce_in_fp32"), True))
     fsdp_grad = dtype_bytes(_get(cfg, "ddp.megatron_fsdp_main_grads_dtype"), pbytes)
-    main_raw = _get(cfg, "ddp", {}).get("megatron_fsdp_main_params_dtype", "float32") if isinstance(
-        _get(cfg, "ddp"), Mapping) else "float32"
-    fsdp_main = dtype_bytes(main_raw, 0) if main_raw is not None else 0
+    ddp = _get(cfg, "ddp")
+    ddp = ddp if isinstance(ddp, Mapping) else {}
+    # Absent: the fp32 default. An explicit null: no main weights, the compute weights are optimized.
+    fsdp_main = dtype_bytes(ddp.get("megatron_fsdp_main_params_dtype", "float32"), 0)
     precision_aware = _bool(_get(cfg, "optimizer.use_precision_aware_optimizer"), False)
     offload = 0.0
     if _bool(_get(cfg, "optimizer.optimizer_cpu_offload"), False):
-        offload = float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0) or 0.0)
-        if not 0.0 <= offload <= 1.0:
-            raise ModelError(f"optimizer.optimizer_offload_fraction must be in [0, 1], got {offload}")
+        key = "optimizer.optimizer_offload_fraction"
+        offload = _fraction(_get(cfg, key, 0.0), key)
     unit = _get(cfg, "ddp.suggested_communication_unit_size")
     bucket = _get(cfg, "ddp.bucket_size")
     return Precision(
@@ -533,23 +573,29 @@ def _rs_queue_peak(buckets: list[float], capacity: float) -> float:
     reduce-scatter queue; before a bucket is queued, the oldest are freed while the
     queue holds more than ``capacity`` elements (``wait_for_previous_grad_reduce``).
     """
-    queue: list[float] = []
-    peak = 0.0
+    queue: deque[float] = deque()
+    queued = peak = 0.0
     for size in buckets:
-        peak = max(peak, sum(queue) + size)  # this bucket accumulating, older ones queued
-        while queue and sum(queue) > capacity:
-            queue.pop(0)
+        peak = max(peak, queued + size)  # this bucket accumulating, older ones queued
+        while queue and queued > capacity:
+            queued -= queue.popleft()
         queue.append(size)
-        peak = max(peak, sum(queue))
+        queued += size
+        peak = max(peak, queued)
     return peak
 
 
-def _buckets(total: float, bucket: int) -> list[float]:
-    """``total`` elements cut into gradient buckets of ``bucket`` elements."""
+def _buckets(total: float, bucket: int, capacity: float) -> list[float]:
+    """``total`` elements cut into gradient buckets of ``bucket`` elements.
+
+    A run of equal buckets reaches the queue's steady state after ``capacity / bucket + 1``
+    of them, so longer runs are cut short: the peak is the same, and it stays cheap.
+    """
     if total <= 0:
         return []
     n = int(total // bucket)
     rest = total - n * bucket
+    n = min(n, int(capacity // bucket) + 3)
     return [float(bucket)] * n + ([rest] if rest > 0 else [])
 
 
@@ -590,7 +636,7 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
     if p.fsdp_main_bytes and not p.precision_aware and p.fsdp_grad_bytes != p.fsdp_main_bytes:
         mem.step_transient = p.fsdp_main_bytes * held  # update_main_grads: grad.to(main dtype)
     g = p.fsdp_comm_grad_bytes
-    bucket = p.bucket_size or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp)
+    bucket = p.bucket_size or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
     if w_sharded and counts.gpu_unit > 0:
         unit, layers = counts.gpu_unit, counts.layers_on_gpu
         capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, int(2 * unit))
@@ -605,7 +651,7 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
             notes.append("fsdp_double_buffer: two persistent layer-sized pools, for weights and for grads")
         else:
             ag_units = min(layers, 1 + math.ceil((capacity // 2) / unit))
-            rs = _rs_queue_peak([first] + [unit] * layers + [rest], capacity)
+            rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
             mem.buffers_at_peak = p.param_bytes * ag_units * unit + g * (first + unit)
             mem.buffers_late = p.param_bytes * ag_units * unit + g * rs
             notes.append(f"all-gather window: {ag_units} layer(s); reduce-scatter queue: up to "
@@ -616,7 +662,7 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
         capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, bucket)
         # A parameter larger than a bucket gets one of its own: output layer first, embedding last.
         first, rest = counts.gpu_first_grads, counts.gpu_non_unit - counts.gpu_first_grads
-        grads_in_backward = [first] + _buckets(full - first - rest, bucket) + [rest]
+        grads_in_backward = [first] + _buckets(full - first - rest, bucket, capacity) + [rest]
         rs = _rs_queue_peak([x for x in grads_in_backward if x > 0], capacity)
         first = max(first, grads_in_backward[1] if len(grads_in_backward) > 2 else 0.0)
         mem.buffers_at_peak = g * first
@@ -657,7 +703,7 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     """
     s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
     sbh = s * b * h
-    ffn_term = (6 if shape.gated_linear_unit else 4) * _ffn_ratio(shape, a)
+    ffn_term = (6 if shape.gated_linear_unit else 4) * _ffn_ratio(shape)
     sp = a.sequence_parallel and tp > 1
     if sp:
         per_layer = sbh * (18 + ffn_term) / tp
@@ -703,12 +749,12 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     return total / cp
 
 
-MEGATRON_NO_SP_OVERHEAD = 1.05
+MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
-ATTN_BACKENDS = {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}  # compute_activation_memory_without_sp: "5% overhead"
+ATTN_BACKENDS = {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}
 
 
-def _ffn_ratio(shape: Shape, a: ActivationSettings) -> float:
+def _ffn_ratio(shape: Shape) -> float:
     """Average FFN width over hidden per layer, routed experts counted top-k times (as Bridge does)."""
     pattern = shape.moe_layers()
     moe_width = (shape.moe_ffn_hidden_size or shape.ffn) * shape.moe_router_topk + (
@@ -843,12 +889,7 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
     if model is not None:
         shape, source = builtin_shape(str(model)), f"built-in shape {builtin_shape(str(model)).name}"
     elif params is not None:
-        try:
-            n = float(params)
-        except (TypeError, ValueError):
-            raise ModelError(f"--params must be a number of parameters (e.g. 8.03e9), got {params!r}") from None
-        if not math.isfinite(n) or n <= 0:
-            raise ModelError(f"--params must be positive, got {params!r}")
+        params = _positive(params, "--params", "a number of parameters (e.g. 8.03e9)")
         shape, source = None, "--params"
         notes.append("--params gives no shape: activations and Megatron FSDP buffers are not estimated")
     elif isinstance(_get(cfg, "model"), Mapping):
@@ -862,6 +903,9 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
     else:
         counts = _counts_from_params(float(params), par)
     precision = precision_from_config(cfg)
+    if precision.param_bytes == FP32:
+        notes.append("the config enables neither bf16 nor fp16 (model.bf16, mixed_precision): fp32 training "
+                     "assumed; if your recipe sets mixed_precision, add model.bf16=true")
     act = activations = None
     if shape is not None:
         act = activation_settings(cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp)
@@ -874,23 +918,27 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
 def smallest_dp(est: Estimate, strategy: str, gpu_mem_gib: float) -> int | None:
     """Smallest data-parallel size at which ``strategy`` fits in ``gpu_mem_gib`` (None: never).
 
-    Memory never grows with DP, so a bisection over 1..MAX_DP_SEARCH is exact.
+    Every term but one shrinks or stays as DP grows, so a bisection is exact. The exception
+    is ``optim_grads``: its gradient buckets (``max(40e6, 1e6 x DP x CP)`` elements) grow
+    with DP, and so does its reduce-scatter queue; it is scanned upwards instead.
     """
     limit = gpu_mem_gib * GIB
     act = est.activations or 0.0
     par = est.parallel
 
-    def total(dp: int) -> float:
+    def fits(dp: int) -> bool:
         row = strategy_memory(strategy, est.counts, est.precision, dp=dp, cp=par.cp, tp=par.tp, ep=par.ep,
                               etp=par.etp)
-        return row.total(act)
+        return row.total(act) <= limit
 
-    if total(MAX_DP_SEARCH) > limit:
+    if strategy == "optim_grads":
+        return next((dp for dp in range(1, MAX_DP_SEARCH + 1) if fits(dp)), None)
+    if not fits(MAX_DP_SEARCH):
         return None
     lo, hi = 1, MAX_DP_SEARCH
     while lo < hi:
         mid = (lo + hi) // 2
-        if total(mid) <= limit:
+        if fits(mid):
             hi = mid
         else:
             lo = mid + 1
@@ -965,12 +1013,7 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
     None without ``gpu_mem_gib``. Raises ``ModelError`` (a ValueError) for bad input.
     """
     if gpu_mem_gib is not None:
-        try:
-            gpu_mem_gib = float(gpu_mem_gib)
-        except (TypeError, ValueError):
-            raise ModelError(f"--gpu-mem-gib must be a number, got {gpu_mem_gib!r}") from None
-        if not math.isfinite(gpu_mem_gib) or gpu_mem_gib <= 0:
-            raise ModelError(f"--gpu-mem-gib must be positive, got {gpu_mem_gib!r}")
+        gpu_mem_gib = _positive(gpu_mem_gib, "--gpu-mem-gib", "a number of GiB")
     est = estimate(cfg, params=params, model=model, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, strategies=strategies,
                    seq_length=seq_length, micro_batch_size=micro_batch_size)
     act = est.activations
