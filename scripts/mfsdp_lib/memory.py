@@ -993,6 +993,7 @@ def assumptions(est: Estimate) -> dict:
             "num_microbatches": a.num_microbatches,
             "sequence_parallel": a.sequence_parallel and est.parallel.tp > 1,
             "recompute": a.recompute_granularity or "none (flash attention: no s^2 score matrix stored)",
+            "cpu_offloaded_activation_layers": a.offload_layers,
             "activation_formula": "Megatron-LM compute_activation_memory" + (
                 "" if a.sequence_parallel and est.parallel.tp > 1 else "_without_sp")
             + (" with gated-linear-unit FC1 width" if est.shape and est.shape.gated_linear_unit else ""),
