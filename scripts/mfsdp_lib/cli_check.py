@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from . import config_io, rules
+from . import schema as S
 from .findings import InputError, exit_code, render_json, render_text
 
 DESCRIPTION = """\
@@ -59,6 +60,9 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     if not items:
         return None, []
     first = items[0]
+    if "=" not in first and not os.path.exists(first) and first.split(".", 1)[0] in S.CONTAINER_KEYS:
+        raise InputError(f"{first!r}: no such file; for an override write it as section.key=value "
+                         f"(e.g. {first}=true)")
     if "=" not in first or os.path.isfile(first):
         rest = items[1:]
     else:

@@ -14,8 +14,9 @@ effective config (``config_io.load_effective``) a valid Megatron FSDP config:
    would reject with Megatron FSDP (``fsdp_manual_registration`` without ``nccl_ub``,
    weight-hash checks with full sharding, TP-PP-DP mapping, FSDP2);
 3. a fix-point pass: any error the rule table still reports whose fix is one plain
-   ``key=value`` is applied, so the output passes ``check`` (errors that need a
-   decision, such as parallel sizes, are left and reported).
+   ``key=value`` in the ddp/dist/checkpoint/train plumbing is applied, so the output
+   passes ``check``; errors that need a decision (parallel sizes, offloading,
+   precision) are left and reported, and ``enable`` exits 1.
 
 Applying the plan to YAML edits the user's text in place (``yaml_edit``): only the
 changed values' lines are touched, comments and key order stay. Only when the file
@@ -63,6 +64,11 @@ PERF_OVERRIDES: dict[str, tuple] = {
     "model.init_model_with_meta_device": (True, "build the model on the meta device and materialise only each rank's "
                                                 "shard (Bridge's perf recipes do this with Megatron FSDP)"),
 }
+
+# Sections whose keys the fix-point pass may change on its own: the distributed and
+# checkpoint plumbing that Megatron FSDP dictates. Model shape, parallel sizes, precision
+# and offloading are trade-offs the user decides; errors there are reported instead.
+FIX_POINT_SECTIONS = ("ddp", "dist", "checkpoint", "train")
 
 # Fix-point pass: at most this many rounds (each round fixes >= 1 error or stops).
 MAX_FIX_ROUNDS = 8
@@ -169,6 +175,8 @@ def plan(cfg: Mapping, strategy: str = "optim_grads_params", save_dir: str | Non
             if not m:
                 continue
             path, raw = m.group(1), m.group(2)
+            if path.split(".", 1)[0] not in FIX_POINT_SECTIONS:
+                continue  # model / optimizer / precision choices are the user's decision: reported, not made
             if path.startswith("mixed_precision.") and not isinstance(work.get("mixed_precision"), dict):
                 continue  # a preset name: Bridge's own setup keeps it consistent; never half-expand it
             try:
