@@ -332,7 +332,8 @@ def test_unfused_attention_stores_scores():
 # ----------------------------------------------------------------------------- report contract
 
 ROW_KEYS = {"name", "params_gib", "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib",
-            "fits", "model_state_gib", "step_transient_gib", "smallest_dp_that_fits", "configured", "notes"}
+            "fits", "model_state_gib", "step_transient_gib", "init_peak_gib", "smallest_dp_that_fits", "configured",
+            "notes"}
 
 
 def test_report_contract():
@@ -472,3 +473,14 @@ def test_optim_grads_buckets_grow_with_dp(mcore_src):
     pinned = [rows_for({"ddp": {"bucket_size": 40_000_000}}, model="llama3-8b", dp=dp)["optim_grads"].buffers_late
               for dp in (8, 4096)]
     assert pinned[0] == pinned[1]
+
+
+def test_model_construction_peak():
+    """Without meta-device init the model is built whole on each GPU before megatron_fsdp shards it."""
+    report = m.report(None, model="llama3-8b", dp=512, seq_length=512, strategies=("optim_grads_params",))
+    row = report["strategies"][0]
+    assert row["init_peak_gib"] == row["total_gib"] > row["model_state_gib"] + row["activations_gib"]
+    assert any("init_model_with_meta_device" in n for n in row["notes"])
+    meta = m.report({"model": {"init_model_with_meta_device": True}}, model="llama3-8b", dp=512, seq_length=512,
+                    strategies=("optim_grads_params",))["strategies"][0]
+    assert meta["init_peak_gib"] == 0 and meta["total_gib"] < row["total_gib"]

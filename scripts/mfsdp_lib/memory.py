@@ -447,6 +447,9 @@ class Precision:
     fsdp_double_buffer: bool = False  # ddp.fsdp_double_buffer (or nccl_ub, max-pool double buffer)
     suggested_communication_unit_size: int | None = None
     bucket_size: int | None = None  # ddp.bucket_size
+    # model.init_model_with_meta_device / use_cpu_initialization: when both are off, the model
+    # is first built whole (its TP/PP shard) on the GPU and only then wrapped and sharded.
+    built_on_gpu: bool = True
 
 
 def _mixed_precision(cfg: Mapping | None) -> dict:
@@ -512,6 +515,8 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
         suggested_communication_unit_size=_int(unit, "ddp.suggested_communication_unit_size")
         if unit is not None else None,
         bucket_size=_int(bucket, "ddp.bucket_size") if bucket is not None else None,
+        built_on_gpu=not any(_bool(_get(cfg, k)) for k in (
+            "model.init_model_with_meta_device", "model.use_cpu_initialization")),
     )
 
 
@@ -530,6 +535,7 @@ class StrategyMemory:
     buffers_at_peak: float = 0.0  # alive with the activation peak (start of backward)
     buffers_late: float = 0.0  # largest later in backward, when activations are mostly freed
     step_transient: float = 0.0  # fp32 gradient copy made for the optimizer step
+    init_peak: float = 0.0  # while the model is built unsharded on the GPU, before wrapping
     notes: tuple[str, ...] = ()
 
     @property
@@ -537,7 +543,9 @@ class StrategyMemory:
         return self.params + self.grads + self.optimizer + self.buffers_persistent
 
     def total(self, activations: float) -> float:
-        return self.model_state + max(activations + self.buffers_at_peak, self.buffers_late, self.step_transient)
+        training = self.model_state + max(activations + self.buffers_at_peak, self.buffers_late,
+                                          self.step_transient)
+        return max(training, self.init_peak)
 
     def buffers(self, activations: float) -> float:
         """FSDP buffer bytes at the moment that decides the total."""
@@ -635,6 +643,10 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
                          (master + moments) * held * keep)
     if p.fsdp_main_bytes and not p.precision_aware and p.fsdp_grad_bytes != p.fsdp_main_bytes:
         mem.step_transient = p.fsdp_main_bytes * held  # update_main_grads: grad.to(main dtype)
+    if p.built_on_gpu and w_sharded:
+        # megatron_fsdp copies each parameter into its buffer and frees the original as it goes:
+        # the peak is the unsharded model plus the current group (ParamAndGradBuffer init).
+        mem.init_peak = p.param_bytes * (full + counts.gpu_unit)
     g = p.fsdp_comm_grad_bytes
     bucket = p.bucket_size or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
     if w_sharded and counts.gpu_unit > 0:
@@ -973,7 +985,8 @@ def assumptions(est: Estimate) -> dict:
                        "embedding/output copies, double buffers); compare with torch.cuda.memory_allocated() "
                        "after an optimizer step and zero_grad, before the next forward",
         "total": "model state + max(activations + buffers alive at the activation peak, "
-                 "later reduce-scatter queue, optimizer-step fp32 gradient copy)",
+                 "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
+                 "peak when larger (optim_grads_params without init_model_with_meta_device)",
         "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated), allocator "
                        "fragmentation, cuBLAS/TE workspaces (~0.1-0.5 GiB): keep 5-10% headroom",
         "sources": [
@@ -1009,8 +1022,8 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
 
     ``{"model", "parallelism", "gpu_mem_gib", "strategies": [{"name", "params_gib",
     "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib", "fits",
-    "model_state_gib", "step_transient_gib", "smallest_dp_that_fits", "configured",
-    "notes"}], "assumptions": {...}}``. ``fits`` and ``smallest_dp_that_fits`` are
+    "model_state_gib", "step_transient_gib", "init_peak_gib", "smallest_dp_that_fits",
+    "configured", "notes"}], "assumptions": {...}}``. ``fits`` and ``smallest_dp_that_fits`` are
     None without ``gpu_mem_gib``. Raises ``ModelError`` (a ValueError) for bad input.
     """
     if gpu_mem_gib is not None:
@@ -1021,6 +1034,10 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
     rows = []
     for name, row in est.rows.items():
         total = row.total(act or 0.0)
+        notes = list(row.notes)
+        if row.init_peak and total == row.init_peak:
+            notes.append("the peak is model construction: the model is built unsharded on each GPU before "
+                         "sharding; model.init_model_with_meta_device=true avoids it")
         rows.append({
             "name": name,
             "params_gib": _gib(row.params),
@@ -1032,9 +1049,10 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
             "fits": None if gpu_mem_gib is None else total <= gpu_mem_gib * GIB,
             "model_state_gib": _gib(row.model_state),
             "step_transient_gib": _gib(row.step_transient),
+            "init_peak_gib": _gib(row.init_peak),
             "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
             "configured": name == est.configured,
-            "notes": list(row.notes),
+            "notes": notes,
         })
     shape = est.shape
     return {
