@@ -434,6 +434,7 @@ class Precision:
     """The dtypes and switches that decide bytes per parameter, read from the config."""
 
     param_bytes: int = 2  # bf16 (model.bf16) / fp16; 4 when neither
+    param_dtype: str = "bf16"
     ddp_grad_bytes: int = 4  # ddp.grad_reduce_in_fp32 (Megatron-Core DDP and distopt only)
     fsdp_grad_bytes: int = 2  # ddp.megatron_fsdp_main_grads_dtype, None = param dtype
     fsdp_main_bytes: int = 4  # ddp.megatron_fsdp_main_params_dtype, None = no main weights
@@ -500,6 +501,7 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
     bucket = _get(cfg, "ddp.bucket_size")
     return Precision(
         param_bytes=pbytes,
+        param_dtype="fp16" if fp16 else ("bf16" if bf16 else "fp32"),
         ddp_grad_bytes=FP32 if grad_fp32 else pbytes,
         fsdp_grad_bytes=fsdp_grad,
         fsdp_main_bytes=fsdp_main,
@@ -961,16 +963,17 @@ def _gib(x: float | None) -> float | None:
     return None if x is None else round(x / GIB, 3)
 
 
-def _dtype_name(nbytes: int) -> str:
-    return {4: "fp32", 2: "bf16/fp16", 1: "fp8"}.get(nbytes, f"{nbytes} bytes")
+def _dtype_name(nbytes: int, half: str = "bf16") -> str:
+    return {4: "fp32", 2: half, 1: "fp8"}.get(nbytes, f"{nbytes} bytes")
 
 
 def assumptions(est: Estimate) -> dict:
     p, a = est.precision, est.activation
+    half = "fp16" if p.param_dtype == "fp16" else "bf16"
     out = {
-        "params_dtype": _dtype_name(p.param_bytes),
-        "ddp_distopt_grad_dtype": f"{_dtype_name(p.ddp_grad_bytes)} (ddp.grad_reduce_in_fp32)",
-        "fsdp_grad_dtype": f"{_dtype_name(p.fsdp_grad_bytes)} (ddp.megatron_fsdp_main_grads_dtype; "
+        "params_dtype": p.param_dtype,
+        "ddp_distopt_grad_dtype": f"{_dtype_name(p.ddp_grad_bytes, half)} (ddp.grad_reduce_in_fp32)",
+        "fsdp_grad_dtype": f"{_dtype_name(p.fsdp_grad_bytes, half)} (ddp.megatron_fsdp_main_grads_dtype; "
                            "Megatron FSDP does not read grad_reduce_in_fp32)",
         "fsdp_main_params_dtype": _dtype_name(p.fsdp_main_bytes) if p.fsdp_main_bytes else "none",
         "optimizer": ("adam, precision-aware (TE FusedAdam): main "
