@@ -332,7 +332,8 @@ def test_unfused_attention_stores_scores():
 # ----------------------------------------------------------------------------- report contract
 
 ROW_KEYS = {"name", "params_gib", "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib",
-            "fits", "model_state_gib", "step_transient_gib", "init_peak_gib", "smallest_dp_that_fits", "configured",
+            "fits", "model_state_gib", "step_transient_gib", "init_peak_gib", "after_step_gib",
+            "smallest_dp_that_fits", "configured",
             "notes"}
 
 
@@ -438,7 +439,8 @@ def test_real_run_model_state_explains_measured_allocation(shared_dir):
                           (run / "fsdp_save.log").read_text())
     measured = float(allocated.group(1)) * 1e9  # Bridge reports GB = 1e9 bytes
     row = m.model_state(cfg)["optim_grads_params"]
-    predicted = row["model_state"] + row["step_transient"]
+    predicted = row["after_step"]
+    assert predicted == row["model_state"] + row["step_transient"]
     assert 0 <= measured - predicted < 0.15e9
 
 

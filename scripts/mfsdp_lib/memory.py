@@ -985,8 +985,9 @@ def assumptions(est: Estimate) -> dict:
                            "(experts: DP x CP x TP / (EP x ETP))",
         "gpu": "most-loaded rank: first pipeline stage, embedding included",
         "model_state": "params + grads + optimizer + persistent Megatron FSDP buffers (preserved "
-                       "embedding/output copies, double buffers); compare with torch.cuda.memory_allocated() "
-                       "after an optimizer step and zero_grad, before the next forward",
+                       "embedding/output copies, double buffers); memory_allocated() between steps is "
+                       "after_step = model state + the optimizer-step fp32 gradient copy, freed only when "
+                       "the next step zeroes gradients",
         "total": "model state + max(activations + buffers alive at the activation peak, "
                  "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
                  "peak when larger (optim_grads_params without init_model_with_meta_device)",
@@ -1025,8 +1026,11 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
 
     ``{"model", "parallelism", "gpu_mem_gib", "strategies": [{"name", "params_gib",
     "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib", "fits",
-    "model_state_gib", "step_transient_gib", "init_peak_gib", "smallest_dp_that_fits",
-    "configured", "notes"}], "assumptions": {...}}``. ``fits`` and ``smallest_dp_that_fits`` are
+    "model_state_gib", "step_transient_gib", "init_peak_gib", "after_step_gib",
+    "smallest_dp_that_fits", "configured", "notes"}], "assumptions": {...}}``.
+    ``after_step_gib`` (model state + step copy) is what ``torch.cuda.memory_allocated()``
+    shows between training steps: Bridge's ``train_step`` zeroes gradients (and drops the
+    copy) only when the next step starts. ``fits`` and ``smallest_dp_that_fits`` are
     None without ``gpu_mem_gib``. Raises ``ModelError`` (a ValueError) for bad input.
     """
     if gpu_mem_gib is not None:
@@ -1053,6 +1057,7 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
             "model_state_gib": _gib(row.model_state),
             "step_transient_gib": _gib(row.step_transient),
             "init_peak_gib": _gib(row.init_peak),
+            "after_step_gib": _gib(row.model_state + row.step_transient),
             "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
             "configured": name == est.configured,
             "notes": notes,
@@ -1079,12 +1084,13 @@ def model_state(cfg: Mapping | None = None, **kwargs) -> dict[str, dict[str, flo
     """Model-state bytes per strategy, for comparison with a measured ``memory_allocated()``.
 
     Same arguments as ``report`` (less ``gpu_mem_gib``). Per strategy: ``params``,
-    ``grads``, ``optimizer``, ``buffers_persistent``, ``model_state`` (their sum) and
-    ``step_transient`` (the fp32 gradient copy alive between the optimizer step and
-    ``zero_grad``), all in bytes.
+    ``grads``, ``optimizer``, ``buffers_persistent``, ``model_state`` (their sum),
+    ``step_transient`` (the fp32 gradient copy alive from the optimizer step to the next
+    step's ``zero_grad_buffer``) and ``after_step`` (model state + that copy: what
+    ``memory_allocated()`` reads between steps, e.g. in a Bridge step-end callback), in bytes.
     """
     est = estimate(cfg, **kwargs)
     return {name: {"params": row.params, "grads": row.grads, "optimizer": row.optimizer,
                    "buffers_persistent": row.buffers_persistent, "model_state": row.model_state,
-                   "step_transient": row.step_transient}
+                   "step_transient": row.step_transient, "after_step": row.model_state + row.step_transient}
             for name, row in est.rows.items()}
