@@ -700,44 +700,97 @@ class ActivationSettings:
     num_microbatches: int | None = None
     offload_layers: int = 0  # model.cpu_offloading with cpu_offloading_activations
     unfused_attention: bool = False  # model.attention_backend unfused/local: s x s scores are stored
+    hidden_dropout: float = 0.0  # > 0: a 1-byte mask per dropout (two per layer, one after the embedding)
+    bias_activation_fusion: bool = True  # gated FFN: the fused SwiGLU saves no extra activation output
+    gradient_accumulation_fusion: bool = True  # off: the output layer's weight gradient is a bf16 temporary
 
 
-def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1) -> float:
-    """Peak activation bytes on the first pipeline stage (Korthikanti et al., Table 2).
+def _in_flight(a: ActivationSettings, pp: int) -> float:
+    """Microbatches the first pipeline stage holds (Megatron-LM's schedule factors)."""
+    if pp == 1:
+        return 1.0
+    if a.virtual_pipeline:
+        return pp * (1 + (pp - 1) / (pp * a.virtual_pipeline))
+    if a.num_microbatches is not None:
+        return pp * min(1.0, a.num_microbatches / pp)
+    return float(pp)
 
-    Follows Megatron-LM ``theoretical_memory_usage.py``: ``compute_activation_memory``
-    when sequence parallelism is on (per layer ``sbh(18 + 4 ffn/h) / t``, output layer
-    ``4sbh(1 + V/h) / t``), ``compute_activation_memory_without_sp`` otherwise (per
-    layer ``sbh(10 + 24/t)``, output ``2(sbV/t + sbh)``, 5 % overhead); ``pp``
-    microbatches in flight, the interleaved-schedule penalty, and Bridge's division by
-    CP. Additions, each named in the output: a gated linear unit stores a
-    ``2 * ffn``-wide FC1 output (``6 ffn/h`` instead of ``4 ffn/h``); full recompute
-    keeps one ``2sbh`` checkpoint per recomputed chunk plus one chunk rematerialised;
-    CPU-offloaded layers are not counted.
+
+def megatron_activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1,
+                              cp: int = 1) -> float:
+    """Megatron-LM's own estimate, term for term (``megatron/training/theoretical_memory_usage.py``).
+
+    ``compute_activation_memory`` with sequence parallelism: per layer
+    ``sbh(18 + 4 ffn/h)``, embedding ``8sb + sbh``, output layer ``4sbh(1 + V/h)``, all over
+    ``t``; ``compute_activation_memory_without_sp`` otherwise: per layer ``sbh(10 + 24/t)``,
+    output ``2(sbV/t + sbh)``, plus 5 %. Both: ``pp`` microbatches in flight (interleaving
+    penalty, or ``min(1, microbatches/pp)``); Bridge's estimator divides by CP. Kept as the
+    published reference the tests pin; ``activation_bytes`` refines it.
     """
     s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
     sbh = s * b * h
-    ffn_term = (6 if shape.gated_linear_unit else 4) * _ffn_ratio(shape)
+    layers = shape.num_layers
+    factor = _in_flight(a, pp) / pp  # Megatron multiplies all L layers by the schedule penalty
+    vocab = shape.padded_vocab(tp)
+    if a.sequence_parallel and tp > 1:
+        total = sbh * (18 + 4 * _ffn_ratio(shape)) * layers * factor
+        total += (8 * s * b + sbh) * pp * factor
+        if pp == 1:
+            total += 4 * sbh * (1 + vocab / h)
+        return total / tp / cp
+    total = sbh * (10 + 24 / tp) * layers * factor + (8 * s * b + sbh) * pp * factor
+    if pp == 1:
+        total += 2 * (s * b * vocab / tp + sbh)
+    return total * MEGATRON_NO_SP_OVERHEAD / cp
+
+
+def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1) -> float:
+    """Peak activation bytes on the first pipeline stage: the tensors each layer saves for backward.
+
+    Korthikanti et al. 2022 (arXiv:2205.05198) decompose a layer's ``34 sbh`` bytes as: the
+    inputs and outputs of the two LayerNorms (8), Q, K, V and the attention output (8), the
+    MLP's two wide tensors (16 = 4 ffn/h) and two 1-byte dropout masks (2); without sequence
+    parallelism the first 10 are whole on every TP rank, the rest split ``/t``
+    (``10 + 24/t``, Megatron-LM's ``compute_activation_memory_without_sp``), with it all are
+    ``/t`` (``34/t``). This keeps that decomposition term by term and sizes each term for the
+    model at hand, which is what Megatron-LM's formula leaves out:
+
+    * K and V have ``num_query_groups`` heads (GQA): ``2sb(2 q + 2 kv)`` for Q, O, K, V;
+    * a gated FFN saves its ``2 ffn``-wide FC1 output (4 sb ffn) and the FC2 input
+      (2 sb ffn), and the unfused activation (``bias_activation_fusion`` off) also its own
+      output: 6 or 8 ``sb ffn``; ungated, 4 ``sb ffn`` as in the paper;
+    * dropout masks only when ``hidden_dropout`` > 0 (Llama: 0);
+    * output layer: the final norm's input and output (4 sbh) and the loss's fp32 softmax,
+      saved for backward (``4 sbV/t``, ``fused_cross_entropy.py``/``cross_entropy.py``
+      ``save_for_backward(exp_logits ...)``); at the start of the backward pass also the
+      bf16 logits gradient (``2 sbV/t``) and, without gradient-accumulation fusion, the
+      output weight's bf16 gradient;
+    * unfused attention (``attention_backend`` unfused/local) without selective recompute
+      adds the paper's ``5 a s^2 b / t``; flash/fused attention (Bridge's ``auto``) does not.
+
+    Pipeline in-flight microbatches, the interleaving penalty and the division by CP follow
+    Megatron-LM and Bridge; full recompute keeps one ``2sbh`` checkpoint per recomputed chunk
+    plus one chunk rematerialised; CPU-offloaded layers are not counted.
+    """
+    s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
+    sbh = s * b * h
     sp = a.sequence_parallel and tp > 1
-    if sp:
-        per_layer = sbh * (18 + ffn_term) / tp
+    mask = 2 * sbh if a.hidden_dropout > 0 else 0  # two 1-byte masks
+    whole = (8 * sbh + mask) / (tp if sp else 1)  # norm inputs/outputs, masks
+    heads, groups, hd = shape.num_attention_heads, shape.groups, shape.head_dim
+    attention = 2 * s * b * (2 * heads * hd + 2 * groups * hd) / tp  # Q, O, K, V (bf16)
+    if shape.gated_linear_unit:
+        mlp_width = 6 if a.bias_activation_fusion else 8
     else:
-        per_layer = sbh * (10 + (8 + ffn_term) / tp)
+        mlp_width = 4
+    mlp = mlp_width * s * b * _ffn_ratio(shape) * h / tp
+    per_layer = whole + attention + mlp
     if a.unfused_attention and a.recompute_granularity != "selective":
-        # Korthikanti's 5as/h term: softmax input/output and dropout mask of the s x s scores.
-        per_layer += 5 * shape.num_attention_heads * s * s * b / tp
+        per_layer += 5 * heads * s * s * b / tp  # softmax input/output and dropout mask of the scores
     checkpoint = 2 * sbh / (tp if sp else 1)  # a layer's bf16 input, kept by full recompute
 
     layers = math.ceil(shape.num_layers / pp)
-    if pp == 1:
-        in_flight = 1.0
-    elif a.virtual_pipeline:
-        in_flight = pp * (1 + (pp - 1) / (pp * a.virtual_pipeline))
-    elif a.num_microbatches is not None:
-        in_flight = pp * min(1.0, a.num_microbatches / pp)
-    else:
-        in_flight = float(pp)
-
+    in_flight = _in_flight(a, pp)
     stored_layers = max(0, layers - a.offload_layers)
     if a.recompute_granularity == "full":
         n = max(1, a.recompute_num_layers or 1)
@@ -751,19 +804,19 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     else:
         stack = stored_layers * per_layer * in_flight
 
-    embedding = (8 * s * b + sbh) * in_flight  # token ids and embedding dropout mask
-    vocab = shape.padded_vocab(tp)
-    if sp:
-        embedding /= tp
-        output = 4 * sbh * (1 + vocab / h) / tp if pp == 1 else 0.0
-        total = stack + embedding + output
-    else:
-        output = 2 * (s * b * vocab / tp + sbh) if pp == 1 else 0.0
-        total = (stack + embedding + output) * MEGATRON_NO_SP_OVERHEAD
-    return total / cp
+    embedding = (8 * s * b + (sbh if a.hidden_dropout > 0 else 0) / (tp if sp else 1)) * in_flight
+    output = 0.0
+    if pp == 1:
+        vocab = shape.padded_vocab(tp)
+        output = 4 * sbh / (tp if sp else 1) + 4 * s * b * vocab / tp  # final norm, fp32 softmax
+        output += 2 * s * b * vocab / tp  # bf16 logits gradient at the start of backward
+        if not a.gradient_accumulation_fusion:
+            output += 2 * vocab * h / tp  # the output weight's gradient before it reaches main_grad
+    return (stack + embedding + output) / cp
 
 
 MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
+MCORE_HIDDEN_DROPOUT = 0.1  # TransformerConfig.hidden_dropout default
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
 ATTN_BACKENDS = {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}
 
@@ -778,7 +831,7 @@ def _ffn_ratio(shape: Shape) -> float:
 
 
 def activation_settings(cfg: Mapping | None, shape: Shape | None, *, seq_length=None, micro_batch_size=None,
-                        dp: int = 1) -> ActivationSettings:
+                        dp: int = 1, builtin: bool = False) -> ActivationSettings:
     seq = _int(seq_length, "seq_length") or _int(_first(cfg, ("model.seq_length", "dataset.seq_length")),
                                                    "model.seq_length") or (shape.seq_length if shape else None)
     mbs = _int(micro_batch_size, "micro_batch_size") or _int(_get(cfg, "train.micro_batch_size"),
@@ -800,8 +853,14 @@ def activation_settings(cfg: Mapping | None, shape: Shape | None, *, seq_length=
     if isinstance(backend, (list, tuple)) and backend:
         backend = backend[0]
     backend = ATTN_BACKENDS.get(backend, backend)
+    # Without a config, a built-in shape runs as Bridge's Llama bridge sets it up
+    # (llama_bridge.py: hidden_dropout 0, bias_activation_fusion on); else mcore's defaults.
+    llama = builtin and cfg is None
     return ActivationSettings(
         seq_length=seq or 0, micro_batch_size=mbs,
+        hidden_dropout=float(_get(cfg, "model.hidden_dropout", 0.0 if llama else MCORE_HIDDEN_DROPOUT)),
+        bias_activation_fusion=_bool(_get(cfg, "model.bias_activation_fusion"), llama),
+        gradient_accumulation_fusion=_bool(_get(cfg, "model.gradient_accumulation_fusion"), llama),
         unfused_attention=str(backend).rsplit(".", 1)[-1].lower() in ("unfused", "local"),
         sequence_parallel=_bool(_get(cfg, "model.sequence_parallel")),
         recompute_granularity=granularity, recompute_method=method,
@@ -877,6 +936,7 @@ class Estimate:
     precision: Precision
     activation: ActivationSettings | None
     activations: float | None  # bytes; None when there is no shape to compute them from
+    megatron_lm_activations: float | None  # Megatron-LM's own formula, for comparison
     rows: dict[str, StrategyMemory]
     configured: str | None
     source: str
@@ -907,7 +967,14 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
         shape, source = None, "--params"
         notes.append("--params gives no shape: activations and Megatron FSDP buffers are not estimated")
     elif isinstance(_get(cfg, "model"), Mapping):
-        shape, source = shape_from_config(_get(cfg, "model")), "config model section"
+        model_section = dict(_get(cfg, "model"))
+        tokenizer_vocab = _get(cfg, "tokenizer.vocab_size")
+        if tokenizer_vocab is not None and (model_section.get("vocab_size") is None
+                                            or _bool(_get(cfg, "tokenizer.use_tokenizer_vocab_size"))):
+            # Bridge's setup (_validate_and_set_vocab_size): the tokenizer's size, padded.
+            model_section.update(vocab_size=tokenizer_vocab, should_pad_vocab=True)
+            notes.append("model.vocab_size from tokenizer.vocab_size, padded as Bridge's setup does")
+        shape, source = shape_from_config(model_section), "config model section"
     else:
         raise ModelError("nothing to size: give a CONFIG with a model section, --model NAME or --params N")
     if shape is not None:
@@ -920,13 +987,16 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
     if precision.param_bytes == FP32:
         notes.append("the config enables neither bf16 nor fp16 (model.bf16, mixed_precision): fp32 training "
                      "assumed; if your recipe sets mixed_precision, add model.bf16=true")
-    act = activations = None
+    act = activations = megatron_lm = None
     if shape is not None:
-        act = activation_settings(cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp)
+        act = activation_settings(cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp,
+                                  builtin=model is not None)
         activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
+        megatron_lm = megatron_activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
     rows = {s: strategy_memory(s, counts, precision, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
             for s in _resolve_strategies(strategies)}
-    return Estimate(shape, counts, par, precision, act, activations, rows, configured_strategy(cfg), source, notes)
+    return Estimate(shape, counts, par, precision, act, activations, megatron_lm, rows, configured_strategy(cfg),
+                    source, notes)
 
 
 def smallest_dp(est: Estimate, strategy: str, gpu_mem_gib: float) -> int | None:
@@ -1011,9 +1081,12 @@ def assumptions(est: Estimate) -> dict:
             "sequence_parallel": a.sequence_parallel and est.parallel.tp > 1,
             "recompute": a.recompute_granularity or "none (flash attention: no s^2 score matrix stored)",
             "cpu_offloaded_activation_layers": a.offload_layers,
-            "activation_formula": "Megatron-LM compute_activation_memory" + (
-                "" if a.sequence_parallel and est.parallel.tp > 1 else "_without_sp")
-            + (" with gated-linear-unit FC1 width" if est.shape and est.shape.gated_linear_unit else ""),
+            "activation_formula": "Korthikanti et al. 2022 per-tensor decomposition sized for this model "
+                                  "(GQA, gated FFN, dropout, fp32 loss softmax); see references/memory.md",
+            "megatron_lm_activations_gib": _gib(est.megatron_lm_activations),
+            "hidden_dropout": a.hidden_dropout,
+            "bias_activation_fusion": a.bias_activation_fusion,
+            "gradient_accumulation_fusion": a.gradient_accumulation_fusion,
         })
     if est.notes:
         out["notes"] = list(est.notes)
