@@ -267,6 +267,10 @@ def coerce(path: str, value, where: str = ""):
             raise _err(f"{loc}{path}={value!r} is not one of {', '.join(choices)}"
                              f"{_did_you_mean(value, choices)}; Bridge would accept it silently and fail later")
         return value
+    if typ == S.LIST:
+        if not isinstance(value, list):
+            raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
+        return value
     if typ == S.DICT:
         if not isinstance(value, dict):
             raise _err(f"{bad}, found a {_yaml_type(value)}")
