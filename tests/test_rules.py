@@ -55,8 +55,8 @@ CASES = {
                            (["dist.use_gloo_process_groups=false"], {})),
     "MFSDP-MXFP8-REUSE-NEEDS-FP8-GATHER": ((["mixed_precision=null", "ddp.reuse_grad_buf_for_mxfp8_param_ag=true"], {}),
                                            (["ddp.reuse_grad_buf_for_mxfp8_param_ag=true"], {})),  # preset overwrites
-    "MFSDP-MXFP8-REUSE-NON-FSDP": ((OFF + ["mixed_precision=bf16_with_mxfp8_mixed",
-                                           "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag=false"], {}),
+    "MFSDP-MXFP8-REUSE-NON-FSDP": ((OFF + ["mixed_precision=null", "mixed_precision.fp8_param_gather=true",
+                                           "mixed_precision.fp8_recipe=mxfp8"], {}),
                                    (OFF + ["mixed_precision=bf16_with_mxfp8_mixed"], {})),
     "MFSDP-DDP-BUCKETS": ((["ddp.num_buckets=4", "ddp.bucket_size=1000"], {}), (["ddp.num_buckets=4"], {})),
     "MFSDP-PRECISION-BOTH": ((["mixed_precision=null", "model.fp16=true"], {}), (["model.fp16=true"], {})),

@@ -11,8 +11,8 @@ The report of changes goes to stderr when the result is on stdout, so
 
 Live mode (``--recipe NAME``) needs an importable Megatron-Bridge (an NVIDIA
 container): it builds the real recipe, applies the same overrides to the real
-``ConfigContainer``, runs the real ``validate()`` and reports any disagreement with
-our rule table. Importability is detected from the installed distribution's metadata,
+``ConfigContainer``, runs the real ``runtime_config_update()`` (which ends in
+``validate()``) and reports any disagreement with our rule table. Importability is detected from the installed distribution's metadata,
 without importing anything, so the offline path stays fast.
 """
 
@@ -195,7 +195,7 @@ def _run_live(args) -> int:
     try:
         import tempfile
 
-        from megatron.bridge.training.config import runtime_config_update  # noqa: F401
+        from megatron.bridge.training.config import runtime_config_update
     except Exception as exc:  # installed but not importable (no CUDA / TE)
         raise config_io._err(f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
@@ -216,7 +216,8 @@ def _run_live(args) -> int:
     ours = rules.evaluate(enable.apply(eff, changes), env, None)
     bridge_error = None
     try:
-        cfg_obj.validate()
+        # The real path a training job takes: env_vars with setdefault, mixed precision, DP size, validate().
+        runtime_config_update(cfg_obj)
     except Exception as exc:
         bridge_error = f"{type(exc).__name__}: {exc}"
     findings = list(ours)

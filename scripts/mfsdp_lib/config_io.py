@@ -363,15 +363,17 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         if len(parts) != 2:
             raise _err(f"{where} {path}: env_vars takes env_vars.NAME=value")
         env = dict(cfg.get("env_vars") or {})
-        env[parts[1]] = "" if value is None else value
+        env[parts[1]] = value  # null is refused below, as Bridge's apply_environment_variables does
         _check_env_vars(env, where)
         cfg["env_vars"] = env
         return
     node = cfg.get(section)
     if section == "mixed_precision" and isinstance(node, str):
-        # A preset name becomes its fields so one of them can be changed (as Bridge would after
-        # get_mixed_precision_config); unknown fields still get a did-you-mean below.
-        node = dict(S.MIXED_PRECISION_PRESETS[node])
+        # Bridge holds a preset as a plain string until runtime_config_update(); a Hydra override of
+        # one of its fields fails there too (a string has no keys). Say how to do it instead.
+        raise _err(f"{where} {path}: mixed_precision is the preset '{node}', not a mapping; choose another "
+                   f"preset (mixed_precision=NAME) or write the whole mapping with _target_: "
+                   f"megatron.bridge.training.mixed_precision.MixedPrecisionConfig")
     if node is None:
         if section in ("mixed_precision", "comm_overlap"):
             node = {}
