@@ -1,0 +1,481 @@
+"""Loading Megatron-Bridge configs into an effective ``{section: {key: value}}`` dict.
+
+Bridge configs reach users in three shapes, and ``check``/``enable`` accept all three:
+
+* a full ``run_config.yaml`` (what ``ConfigContainer.to_yaml()`` writes into every
+  checkpoint): every field, with ``_target_`` keys naming the classes;
+* a partial override file with a few sections (``ddp:``, ``checkpoint:`` ...);
+* Hydra-style ``section.key=value`` overrides from the command line.
+
+The effective config is layered the way Bridge layers them: the Bridge 0.6.x defaults
+of every field the rules read (``schema.FIELDS``), then the file (the embedded Llama 3
+8B recipe dump when no file is given), then the overrides.
+
+Values are coerced the way OmegaConf's typed nodes coerce them, because that is what a
+user expects from Bridge's YAML: ``"True"``, ``"yes"`` and ``3`` become a bool, ``"4"``
+an int; ``"maybe"`` for a bool or ``2.5`` for an int are rejected. (Bridge's own merge
+goes through an untyped ``OmegaConf.create`` dict, so it would store such a value
+unchecked and fail later, or never: rejecting it here is the point.) Enum values (the
+sharding strategy, the checkpoint format ...) must be one of the allowed values: Bridge
+stores ``optim_grad_params`` silently.
+
+Everything the user got wrong raises ``InputError`` with one line (a did-you-mean for
+unknown sections and keys, the line number for YAML syntax errors), which the CLI
+prints before exiting 2.
+
+Speed: this module imports only ``yaml`` (with the C loader when available); ``difflib``
+is imported only to build a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping, Sequence
+
+import yaml
+
+from . import schema as S
+from .findings import InputError
+
+try:  # libyaml: several times faster than the pure-Python loader on an 800-line dump
+    _Loader = yaml.CSafeLoader
+except AttributeError:  # PyYAML built without libyaml
+    _Loader = yaml.SafeLoader
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EMBEDDED_DEFAULT = os.path.join(os.path.dirname(HERE), "data", "llama3_8b_pretrain.yaml")
+EMBEDDED_NAME = "embedded Llama 3 8B pretrain recipe (Bridge 0.6.2)"
+
+MAX_FILE_BYTES = 16 * 1024 * 1024  # a run_config.yaml is ~30 KB; anything this large is not a config
+
+# OmegaConf BooleanNode spellings (case-insensitive), plus any int-parsable string (!= 0).
+_TRUE = ("y", "yes", "on", "true")
+_FALSE = ("n", "no", "off", "false")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_INT = re.compile(r"^[+-]?\d+$")
+_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)$", re.I)
+
+_embedded_cache: dict | None = None
+
+
+# --------------------------------------------------------------------------- reading
+
+def read_text(path: str) -> str:
+    """The file's text, or InputError naming what is wrong with it."""
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_FILE_BYTES:
+            raise InputError(f"{path}: {size} bytes is too large for a config file")
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); is this a YAML file?") from None
+
+
+def parse_yaml(text: str, name: str) -> dict:
+    """Parse YAML text into a mapping; InputError with the line for syntax errors."""
+    if "\x00" in text:
+        raise InputError(f"{name}: contains NUL bytes; not a YAML file")
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        what = (exc.problem or exc.context or "syntax error").strip()
+        raise InputError(f"{name}: YAML syntax error at {where}: {what}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except (RecursionError, ValueError, OverflowError) as exc:
+        raise InputError(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"{name}: the top level must be a mapping of sections (ddp:, checkpoint:, ...), "
+                         f"found a {_yaml_type(data)}")
+    for k in data:
+        if not isinstance(k, str):
+            raise InputError(f"{name}: top-level key {k!r} is not a section name")
+    return data
+
+
+def load_yaml(path: str) -> dict:
+    return parse_yaml(read_text(path), path)
+
+
+def embedded_default() -> dict:
+    """The embedded Llama 3 8B recipe dump (parsed once per process)."""
+    global _embedded_cache
+    if _embedded_cache is None:
+        with open(EMBEDDED_DEFAULT, "r", encoding="utf-8") as fh:
+            _embedded_cache = yaml.load(fh.read(), Loader=_Loader)
+    return _embedded_cache
+
+
+# --------------------------------------------------------------------------- overrides
+
+def parse_value(text: str):
+    """A Hydra override value: null, bools, ints, floats, quoted strings, [lists], else a string."""
+    t = text.strip()
+    if t == "":
+        return ""
+    low = t.lower()
+    if low == "null":
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    if _INT.match(t):
+        return int(t)
+    if _FLOAT.match(t):
+        return float(t)
+    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
+        return t[1:-1]
+    if t[0] == "[" and t[-1] == "]":
+        inner = t[1:-1].strip()
+        return [parse_value(x) for x in inner.split(",")] if inner else []
+    return t
+
+
+def parse_override(item: str) -> tuple[str, object]:
+    """``section.key=value`` (also ``+section.key=value`` / ``++...``) -> (dotted path, value)."""
+    if not isinstance(item, str) or "=" not in item:
+        raise InputError(f"override {item!r}: expected section.key=value (e.g. ddp.use_megatron_fsdp=true)")
+    path, _, value = item.partition("=")
+    path = path.strip().lstrip("+")
+    parts = path.split(".")
+    if not path or not all(_KEY.match(p) for p in parts):
+        raise InputError(f"override {item!r}: '{path}' is not a dotted key like ddp.use_megatron_fsdp")
+    return path, parse_value(value)
+
+
+def parse_env(items: Sequence[str]) -> dict:
+    """``["NAME=VALUE", ...]`` -> ``{NAME: VALUE}``; InputError for a malformed item."""
+    out = {}
+    for item in items or ():
+        name, sep, value = str(item).partition("=")
+        if not sep or not _ENV_NAME.match(name):
+            raise InputError(f"--env {item!r}: expected NAME=VALUE (e.g. --env CUDA_DEVICE_MAX_CONNECTIONS=32)")
+        out[name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- validation / coercion
+
+def _yaml_type(v) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "list"
+    if isinstance(v, dict):
+        return "mapping"
+    return type(v).__name__
+
+
+def _article(typ: str) -> str:
+    return f"an {typ}" if typ[0] in "aeiou" else f"a {typ}"
+
+
+def _did_you_mean(word: str, choices) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def coerce(path: str, value, where: str = ""):
+    """Coerce ``value`` for schema field ``path`` like OmegaConf would; InputError if it cannot."""
+    rec = S.FIELDS.get(path)
+    if rec is None:
+        return value
+    typ, _default, choices, nullable, _src = rec
+    loc = f"{where}: " if where else ""
+    if value is None:
+        if nullable or path in S.REQUIRED:
+            return None
+        raise InputError(f"{loc}{path}=null is not allowed: expected {_article(typ)}")
+    bad = f"{loc}{path}={value!r}: expected {_article(typ)}"
+    if typ == S.BOOL:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            return value != 0
+        if isinstance(value, str):
+            s = value.strip()
+            if _INT.match(s):
+                return int(s) != 0
+            if s.lower() in _TRUE:
+                return True
+            if s.lower() in _FALSE:
+                return False
+        raise InputError(f"{bad} (true/false, yes/no, on/off or an integer)")
+    if typ == S.INT:
+        if isinstance(value, bool):
+            raise InputError(f"{bad}, found a bool")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and _INT.match(value.strip()):
+            return int(value.strip())
+        raise InputError(f"{bad}, found {_yaml_type(value)} {value!r}")
+    if typ == S.FLOAT:
+        if isinstance(value, bool):
+            raise InputError(f"{bad}, found a bool")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str) and _FLOAT.match(value.strip()):
+            return float(value.strip())
+        raise InputError(f"{bad}, found {_yaml_type(value)} {value!r}")
+    if typ == S.STR:
+        if isinstance(value, (dict, list)):
+            raise InputError(f"{bad}, found a {_yaml_type(value)}")
+        if isinstance(value, bool):  # OmegaConf's StringNode stores str(True) == "True"
+            value = str(value)
+        elif not isinstance(value, str):
+            value = str(value)
+        if choices is not None and value not in choices:
+            raise InputError(f"{loc}{path}={value!r} is not one of {', '.join(choices)}"
+                             f"{_did_you_mean(value, choices)}; Bridge would accept it silently and fail later")
+        return value
+    if typ == S.DICT:
+        if not isinstance(value, dict):
+            raise InputError(f"{bad}, found a {_yaml_type(value)}")
+        return value
+    return value
+
+
+def _check_env_vars(value, where: str) -> None:
+    loc = f"{where}: " if where else ""
+    if not isinstance(value, dict):
+        raise InputError(f"{loc}env_vars must be a mapping NAME: value, found a {_yaml_type(value)}")
+    for name, v in value.items():
+        if not isinstance(name, str) or not name:
+            raise InputError(f"{loc}env_vars: variable names must be non-empty strings, found {name!r}")
+        if not isinstance(v, (str, int, float, bool)):
+            raise InputError(f"{loc}env_vars.{name}: must be a scalar, found a {_yaml_type(v)} "
+                             "(Bridge's apply_environment_variables raises TypeError)")
+
+
+def _known_keys(section: str, user_section: Mapping | None) -> set | None:
+    """Keys Bridge knows in ``section``, or None when we cannot tell (another class)."""
+    if section == "mixed_precision":
+        return set(S.MIXED_PRECISION_KEYS) | {"_target_"}
+    if section == "comm_overlap":
+        return set(S.COMM_OVERLAP_KEYS) | {"_target_"}
+    base = embedded_default().get(section)
+    if not isinstance(base, dict):
+        return None
+    if user_section is not None:
+        target = user_section.get("_target_")
+        if target is not None and target != base.get("_target_"):
+            return None  # another class (another model provider, dataset type): its own fields
+    keys = set(base)
+    keys.update(p.split(".", 1)[1] for p in S.FIELDS if p.startswith(section + "."))
+    return keys
+
+
+def validate_section(section: str, value, where: str):
+    """Check and coerce one top-level section of a file; returns the coerced value."""
+    loc = f"{where}: " if where else ""
+    if section not in S.CONTAINER_KEYS and section != "_target_":
+        raise InputError(f"{loc}unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}; "
+                         f"sections are {', '.join(sorted(S.CONTAINER_KEYS))}")
+    if section == "_target_":
+        return value
+    if section == "env_vars":
+        value = {} if value is None else value
+        _check_env_vars(value, where)
+        return value
+    if section == "mixed_precision":
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if value not in S.MIXED_PRECISION_PRESETS:
+                raise InputError(f"{loc}mixed_precision={value!r} is not a Bridge preset"
+                                 f"{_did_you_mean(value, S.MIXED_PRECISION_PRESETS)} (Bridge raises ValueError "
+                                 "'Unknown mixed-precision recipe')")
+            return value
+        if not isinstance(value, dict):
+            raise InputError(f"{loc}mixed_precision must be a preset name or a mapping, found a {_yaml_type(value)}")
+    if value is None:
+        if section in ("ddp", "dist", "checkpoint", "train", "model", "optimizer"):
+            raise InputError(f"{loc}section '{section}' is null; Bridge needs it (give a mapping or leave it out)")
+        return None
+    if not isinstance(value, dict):
+        if any(p.startswith(section + ".") for p in S.FIELDS) or section in ("ddp", "dist", "checkpoint"):
+            raise InputError(f"{loc}section '{section}' must be a mapping of keys, found a {_yaml_type(value)}")
+        return value
+    known = _known_keys(section, value)
+    out = {}
+    for key, v in value.items():
+        if not isinstance(key, str):
+            raise InputError(f"{loc}{section}: key {key!r} is not a field name")
+        if known is not None and key not in known:
+            raise InputError(f"{loc}unknown key '{section}.{key}'{_did_you_mean(key, known)}")
+        out[key] = coerce(f"{section}.{key}", v, where)
+    return out
+
+
+def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
+    """Apply one override to the effective config, validating it like a file value."""
+    parts = path.split(".")
+    section = parts[0]
+    if len(parts) == 1:
+        cfg[section] = validate_section(section, value, where)
+        return
+    if section not in S.CONTAINER_KEYS:
+        raise InputError(f"{where} {path}: unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}")
+    if section == "env_vars":
+        if len(parts) != 2:
+            raise InputError(f"{where} {path}: env_vars takes env_vars.NAME=value")
+        env = dict(cfg.get("env_vars") or {})
+        env[parts[1]] = "" if value is None else value
+        _check_env_vars(env, where)
+        cfg["env_vars"] = env
+        return
+    node = cfg.get(section)
+    if section == "mixed_precision" and isinstance(node, str):
+        # A preset name becomes its fields so one of them can be changed (as Bridge would after
+        # get_mixed_precision_config); unknown fields still get a did-you-mean below.
+        node = dict(S.MIXED_PRECISION_PRESETS[node])
+    if node is None:
+        if section in ("mixed_precision", "comm_overlap"):
+            node = {}
+        else:
+            raise InputError(f"{where} {path}: section '{section}' is null in the config")
+    if not isinstance(node, dict):
+        raise InputError(f"{where} {path}: section '{section}' is a {_yaml_type(node)}, not a mapping")
+    node = dict(node)
+    if len(parts) > 2:
+        # Deeper keys (model.some_struct.field): navigate existing mappings only.
+        cur = node
+        for p in parts[1:-1]:
+            nxt = cur.get(p)
+            if not isinstance(nxt, dict):
+                raise InputError(f"{where} {path}: '{p}' is not a mapping in section '{section}'")
+            cur[p] = nxt = dict(nxt)
+            cur = nxt
+        cur[parts[-1]] = value
+        cfg[section] = node
+        return
+    key = parts[1]
+    known = _known_keys(section, node)
+    if known is not None and key not in known:
+        raise InputError(f"{where} {path}: unknown key '{section}.{key}'{_did_you_mean(key, known)}")
+    node[key] = coerce(path, value, f"{where} {path}".strip())
+    cfg[section] = node
+
+
+# --------------------------------------------------------------------------- the effective config
+
+def _defaults() -> dict:
+    return S.section_defaults()
+
+
+def merge_file(cfg: dict, data: Mapping, where: str) -> dict:
+    """Merge a parsed file over ``cfg`` (section by section, key by key)."""
+    for section, value in data.items():
+        value = validate_section(section, value, where)
+        if isinstance(value, dict) and isinstance(cfg.get(section), dict) and section != "env_vars":
+            merged = dict(cfg[section])
+            merged.update(value)
+            cfg[section] = merged
+        else:
+            cfg[section] = value
+    return cfg
+
+
+def load_file_data(path: str | None) -> tuple[dict, str]:
+    """(parsed mapping, display name) of CONFIG, or of the embedded default when None."""
+    if path is None:
+        return embedded_default(), EMBEDDED_NAME
+    return load_yaml(path), path
+
+
+def load_effective(path: str | None, overrides: Sequence[str] = ()) -> dict:
+    """Bridge defaults ⊕ CONFIG (embedded recipe when None) ⊕ ``section.key=value`` overrides."""
+    data, name = load_file_data(path)
+    cfg = merge_file(_defaults(), data, name)
+    apply_overrides(cfg, overrides)
+    return cfg
+
+
+def apply_overrides(cfg: dict, overrides: Sequence[str]) -> dict:
+    for item in overrides or ():
+        p, v = parse_override(item)
+        set_path(cfg, p, v, "override")
+    return cfg
+
+
+def get(cfg: Mapping, path: str, default=None):
+    """Value at a dotted path of a nested mapping, or ``default`` when any part is missing."""
+    node = cfg
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+# --------------------------------------------------------------------------- writing
+
+def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, rename).
+
+    With ``backup``, an existing file is first copied to ``PATH.bak`` (``PATH.bak.1`` ...
+    when that exists), so nothing of the user's is lost. Returns the backup path.
+    """
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(folder):
+        raise InputError(f"{path}: folder {folder} does not exist")
+    bak = None
+    mode = None
+    if os.path.exists(path):
+        if os.path.isdir(path):
+            raise InputError(f"{path}: is a directory")
+        mode = os.stat(path).st_mode & 0o777
+        if backup:
+            import shutil
+
+            bak = path + ".bak"
+            n = 1
+            while os.path.exists(bak):
+                bak = f"{path}.bak.{n}"
+                n += 1
+            shutil.copy2(path, bak)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write in {folder}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return bak
