@@ -88,24 +88,25 @@ def run_jobs(a, raw: Path, argv: list[str]) -> None:
         print(f"[bench] {strategy}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
 
 
-def _predict(run_config: Path, strategy: str, world: int) -> dict | None:
-    """The estimator's per-GPU prediction for this run, or None with no estimator."""
+def _predict(run_config: Path, strategy: str, world: int, seq_length: int, mbs: int) -> dict | None:
+    """The estimator's per-GPU prediction for this run (role memory's ``memory.report``)."""
     try:
-        from mfsdp_lib import memory
+        from mfsdp_lib import config_io, memory
     except ImportError:
         return None
     try:
-        return memory.report(str(run_config), strategy=strategy, dp=world)
+        cfg = config_io.load_effective(str(run_config))
+        return memory.report(cfg, dp=world, strategies=(strategy,), seq_length=seq_length, micro_batch_size=mbs)
     except Exception as exc:  # an estimator bug must not hide the measurements
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _row_prediction(pred: dict | None) -> tuple:
+    """(model state GiB, total GiB) of the one strategy row, or (None, None)."""
     if not pred or "error" in pred:
         return None, None
-    row = pred["strategies"][0] if "strategies" in pred else pred
-    state = sum(row.get(k) or 0 for k in ("params_gib", "grads_gib", "optimizer_gib"))
-    return round(state, 2), row.get("total_gib")
+    row = pred["strategies"][0]
+    return row.get("model_state_gib"), row.get("total_gib")
 
 
 def assemble(a, raw: Path) -> Path:
@@ -123,7 +124,8 @@ def assemble(a, raw: Path) -> Path:
         if r0.get("error"):
             notes.append(f"{strategy}: failed: {r0['error'][:300]}")
         machine = machine or f"{len(ranks)}x {r0.get('device')}"
-        pred = _predict(out / "run_config.yaml", strategy, r0.get("world_size", 1))
+        pred = _predict(out / "run_config.yaml", strategy, r0.get("world_size", 1), a.seq_length,
+                        a.micro_batch_size)
         est_state, est_total = _row_prediction(pred)
         step = r0.get("step_time_s_median")
         rows.append([

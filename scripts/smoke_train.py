@@ -215,6 +215,9 @@ def run_our_check(yaml_path: str) -> dict:
     try:
         import torch
         arch = "sm_%d%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    except ImportError:
+        arch = None
+    try:
         cfg = config_io.load_effective(yaml_path)
         findings = rules.evaluate(cfg, dict(os.environ), gpu_arch=arch)
         rows = [f.to_dict() for f in findings]

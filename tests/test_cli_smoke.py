@@ -139,11 +139,13 @@ def test_checkpoint_format_fsdp_dtensor_on_real_metadata(shared_dir, tmp_path):
     ck = tmp_path / "ck"
     shutil.copytree(real, ck)
     it = ck / "iter_0000010"
-    assert smoke.checkpoint_format(ck)["format"] is None  # tensors removed: no shard, no verdict
+    assert smoke.marker_format(ck)["format"] is None  # tensors removed: the marker test wants a shard
     (it / "__0_0.distcp").write_bytes(b"")  # the shard file name Bridge's fsdp_dtensor save writes
-    got = smoke.checkpoint_format(ck)
+    got = smoke.marker_format(ck)
     assert got["format"] == "fsdp_dtensor" and got["recorded_ckpt_format"] == "fsdp_dtensor"
     assert got["iteration_dir"] == "iter_0000010" and got["distcp_files"] == 1
+    full = smoke.checkpoint_format(ck)  # role ckptlog's reader, with the marker details beside it
+    assert full["format"] == "fsdp_dtensor" and full["by"] == "mfsdp_lib.checkpoints" and full["latest"] == 10
 
 
 def test_checkpoint_format_reads_megatron_metadata_json(tmp_path):
@@ -151,7 +153,8 @@ def test_checkpoint_format_reads_megatron_metadata_json(tmp_path):
     it.mkdir()
     (it / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}))
     (it / "__0_0.distcp").write_bytes(b"")
-    assert smoke.checkpoint_format(tmp_path)["format"] == "torch_dist"
+    assert smoke.marker_format(tmp_path)["format"] == "torch_dist"
+    assert smoke.marker_format(tmp_path / "missing")["format"] is None
     assert smoke.checkpoint_format(tmp_path / "missing")["format"] is None
 
 

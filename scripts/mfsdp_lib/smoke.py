@@ -81,6 +81,21 @@ def preflight(opts, env: dict | None = None) -> str | None:
 
 
 def checkpoint_format(root: str | os.PathLike | None) -> dict:
+    """The format of the checkpoint under ``root``: role ckptlog's reader, else the marker test."""
+    try:
+        from . import checkpoints
+    except ImportError:
+        return marker_format(root)
+    if not root or not os.path.isdir(root):
+        return {"format": None, "why": f"no checkpoint folder at {root}"}
+    rep = checkpoints.inspect(str(root))
+    out = {"format": rep.format, "by": "mfsdp_lib.checkpoints", "latest": rep.latest,
+           "findings": [f.to_dict() for f in rep.findings]}
+    out.update({k: v for k, v in marker_format(root).items() if k not in ("format",)})
+    return out
+
+
+def marker_format(root: str | os.PathLike | None) -> dict:
     """Marker test for the format of the newest iteration under ``root`` (no tensors read).
 
     ``fsdp_dtensor``: PyTorch DCP ``.metadata`` with ``*.distcp`` shards and no

@@ -47,33 +47,25 @@ BASE_SAVE_DIR = "/tmp/mfsdp-differential/checkpoints"  # never written: no train
 FSDP_ON = ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true", "ddp.use_distributed_optimizer=true",
            "optimizer.use_distributed_optimizer=true", "checkpoint.ckpt_format=fsdp_dtensor"]
 
-# Fields the Megatron FSDP rules read, each with values worth trying. Read off Bridge 0.6.2's
-# ConfigContainer.validate() / _validate_and_apply_megatron_fsdp_configs /
-# _validate_and_sync_distributed_optimizer_settings and Megatron-Core 0.19.2's
-# DistributedDataParallelConfig.__post_init__ (re-run by validate()).
-FIELD_VALUES = {
-    "dist.use_megatron_fsdp": ["true", "false"],
-    "ddp.use_megatron_fsdp": ["true", "false"],
-    "dist.use_torch_fsdp2": ["true", "false"],
-    "ddp.use_distributed_optimizer": ["true", "false"],
-    "optimizer.use_distributed_optimizer": ["true", "false"],
-    "ddp.data_parallel_sharding_strategy": ["no_shard", "optim", "optim_grads", "optim_grads_params"],
-    "checkpoint.ckpt_format": ["torch_dist", "fsdp_dtensor", "torch", "zarr"],
-    "checkpoint.save": ["null", BASE_SAVE_DIR],
-    "checkpoint.async_save": ["true", "false"],
-    "ddp.average_in_collective": ["true", "false"],
-    "ddp.overlap_param_gather": ["true", "false"],
-    "optimizer.overlap_param_gather": ["true", "false"],
-    "ddp.nccl_ub": ["true", "false"],
-    "ddp.fsdp_manual_registration": ["true", "false"],
-    "optimizer.use_precision_aware_optimizer": ["true", "false"],
-    "train.check_weight_hash_across_dp_replicas_interval": ["null", "100"],
-    "dist.use_tp_pp_dp_mapping": ["true", "false"],
-    "dist.use_gloo_process_groups": ["true", "false"],
-    "model.gradient_accumulation_fusion": ["true", "false"],
-    "ddp.grad_reduce_in_fp32": ["true", "false"],
-}
-ENV_VALUES = [{}, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}]
+# Fields and environment variables the rules read, with values worth trying (invalid ones
+# included): role config's ``rules.DIFFERENTIAL_FIELDS`` / ``DIFFERENTIAL_ENV``, so the cases
+# exercise exactly what our rules claim to know. Values are turned into the YAML spelling a
+# ``section.key=value`` override uses.
+from mfsdp_lib.rules import DIFFERENTIAL_ENV, DIFFERENTIAL_FIELDS  # noqa: E402
+
+
+def _spell(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+FIELD_VALUES = {k: [_spell(v) for v in vals] for k, vals in DIFFERENTIAL_FIELDS.items()}
+ENV_VALUES = [{}] + [{name: v} for name, vals in DIFFERENTIAL_ENV.items() for v in vals if v is not None]
+ENV_NAMES = tuple(DIFFERENTIAL_ENV)
+MAX_CONN = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 
 def generate_cases() -> list[dict]:
@@ -92,8 +84,8 @@ def generate_cases() -> list[dict]:
         cases.append((list(FSDP_ON), env))
         cases.append(([], env))
     for v in ("1", "8"):
-        cases.append((FSDP_ON + [f"env_vars.CUDA_DEVICE_MAX_CONNECTIONS={v}"], {}))
-        cases.append((FSDP_ON + [f"env_vars.CUDA_DEVICE_MAX_CONNECTIONS={v}"], {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}))
+        cases.append((FSDP_ON + [f"env_vars.{MAX_CONN}={v}"], {}))
+        cases.append((FSDP_ON + [f"env_vars.{MAX_CONN}={v}"], {MAX_CONN: "4"}))
     # save/load off: the format assertion only applies when saving or loading
     for fmt in ("torch_dist", "torch"):
         cases.append((FSDP_ON + [f"checkpoint.ckpt_format={fmt}", "checkpoint.save=null"], {}))
@@ -111,7 +103,7 @@ def generate_cases() -> list[dict]:
     ]
     rng = random.Random(SEED)
     fields = list(FIELD_VALUES)
-    while len(cases) < 180:
+    while len(cases) < 220:
         picked = rng.sample(fields, rng.randint(2, 6))
         over = [f"{f}={rng.choice(FIELD_VALUES[f])}" for f in picked]
         if rng.random() < 0.5:  # on top of the five FSDP settings, minus those the mix sets itself
@@ -163,9 +155,8 @@ def base_container():
 def _bridge_verdict(cfg, case: dict) -> dict:
     from megatron.bridge.training.config import runtime_config_update
 
-    for name in list(os.environ):
-        if name == "CUDA_DEVICE_MAX_CONNECTIONS":
-            del os.environ[name]
+    for name in ENV_NAMES:  # Bridge must see exactly the case's environment for these
+        os.environ.pop(name, None)
     os.environ.update(WORLD)
     os.environ.update(case["env"])
     try:
@@ -212,7 +203,7 @@ def main(argv=None) -> int:
         "generated_by": ("tests/differential/gen_verdicts.py on " + _machine() + ": real megatron-bridge "
                          f"{metadata.version('megatron-bridge')} runtime_config_update() per case on a freshly built base; "
                          "no process group, WORLD_SIZE=1 RANK=0 (so data-parallel size 1); TP=PP=CP=1 in every case; "
-                         "CUDA_DEVICE_MAX_CONNECTIONS removed from the environment before each case's env is applied"),
+                         "the variables of rules.DIFFERENTIAL_ENV are removed from the environment before each case's env is applied"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "bridge_version": metadata.version("megatron-bridge"),
         "base_config": "base_run_config.yaml",
