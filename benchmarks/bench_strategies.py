@@ -44,7 +44,7 @@ sys.path.insert(0, str(SCRIPTS))
 STRATEGIES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")
 GIB = 2**30
 COLUMNS = ["strategy", "GPUs", "step time (ms)", "tokens/s", "peak allocated GiB (max rank)",
-           "model state GiB (measured)", "model state GiB (estimate)", "total GiB (estimate)", "final loss"]
+           "model state GiB (measured)", "model state + step transient GiB (estimate)", "total GiB (estimate)", "final loss"]
 
 
 def parse_args(argv=None):
@@ -83,8 +83,9 @@ def run_jobs(a, raw: Path, argv: list[str]) -> None:
                 rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
-        (out / "job.json").write_text(json.dumps({"command": shlex.join(cmd), "exit_code": rc,
-                                                  "wall_s": round(time.time() - t0, 1)}))
+        (out / "job.json").write_text(json.dumps({
+            "command": shlex.join(cmd), "exit_code": rc, "wall_s": round(time.time() - t0, 1),
+            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}))
         print(f"[bench] {strategy}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
 
 
@@ -96,6 +97,11 @@ def _predict(run_config: Path, strategy: str, world: int, seq_length: int, mbs: 
         return None
     try:
         cfg = config_io.load_effective(str(run_config))
+        if config_io.get(cfg, "model.vocab_size") is None:
+            # to_yaml() ran before setup; Bridge then takes the tokenizer's size (setup.py,
+            # _validate_and_set_vocab_size), as the estimator must too.
+            tok = config_io.get(cfg, "tokenizer.vocab_size")
+            cfg = config_io.load_effective(str(run_config), [f"model.vocab_size={tok}"])
         return memory.report(cfg, dp=world, strategies=(strategy,), seq_length=seq_length, micro_batch_size=mbs)
     except Exception as exc:  # an estimator bug must not hide the measurements
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -106,7 +112,13 @@ def _row_prediction(pred: dict | None) -> tuple:
     if not pred or "error" in pred:
         return None, None
     row = pred["strategies"][0]
-    return row.get("model_state_gib"), row.get("total_gib")
+    # The measurement is taken right after the optimizer step, so the estimator's step
+    # transient (the fp32 gradient copy Megatron FSDP keeps until the next zero_grad) is
+    # alive then and belongs in the like-for-like figure.
+    state = row.get("model_state_gib")
+    if state is not None:
+        state = round(state + (row.get("step_transient_gib") or 0.0), 3)
+    return state, row.get("total_gib")
 
 
 def assemble(a, raw: Path) -> Path:
@@ -147,17 +159,21 @@ def assemble(a, raw: Path) -> Path:
     if not any(r[6] is not None for r in rows):
         notes.append("no memory estimate beside the measurements: mfsdp_lib.memory was not available when assembled")
     notes += [
+        f"measured by the command above on the GPU machine; this file assembled with: python3 benchmarks/"
+        f"bench_strategies.py --assemble --raw-dir {os.path.relpath(raw, ROOT)} --tag {a.tag}",
         f"model {a.model}, seq {a.seq_length}, GBS {a.global_batch_size}, MBS {a.micro_batch_size}, bf16, "
         f"{a.iters} iterations per strategy; step time is the median of steps 3..{a.iters} (CUDA-synchronised)",
-        "model state (measured) = torch.cuda.memory_allocated() between steps, when activations are freed",
+        "model state (measured) = torch.cuda.memory_allocated() right after each optimizer step (last step shown), "
+        "when activations are freed; the estimate beside it is mfsdp_lib.memory's model_state_gib + "
+        "step_transient_gib for the same config (config_io.load_effective of the run's own to_yaml())",
         "with 1 GPU the data-parallel size is 1: Megatron FSDP shards nothing, so its memory cannot beat DDP's here; "
         "the run shows the cost of the FSDP code path, not its saving",
     ]
-    stamp = _dt.datetime.fromtimestamp(max(p.stat().st_mtime for p in raw.rglob("job.json")), _dt.timezone.utc)
+    stamp = _run_date(raw)
     result = {
         "benchmark": f"gpu_strategies_{a.tag}",
         "title": f"DDP vs distributed optimizer vs Megatron FSDP ({a.model}, {machine})",
-        "date": stamp.isoformat(timespec="seconds"),
+        "date": stamp,
         "machine": machine,
         "command": _run_command(raw, a),
         "columns": COLUMNS, "rows": rows, "notes": notes,
@@ -169,6 +185,25 @@ def assemble(a, raw: Path) -> Path:
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, dest)
     return dest
+
+
+def _run_date(raw: Path) -> str:
+    """When the measuring phase finished: recorded in job.json, else the logs' last Bridge timestamp."""
+    import re
+
+    dates = []
+    for job in raw.rglob("job.json"):
+        finished = json.loads(job.read_text()).get("finished")
+        if finished:
+            dates.append(finished)
+    if dates:
+        return max(dates)
+    for log in raw.rglob("train.log"):
+        dates += re.findall(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration", log.read_text(errors="replace"))
+    if dates:  # Bridge logs UTC wall-clock time
+        return max(dates).replace(" ", "T") + "+00:00"
+    return _dt.datetime.fromtimestamp(max(p.stat().st_mtime for p in raw.rglob("job.json")),
+                                      _dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _run_command(raw: Path, a) -> str:
