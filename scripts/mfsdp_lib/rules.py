@@ -266,7 +266,7 @@ RULES: list[Rule] = [
          lambda e: (f"{_v(e, 'ddp.reuse_grad_buf_for_mxfp8_param_ag')} without fp8_param_gather "
                     "(checked when the DDP config is finalized, before Megatron FSDP switches it off)."),
          lambda e: f"{e.origin('ddp.reuse_grad_buf_for_mxfp8_param_ag')}=false",
-         f"{S.MC_DDP}: DistributedDataParallelConfig.__post_init__ (run by Bridge's ddp.finalize): "
+         f"{S.MC_DDP}: DistributedDataParallelConfig.__post_init__ (run by the Bridge ddp.finalize): "
          "assert 'Reuse grad buffer only when keeping params in MXFP8.'"),
     Rule("MFSDP-MXFP8-REUSE-NON-FSDP", "error", "validate",
          ("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", "dist.use_megatron_fsdp"),
@@ -354,7 +354,7 @@ RULES: list[Rule] = [
                     for p, v, c in _bad_enums(e)],
          None, None,
          f"{S.MC_DDP}: DistributedDataParallelConfig.data_parallel_sharding_strategy docstring "
-         "'Valid values are no_shard, optim, optim_grads, optim_grads_params'; Literal types in "
+         "\"Valid values are 'no_shard', 'optim', 'optim_grads', 'optim_grads_params'.\"; Literal types in "
          f"{S.MT_TRAIN} and {S.MC_TC} (Bridge stores any string without checking)"),
     # ------------------------------------------------------------------ runtime: accepted, fails later
     Rule("MFSDP-FSDP2-DDP-FLAG", "error", "runtime", ("dist.use_torch_fsdp2", "ddp.use_megatron_fsdp"),
@@ -387,8 +387,8 @@ RULES: list[Rule] = [
          lambda e: ("dist.use_torch_fsdp2=true: PyTorch FSDP2 is experimental in Bridge; validate() accepts it but "
                     "the job is not expected to train. This skill covers Megatron FSDP."),
          "dist.use_torch_fsdp2=false, then mfsdp.py enable",
-         "megatron/core/distributed/torch_fully_sharded_data_parallel.py: TorchFullyShardedDataParallel "
-         f"(wrapped by {S.B_CFG.replace('training/config.py', 'models/model_provider.py')}: _ddp_wrap)"),
+         f"{S.MT_COMMON}: DistributedInitConfig.use_torch_fsdp2 docstring 'It is still not in a stable release "
+         "stage, and may therefore contain bugs or other potential issues.'"),
     Rule("MFSDP-AVG-IN-COLLECTIVE", "warning", "rewrite", ("ddp.average_in_collective", "ddp.disable_symmetric_registration"),
          lambda e: e.fsdp and bool(e.get("ddp.average_in_collective")) and not e.get("ddp.disable_symmetric_registration"),
          lambda e: "ddp.average_in_collective=true: Bridge turns it off for Megatron FSDP (NCCL symmetric registration).",
@@ -430,14 +430,15 @@ RULES: list[Rule] = [
          lambda e: bool(e.get("ddp.use_custom_fsdp")),
          lambda e: "ddp.use_custom_fsdp=true is deprecated and ignored by Bridge's checks.",
          "ddp.use_custom_fsdp=false, ddp.use_megatron_fsdp=true, dist.use_megatron_fsdp=true",
-         f"{S.MC_DDP}: DistributedDataParallelConfig.use_custom_fsdp docstring 'deprecated ... use use_megatron_fsdp'"),
+         f"{S.MC_DDP}: DistributedDataParallelConfig.use_custom_fsdp docstring 'The flag `use_custom_fsdp` is "
+         "deprecated and will be removed in future versions.'"),
     # ------------------------------------------------------------------ info: what Bridge will change
     Rule("MFSDP-FLAGS-SYNC", "info", "rewrite", ("dist.use_megatron_fsdp", "ddp.use_megatron_fsdp"),
          lambda e: bool(e.get("dist.use_megatron_fsdp")) != bool(e.get("ddp.use_megatron_fsdp")),
          lambda e: (f"dist.use_megatron_fsdp={fmt(e.get('dist.use_megatron_fsdp'))} and ddp.use_megatron_fsdp="
                     f"{fmt(e.get('ddp.use_megatron_fsdp'))} differ; Bridge turns both on."),
          "dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true",
-         f"{_FSDP_CFG}: 'self.dist.use_megatron_fsdp = True; self.ddp.use_megatron_fsdp = True'"),
+         f"{_FSDP_CFG}: 'self.dist.use_megatron_fsdp = True' / 'self.ddp.use_megatron_fsdp = True'"),
     Rule("MFSDP-DIST-OPT-FORCED", "info", "rewrite", ("ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer"),
          lambda e: e.fsdp and not (e.get("ddp.use_distributed_optimizer") and e.get("optimizer.use_distributed_optimizer")),
          lambda e: (f"{_v(e, 'ddp.use_distributed_optimizer')}, {_v(e, 'optimizer.use_distributed_optimizer')}: "

@@ -1,0 +1,410 @@
+"""Turning Megatron FSDP on in a Bridge config, and saying exactly what changed.
+
+``plan(cfg)`` returns the list of ``Change(path, old, new, why)`` that makes an
+effective config (``config_io.load_effective``) a valid Megatron FSDP config:
+
+1. the minimal enablement (``MINIMAL_OVERRIDES``): both ``use_megatron_fsdp`` flags,
+   the sharding strategy, ``average_in_collective`` off, and the ``fsdp_dtensor``
+   checkpoint format (the only one Bridge accepts for Megatron FSDP when a job saves
+   or loads, and the one Megatron FSDP's sharded state is written in);
+2. what follows from the config: ``checkpoint.save`` to ``--save-dir``;
+   ``checkpoint.load=null`` when it points at a checkpoint of another format (it
+   cannot be resumed as ``fsdp_dtensor``; Bridge's perf recipes do the same);
+   the HF side export off (not supported with ``fsdp_dtensor``); settings Bridge
+   would reject with Megatron FSDP (``fsdp_manual_registration`` without ``nccl_ub``,
+   weight-hash checks with full sharding, TP-PP-DP mapping, FSDP2);
+3. a fix-point pass: any error the rule table still reports whose fix is one plain
+   ``key=value`` in the ddp/dist/checkpoint/train plumbing is applied, so the output
+   passes ``check``; errors that need a decision (parallel sizes, offloading,
+   precision) are left and reported, and ``enable`` exits 1.
+
+Applying the plan to YAML edits the user's text in place (``yaml_edit``): only the
+changed values' lines are touched, comments and key order stay. Only when the file
+cannot be edited line-wise (flow style, a value that is a block) is it re-dumped, and
+the caller is told that comments were lost.
+
+``apply_to_object(obj, overrides)`` sets the same dotted attributes on a real Bridge
+``ConfigContainer`` (live mode, inside a container where Bridge imports).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+from . import config_io, rules
+from . import schema as S
+from .findings import InputError
+
+STRATEGIES = ("optim_grads_params", "optim_grads", "optim", "no_shard")
+
+MINIMAL_OVERRIDES: dict[str, object] = {
+    "dist.use_megatron_fsdp": True,
+    "ddp.use_megatron_fsdp": True,
+    "ddp.data_parallel_sharding_strategy": "optim_grads_params",
+    "ddp.average_in_collective": False,
+    "checkpoint.ckpt_format": "fsdp_dtensor",
+}
+
+# Why each minimal override is there, in one line (shown to the user).
+_WHY = {
+    "dist.use_megatron_fsdp": "turns Megatron FSDP on for model wrapping (Bridge syncs it with ddp.use_megatron_fsdp)",
+    "ddp.use_megatron_fsdp": "turns Megatron FSDP on in the DDP config (the flag Megatron-Core's wrapper reads)",
+    "ddp.data_parallel_sharding_strategy": "shards optimizer state, gradients and parameters (ZeRO-3 style); "
+                                           "the strategy that saves the most memory",
+    "ddp.average_in_collective": "not supported with NCCL symmetric registration; Bridge would switch it off anyway",
+    "checkpoint.ckpt_format": "Megatron FSDP saves and loads only fsdp_dtensor checkpoints "
+                              "(Bridge asserts it whenever save or load is set)",
+}
+
+# Extra settings Bridge's performance recipes apply next to Megatron FSDP (``--perf``).
+PERF_OVERRIDES: dict[str, tuple] = {
+    "ddp.keep_fp8_transpose_cache": (False, "the FP8 transpose cache costs memory per parameter; Bridge's perf "
+                                            "recipes turn it off with Megatron FSDP"),
+    "model.init_model_with_meta_device": (True, "build the model on the meta device and materialise only each rank's "
+                                                "shard (Bridge's perf recipes do this with Megatron FSDP)"),
+}
+
+# Sections whose keys the fix-point pass may change on its own: the distributed and
+# checkpoint plumbing that Megatron FSDP dictates. Model shape, parallel sizes, precision
+# and offloading are trade-offs the user decides; errors there are reported instead.
+FIX_POINT_SECTIONS = ("ddp", "dist", "checkpoint", "train")
+
+# Fix-point pass: at most this many rounds (each round fixes >= 1 error or stops).
+MAX_FIX_ROUNDS = 8
+# A rule's fix that is one plain assignment, optionally followed by "(or ...)" advice.
+_FIX_KV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)=(\S+)(?:\s+\(.*\))?$")
+
+
+class Change:
+    __slots__ = ("path", "old", "new", "why")
+
+    def __init__(self, path: str, old, new, why: str):
+        self.path, self.old, self.new, self.why = path, old, new, why
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "old": self.old, "new": self.new, "why": self.why}
+
+    def __repr__(self) -> str:
+        return f"Change({self.path}: {self.old!r} -> {self.new!r})"
+
+
+def _set(cfg: dict, path: str, value) -> None:
+    sec, _, key = path.partition(".")
+    if not key:
+        cfg[sec] = value
+        return
+    node = cfg.get(sec)
+    if sec == "mixed_precision" and isinstance(node, str):
+        node = dict(S.MIXED_PRECISION_PRESETS[node])
+    node = dict(node) if isinstance(node, dict) else {}
+    node[key] = value
+    cfg[sec] = node
+
+
+def plan(cfg: Mapping, strategy: str = "optim_grads_params", save_dir: str | None = None,
+         perf: bool = False, env: Mapping[str, str] | None = None) -> list[Change]:
+    """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied."""
+    if strategy not in STRATEGIES:
+        raise config_io._err(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    work = _deep_copy(cfg)
+    changes: list[Change] = []
+
+    def change(path: str, new, why: str) -> None:
+        old = config_io.get(work, path, S.default(path))
+        if old == new and type(old) is type(new):
+            return
+        for c in changes:
+            if c.path == path:  # a later step revises an earlier one: keep one entry
+                c.new, c.why = new, why
+                break
+        else:
+            changes.append(Change(path, old, new, why))
+        _set(work, path, new)
+
+    old_format = config_io.get(work, "checkpoint.ckpt_format", S.default("checkpoint.ckpt_format"))
+    for path, value in MINIMAL_OVERRIDES.items():
+        if path == "ddp.data_parallel_sharding_strategy":
+            value = strategy
+        change(path, value, _WHY[path])
+
+    if save_dir is not None:
+        change("checkpoint.save", save_dir, "where the fsdp_dtensor checkpoints go (--save-dir)")
+    load = config_io.get(work, "checkpoint.load")
+    if load is not None and old_format != "fsdp_dtensor":
+        change("checkpoint.load", None,
+               f"it pointed at a {old_format} checkpoint location, which cannot be resumed as fsdp_dtensor; "
+               "set it again to resume from an fsdp_dtensor checkpoint (Bridge's perf recipes also clear it)")
+    if config_io.get(work, "checkpoint.also_save_hf_checkpoint"):
+        change("checkpoint.also_save_hf_checkpoint", False,
+               "the HF side export is not supported with fsdp_dtensor; convert the checkpoint offline instead")
+    if config_io.get(work, "dist.use_torch_fsdp2"):
+        change("dist.use_torch_fsdp2", False, "PyTorch FSDP2 and Megatron FSDP are mutually exclusive")
+    if config_io.get(work, "dist.use_tp_pp_dp_mapping"):
+        change("dist.use_tp_pp_dp_mapping", False, "not supported with Megatron FSDP (Bridge asserts)")
+    if config_io.get(work, "ddp.fsdp_manual_registration") and not config_io.get(work, "ddp.nccl_ub"):
+        change("ddp.fsdp_manual_registration", False, "it requires ddp.nccl_ub=true (Bridge asserts)")
+    if config_io.get(work, "ddp.nccl_ub") and not config_io.get(work, "ddp.fsdp_double_buffer"):
+        change("ddp.fsdp_double_buffer", True, "NCCL user buffers need Megatron FSDP's double buffer (it asserts)")
+    if strategy == "optim_grads_params" and config_io.get(work, "train.check_weight_hash_across_dp_replicas_interval") is not None:
+        change("train.check_weight_hash_across_dp_replicas_interval", None,
+               "with full sharding there are no weight replicas to hash (Bridge asserts)")
+    for path in ("ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer"):
+        if not config_io.get(work, path):
+            change(path, True, "Megatron FSDP always uses the distributed optimizer (Bridge would force it)")
+    env_vars = config_io.get(work, "env_vars") or {}
+    if isinstance(env_vars, Mapping) and str(env_vars.get(rules.MAX_CONN, "")) == "1":
+        change(f"env_vars.{rules.MAX_CONN}", 32,
+               "Megatron FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 (Bridge asserts); 32 is what "
+               "Bridge's recipes use")
+    if perf:
+        for path, (value, why) in PERF_OVERRIDES.items():
+            change(path, value, why)
+        co = work.get("comm_overlap")
+        if isinstance(co, Mapping) and co.get("defer_embedding_wgrad_compute"):
+            change("comm_overlap.defer_embedding_wgrad_compute", False,
+                   "Bridge's performance harness turns it off with Megatron FSDP")
+
+    # Fix-point pass over the rule table: apply every remaining single key=value fix.
+    for _ in range(MAX_FIX_ROUNDS):
+        progressed = False
+        for f in rules.evaluate(work, dict(env or {}), None):
+            if f.severity != "error" or f.path.startswith("env."):
+                continue
+            m = _FIX_KV.match(f.fix.strip())
+            if not m:
+                continue
+            path, raw = m.group(1), m.group(2)
+            if path.split(".", 1)[0] not in FIX_POINT_SECTIONS:
+                continue  # model / optimizer / precision choices are the user's decision: reported, not made
+            if path.startswith("mixed_precision.") and not isinstance(work.get("mixed_precision"), dict):
+                continue  # a preset name: Bridge's own setup keeps it consistent; never half-expand it
+            try:
+                value = config_io.coerce(path, config_io.parse_value(raw))
+            except InputError:
+                continue
+            if config_io.get(work, path, S.default(path)) == value:
+                continue
+            change(path, value, f"{f.rule}: {f.message}")
+            progressed = True
+        if not progressed:
+            break
+    return changes
+
+
+def overrides_of(changes: list[Change]) -> dict[str, object]:
+    return {c.path: c.new for c in changes}
+
+
+def apply(cfg: Mapping, changes: list[Change]) -> dict:
+    """A copy of the effective config with the changes applied."""
+    work = _deep_copy(cfg)
+    for c in changes:
+        _set(work, c.path, c.new)
+    return work
+
+
+def _deep_copy(obj):
+    if isinstance(obj, dict):
+        return {k: _deep_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_deep_copy(v) for v in obj]
+    return obj
+
+
+def apply_to_object(obj, overrides: Mapping[str, object]) -> None:
+    """Set dotted attributes (``ddp.use_megatron_fsdp``) on a real Bridge ``ConfigContainer``.
+
+    ``env_vars.NAME`` sets a key of the ``env_vars`` dict. A missing attribute raises
+    ``InputError`` naming it (a typo must not be silently added to the object).
+    """
+    for path, value in overrides.items():
+        parts = path.split(".")
+        target = obj
+        for p in parts[:-1]:
+            if isinstance(target, dict):
+                target = target.setdefault(p, {})
+                continue
+            if not hasattr(target, p):
+                raise config_io._err(f"{path}: {type(target).__name__} has no attribute '{p}'")
+            target = getattr(target, p)
+            if target is None:
+                raise config_io._err(f"{path}: '{p}' is None in this config; set it to a config object first")
+        last = parts[-1]
+        if isinstance(target, dict):
+            target[last] = value
+        elif not hasattr(target, last):
+            raise config_io._err(f"{path}: {type(target).__name__} has no attribute '{last}'")
+        else:
+            setattr(target, last, value)
+
+
+# --------------------------------------------------------------------------- rendering
+
+def yaml_scalar(value) -> str:
+    """A YAML scalar that parses back to ``value`` (plain when safe, else double-quoted)."""
+    import json
+
+    import yaml
+
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    s = str(value)
+    try:
+        if s and s.strip() == s and "#" not in s and ": " not in s and yaml.safe_load(s) == s:
+            return s
+    except yaml.YAMLError:
+        pass
+    return json.dumps(s)
+
+
+def hydra_value(value) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    s = str(value)
+    if re.match(r"^[A-Za-z0-9_./:@+-]+$", s) and config_io.parse_value(s) == s:
+        return s
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def render_overrides(changes: list[Change]) -> str:
+    return "".join(f"{c.path}={hydra_value(c.new)}\n" for c in changes)
+
+
+def render_python(changes: list[Change]) -> str:
+    lines = ["# Megatron FSDP overrides for a Megatron-Bridge ConfigContainer `cfg` (generated by mfsdp.py enable)\n"]
+    for c in changes:
+        sec, _, key = c.path.partition(".")
+        if sec == "env_vars":
+            lines.append(f"cfg.env_vars[{key!r}] = {c.new!r}\n")
+        elif sec == "mixed_precision":
+            lines.append(f"cfg.mixed_precision.{key} = {c.new!r}  # after get_mixed_precision_config()\n")
+        else:
+            lines.append(f"cfg.{c.path} = {c.new!r}\n")
+    return "".join(lines)
+
+
+class NeedsRedump(Exception):
+    """The text cannot be edited line-wise at this path."""
+
+
+_TOP = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):(.*)$")
+
+
+def _is_content(line: str) -> bool:
+    s = line.strip()
+    return bool(s) and not s.startswith("#")
+
+
+def _split_comment(rest: str) -> tuple[str, str]:
+    """(value, ' # comment') for the text after 'key:'; comments only after whitespace."""
+    m = re.search(r"\s+#", rest)
+    if m and rest[:m.start()].count('"') % 2 == 0 and rest[:m.start()].count("'") % 2 == 0:
+        return rest[:m.start()], rest[m.start():]
+    return rest, ""
+
+
+def _edit_one(lines: list[str], path: str, value) -> list[str]:
+    parts = path.split(".")
+    if len(parts) > 2:
+        raise NeedsRedump(path)
+    sec = parts[0]
+    nl = "\n"
+    sec_idx = None
+    for i, line in enumerate(lines):
+        m = _TOP.match(line.rstrip("\r\n"))
+        if m and m.group(1) == sec:
+            sec_idx = i
+            break
+    scalar = yaml_scalar(value)
+    if len(parts) == 1:
+        if sec_idx is None:
+            if lines and not lines[-1].endswith("\n"):
+                lines[-1] += nl
+            return lines + [f"{sec}: {scalar}{nl}"]
+        rest = _TOP.match(lines[sec_idx].rstrip("\r\n")).group(2)
+        val, comment = _split_comment(rest)
+        if not val.strip() or val.strip().startswith(("|", ">", "&", "!")):
+            raise NeedsRedump(path)
+        lines[sec_idx] = f"{sec}: {scalar}{comment}{nl}"
+        return lines
+    key = parts[1]
+    if sec_idx is None:
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += nl
+        return lines + [f"{sec}:{nl}", f"  {key}: {scalar}{nl}"]
+    rest = _TOP.match(lines[sec_idx].rstrip("\r\n")).group(2)
+    val, comment = _split_comment(rest)
+    if val.strip():
+        if val.strip() in ("null", "~", "{}"):
+            lines[sec_idx] = f"{sec}:{comment}{nl}"
+            lines.insert(sec_idx + 1, f"  {key}: {scalar}{nl}")
+            return lines
+        raise NeedsRedump(path)  # flow mapping or a scalar section (e.g. a mixed-precision preset name)
+    end = len(lines)
+    indent = None
+    for j in range(sec_idx + 1, len(lines)):
+        line = lines[j]
+        if not _is_content(line):
+            continue
+        ind = len(line) - len(line.lstrip(" "))
+        if ind == 0:
+            end = j
+            break
+        if indent is None:
+            indent = ind
+    if indent is None:
+        indent = 2
+    pat = re.compile(r"^" + " " * indent + re.escape(key) + r":(.*)$")
+    for j in range(sec_idx + 1, end):
+        m = pat.match(lines[j].rstrip("\r\n"))
+        if not m:
+            continue
+        val, comment = _split_comment(m.group(1))
+        # a block value (children on the next lines) or a multi-line scalar cannot be edited here
+        nxt = next((lines[k] for k in range(j + 1, end) if _is_content(lines[k])), None)
+        if not val.strip() or val.strip().startswith(("|", ">", "&", "*", "!", "[", "{")) or (
+                nxt is not None and len(nxt) - len(nxt.lstrip(" ")) > indent):
+            raise NeedsRedump(path)
+        lines[j] = f"{' ' * indent}{key}: {scalar}{comment}{nl}"
+        return lines
+    # not present: insert after the section's last content line
+    last = sec_idx
+    for j in range(sec_idx + 1, end):
+        if _is_content(lines[j]):
+            last = j
+    if not lines[last].endswith("\n"):
+        lines[last] += nl
+    lines.insert(last + 1, f"{' ' * indent}{key}: {scalar}{nl}")
+    return lines
+
+
+def yaml_edit(text: str, data: Mapping, changes: list[Change]) -> tuple[str, bool]:
+    """Apply changes to YAML text in place; (new text, edited_in_place). Falls back to a re-dump."""
+    import yaml
+
+    expected = _deep_copy(dict(data))
+    for c in changes:
+        _set(expected, c.path, c.new)
+    try:
+        lines = text.splitlines(keepends=True)
+        for c in changes:
+            lines = _edit_one(lines, c.path, c.new)
+        new = "".join(lines)
+        if config_io.parse_yaml(new, "edited") == expected:
+            return new, True
+    except (NeedsRedump, InputError):
+        pass
+    return yaml.safe_dump(expected, sort_keys=False, default_flow_style=False), False
