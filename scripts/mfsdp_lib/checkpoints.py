@@ -68,8 +68,14 @@ FORMATS = ("fsdp_dtensor", "torch_dist", "hf", "torch", "zarr")
 
 # Limits that keep us fast and bounded on hostile or huge input.
 MAX_SMALL_FILE = 16 * 1024 * 1024  # run_config.yaml, metadata.json, train_state.pt: real ones are KBs
-MAX_DCP_METADATA = 512 * 1024 * 1024  # .metadata grows with tensors x ranks; parsing is linear and opcode-only
+# .metadata grows with tensors x ranks (hundreds of MB for thousands of GPUs). The opcode walk runs at ~1 MB/s
+# in pure Python, so past MAX_DCP_FULL_PARSE we only scan the bytes for the shard file names it references.
+MAX_DCP_FULL_PARSE = 16 * 1024 * 1024
+SCAN_CHUNK = 8 * 1024 * 1024
+DCP_NAME_IN_PICKLE_RE = re.compile(rb"(__\d+_\d+\.distcp)")  # relative_path strings, memoized once each
+DCP_METADATA_CLASS = b"torch.distributed.checkpoint.metadata"
 MAX_ITER_SCAN = 10000  # iteration folders listed per root
+MAX_LISTED = 12  # file names quoted in a message or a finding's extra; counts stay exact
 
 # torch storage class -> struct format of one element (train_state.pt stores scalars as 1-element tensors)
 _STORAGE_FMT = {"LongStorage": "q", "IntStorage": "i", "ShortStorage": "h", "CharStorage": "b",
@@ -375,8 +381,8 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
     """Summary of a PyTorch DCP ``.metadata`` pickle: entries, key groups, shard files with their sizes."""
     try:
         size = os.path.getsize(path)
-        if size > MAX_DCP_METADATA:
-            return None, f".metadata is {size} bytes, over the {MAX_DCP_METADATA}-byte parsing limit"
+        if size > MAX_DCP_FULL_PARSE:
+            return _scan_dcp_names(path, size)
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
@@ -433,6 +439,30 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
 
 
 _TWO_PART_GROUPS = ("model", "optimizer")  # "model.module" vs "model"; "optimizer.state" vs "optimizer.param_..."
+
+
+def _scan_dcp_names(path: str, size: int) -> tuple[dict | None, str | None]:
+    """Big .metadata: find the class name and the shard file names by a byte scan (C speed, no parsing).
+
+    Extents are unknown in this mode, so shard sizes are not checked (``files`` maps each name to 0).
+    """
+    names: set[bytes] = set()
+    seen_class = False
+    tail = b""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(SCAN_CHUNK)
+            if not chunk:
+                break
+            buf = tail + chunk
+            seen_class = seen_class or DCP_METADATA_CLASS in buf
+            names.update(DCP_NAME_IN_PICKLE_RE.findall(buf))
+            tail = buf[-64:]
+    if not seen_class:
+        return None, "not a torch.distributed.checkpoint Metadata pickle"
+    files = {n.decode("ascii"): 0 for n in sorted(names)}
+    return {"entries": None, "tensors": None, "objects": None, "tensor_bytes": None, "key_groups": {},
+            "dtypes": {}, "files": files, "version": None, "mode": f"names only ({size} bytes)"}, None
 
 
 def _key_group(key: str) -> str:
@@ -540,9 +570,10 @@ class IterationInfo:
         if self.shard_files:
             d["shard_files"] = len(self.shard_files)
         if self.missing_shards:
-            d["missing_shards"] = self.missing_shards
+            d["missing_shards"] = self.missing_shards[:MAX_LISTED]
+            d["missing_shard_count"] = len(self.missing_shards)
         if self.short_shards:
-            d["short_shards"] = self.short_shards
+            d["short_shards"] = self.short_shards[:MAX_LISTED]
         if self.dcp is not None:
             d["dcp_metadata"] = {k: v for k, v in self.dcp.items() if k != "files"}
         if self.train_state is not None:
@@ -761,6 +792,17 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
                     break
         iterations = sorted(iter_dirs, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0))
         tracker, tracked = _read_trackers(path, entries, findings)
+        if not tracker:
+            ints = [i for i in iterations if isinstance(i, int)]
+            newest = max(ints) if ints else None
+            findings.append(Finding(
+                "MFSDP-CKPT-NO-TRACKER", "error", path,
+                f"no {TRACKER_TRAIN_STATE} or {TRACKER_TXT}: loading this root, Bridge finds no iteration, prints "
+                "'could not find the metadata file' and starts from random initialisation",
+                (f"point checkpoint.load at {os.path.join(path, _iter_name(newest))} (an iteration folder loads "
+                 f"directly), or set checkpoint.ckpt_step={newest}" if newest is not None else
+                 "point checkpoint.load at an iteration folder")
+                + "; checkpoint.exit_on_missing_checkpoint=true makes a missing checkpoint fatal instead of silent"))
         if tracked is not None and tracked not in iter_dirs:
             name = "release" if tracked == RELEASE_DIR else f"iter_{tracked:07d}"
             have = [i for i in iterations if isinstance(i, int)]
@@ -856,11 +898,11 @@ def _judge_iteration(info: IterationInfo, findings: list[Finding], fallback: int
         markers = [m for m in ITERATION_MARKERS if m in info.entries]
         findings.append(Finding(
             "MFSDP-CKPT-NO-PAYLOAD", "error", name,
-            f"iteration folder holds no checkpoint payload (found: {', '.join(info.entries) or 'nothing'}; "
+            f"iteration folder holds no checkpoint payload (found: {_names(info.entries) or 'nothing'}; "
             f"no {MCORE_DIST_CONFIG}, {DCP_METADATA} + *.distcp, HF weights or mp_rank_XX/)"
             + ("; Bridge raises 'Unknown checkpoint format' on it" if markers else ""),
             f"the save was interrupted or the files were not copied: re-save, or {earlier}",
-            {"entries": info.entries}))
+            {"entries": info.entries[:MAX_LISTED], "entry_count": len(info.entries)}))
         return
     if not info.payload:
         what = {"torch_dist": f"{DCP_METADATA} and *.distcp shards", "fsdp_dtensor": "*.distcp shards",
@@ -868,20 +910,21 @@ def _judge_iteration(info: IterationInfo, findings: list[Finding], fallback: int
         findings.append(Finding(
             "MFSDP-CKPT-NO-PAYLOAD", "error", name,
             f"{info.format} metadata is present but the payload ({what}) is missing"
-            + (f": {', '.join(info.missing_shards[:4])}" if info.missing_shards else ""),
+            + (f": {_names(info.missing_shards)}" if info.missing_shards else ""),
             f"the save was interrupted or only metadata was copied: copy the shard files too, or {earlier}",
-            {"missing": info.missing_shards}))
+            {"missing": info.missing_shards[:MAX_LISTED], "missing_count": len(info.missing_shards)}))
     elif info.missing_shards or info.short_shards:
         parts = []
         if info.missing_shards:
-            parts.append(f"missing {len(info.missing_shards)}: {', '.join(info.missing_shards[:4])}")
+            parts.append(f"missing {len(info.missing_shards)}: {_names(info.missing_shards, 4)}")
         if info.short_shards:
-            parts.append(f"shorter than {DCP_METADATA} records: {', '.join(info.short_shards[:4])}")
+            parts.append(f"shorter than {DCP_METADATA} records: {_names(info.short_shards, 4)}")
         findings.append(Finding(
             "MFSDP-CKPT-SHARDS-INCOMPLETE", "error", name,
             f"shard files named in {DCP_METADATA} are incomplete ({'; '.join(parts)})",
             "copy the checkpoint again completely (or re-save it); loading would fail reading these shards",
-            {"missing": info.missing_shards, "short": info.short_shards}))
+            {"missing": info.missing_shards[:MAX_LISTED], "short": info.short_shards[:MAX_LISTED],
+             "missing_count": len(info.missing_shards), "short_count": len(info.short_shards)}))
     if info.format == "zarr":
         findings.append(Finding(
             "MFSDP-CKPT-ZARR", "error", name,
@@ -890,6 +933,10 @@ def _judge_iteration(info: IterationInfo, findings: list[Finding], fallback: int
     for p in info.problems:
         findings.append(Finding("MFSDP-CKPT-METADATA-UNREADABLE", "warning", name, p,
                                 "check the file is complete; the tool reads it without executing any pickle"))
+
+
+def _names(items: list[str], limit: int = MAX_LISTED) -> str:
+    return ", ".join(items[:limit]) + (f" ... (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
 def _truthy(v) -> bool:
@@ -961,7 +1008,7 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
             "--ckpt-format fsdp_dtensor"),
         ("fsdp_dtensor", "hf"): (
             f"Bridge: torchrun --nproc_per_node=<gpus> {BRIDGE_MFSDP_CONVERT} export --hf-model {hf_id} "
-            f"--megatron-path {os.path.dirname(os.path.normpath(src)) or src} --hf-path <output_dir> {par} "
+            f"--megatron-path {src} --hf-path <output_dir> {par} "
             "--ckpt-format fsdp_dtensor"),
         ("fsdp_dtensor", "torch_dist"): (
             "no direct tool: export to Hugging Face with Bridge's "

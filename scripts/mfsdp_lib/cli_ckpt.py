@@ -83,9 +83,12 @@ def _header(r: checkpoints.CheckpointReport) -> str:
             lines.append(f"backend:    metadata.json sharded_backend={info.backend}")
         if info.dcp:
             d = info.dcp
-            gib = d["tensor_bytes"] / 2 ** 30
-            lines.append(f"metadata:   {d['tensors']} tensors ({gib:.2f} GiB), {d['objects']} objects; "
-                         f"groups: {', '.join(d['key_groups'])}")
+            if d.get("mode"):
+                lines.append(f"metadata:   {d['mode']}: shard names read, entries not parsed")
+            else:
+                gib = d["tensor_bytes"] / 2 ** 30
+                lines.append(f"metadata:   {d['tensors']} tensors ({gib:.2f} GiB), {d['objects']} objects; "
+                             f"groups: {', '.join(d['key_groups'])}")
             lines.append(f"shards:     {len(d['files'])} named in .metadata, {len(info.shard_files)} on disk")
     if r.config:
         keys = ("checkpoint.ckpt_format", "ddp.use_megatron_fsdp", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2",

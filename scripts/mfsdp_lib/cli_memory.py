@@ -41,7 +41,8 @@ examples:
 EPILOG = """\
 Reading the table: GiB per GPU on the most-loaded rank. 'buffers' are Megatron FSDP's
 (preserved embedding/output copies, all-gather window, reduce-scatter queue); 'total' is
-model state + max(activations + buffers, optimizer-step fp32 gradient copy). 'min DP' is
+model state + the largest of: activations + buffers alive with them, the late reduce-scatter
+queue, the optimizer-step fp32 gradient copy. 'min DP' is
 the smallest data-parallel size at which that strategy fits (-: never, by this model).
 Not counted: CUDA context, NCCL, fragmentation and workspaces - keep 5-10% headroom.
 Details and OOM triage: references/memory.md.

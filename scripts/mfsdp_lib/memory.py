@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
@@ -104,12 +105,13 @@ ADAM_STATES = 2  # exp_avg and exp_avg_sq (optimizer 'adam', the Bridge default)
 FSDP_MIN_COMM_UNIT = 1_000_000_000
 FSDP_DOUBLE_BUFFER_SLOTS = 2  # FixedPoolAllocator(size=UB_BUFFER_NUM=2)
 
-# Megatron-Core DDP (distributed_data_parallel.py): bucket_size default when unset.
+# bucket_size when unset: max(40e6, 1e6 x DP x CP) (megatron/training/models/dist_utils.py,
+# distributed/distributed_data_parallel.py), so buckets grow with DP.
 DDP_MIN_BUCKET = 40_000_000
 DDP_BUCKET_PER_DP_RANK = 1_000_000
 
-# How far ``smallest_dp`` searches; memory is non-increasing in DP, so a bisection is exact.
-MAX_DP_SEARCH = 1 << 20
+# How far ``smallest_dp`` searches (data-parallel sizes beyond this are not built today).
+MAX_DP_SEARCH = 16384
 
 # Built-in shapes: the public Hugging Face ``config.json`` of each model
 # (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
@@ -179,6 +181,16 @@ def dtype_bytes(value, default: int | None = None) -> int | None:
     if name not in DTYPE_BYTES:
         raise ModelError(f"unknown dtype {value!r} (expected one of bf16, fp16, fp32, fp8)")
     return DTYPE_BYTES[name]
+
+
+def _positive(value, name: str, what: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ModelError(f"{name} must be {what}, got {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ModelError(f"{name} must be positive, got {value!r}")
+    return number
 
 
 def _bool(value, default: bool = False) -> bool:
@@ -422,6 +434,7 @@ class Precision:
     """The dtypes and switches that decide bytes per parameter, read from the config."""
 
     param_bytes: int = 2  # bf16 (model.bf16) / fp16; 4 when neither
+    param_dtype: str = "bf16"
     ddp_grad_bytes: int = 4  # ddp.grad_reduce_in_fp32 (Megatron-Core DDP and distopt only)
     fsdp_grad_bytes: int = 2  # ddp.megatron_fsdp_main_grads_dtype, None = param dtype
     fsdp_main_bytes: int = 4  # ddp.megatron_fsdp_main_params_dtype, None = no main weights
@@ -435,28 +448,60 @@ class Precision:
     fsdp_double_buffer: bool = False  # ddp.fsdp_double_buffer (or nccl_ub, max-pool double buffer)
     suggested_communication_unit_size: int | None = None
     bucket_size: int | None = None  # ddp.bucket_size
+    # model.init_model_with_meta_device / use_cpu_initialization: when both are off, the model
+    # is first built whole (its TP/PP shard) on the GPU and only then wrapped and sharded.
+    built_on_gpu: bool = True
+
+
+def _mixed_precision(cfg: Mapping | None) -> dict:
+    """What ``mixed_precision`` forces: Bridge's ``MixedPrecisionConfig.setup`` copies its
+    ``bf16``/``fp16``/``grad_reduce_in_fp32`` onto the model, optimizer and DDP configs, so it
+    wins over them. A recipe name (``bf16_mixed``, ``fp16_with_fp8_..._mixed``) stands for
+    that recipe: the bf16 ones reduce gradients in fp32, the fp16 ones do not
+    (``training/mixed_precision.py``)."""
+    mp = _get(cfg, "mixed_precision")
+    if isinstance(mp, str):
+        name = mp.lower()
+        fp16 = name.startswith("fp16")
+        return {"bf16": "bf16" in name, "fp16": fp16, "grad_reduce_in_fp32": not fp16}
+    if isinstance(mp, Mapping):
+        return {k: _bool(mp[k]) for k in ("bf16", "fp16", "grad_reduce_in_fp32") if mp.get(k) is not None}
+    return {}
+
+
+def _fraction(value, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ModelError(f"{name} must be a number in [0, 1], got {value!r}") from None
+    if not 0.0 <= number <= 1.0:
+        raise ModelError(f"{name} must be in [0, 1], got {value!r}")
+    return number
 
 
 def precision_from_config(cfg: Mapping | None) -> Precision:
-    fp16 = _bool(_first(cfg, ("model.fp16", "mixed_precision.fp16", "optimizer.fp16")), False)
-    bf16 = _bool(_first(cfg, ("model.bf16", "mixed_precision.bf16", "optimizer.bf16")), not fp16)
+    mp = _mixed_precision(cfg)
+    fp16 = mp.get("fp16", _bool(_first(cfg, ("model.fp16", "optimizer.fp16")), False))
+    # Said nowhere: bf16, as every Bridge pretraining recipe sets (mixed_precision="bf16_mixed").
+    bf16 = mp.get("bf16", _bool(_first(cfg, ("model.bf16", "optimizer.bf16")), not fp16))
     pbytes = 2 if (bf16 or fp16) else 4
-    # Bridge's bf16_mixed recipe (training/mixed_precision.py) sets grad_reduce_in_fp32=True.
-    grad_fp32 = _bool(_first(cfg, ("ddp.grad_reduce_in_fp32", "mixed_precision.grad_reduce_in_fp32")), True)
+    # MixedPrecisionConfig's default (and bf16_mixed's) is grad_reduce_in_fp32=True.
+    grad_fp32 = mp.get("grad_reduce_in_fp32", _bool(_get(cfg, "ddp.grad_reduce_in_fp32"), True))
     fsdp_grad = dtype_bytes(_get(cfg, "ddp.megatron_fsdp_main_grads_dtype"), pbytes)
-    main_raw = _get(cfg, "ddp", {}).get("megatron_fsdp_main_params_dtype", "float32") if isinstance(
-        _get(cfg, "ddp"), Mapping) else "float32"
-    fsdp_main = dtype_bytes(main_raw, 0) if main_raw is not None else 0
+    ddp = _get(cfg, "ddp")
+    ddp = ddp if isinstance(ddp, Mapping) else {}
+    # Absent: the fp32 default. An explicit null: no main weights, the compute weights are optimized.
+    fsdp_main = dtype_bytes(ddp.get("megatron_fsdp_main_params_dtype", "float32"), 0)
     precision_aware = _bool(_get(cfg, "optimizer.use_precision_aware_optimizer"), False)
     offload = 0.0
     if _bool(_get(cfg, "optimizer.optimizer_cpu_offload"), False):
-        offload = float(_get(cfg, "optimizer.optimizer_offload_fraction", 0.0) or 0.0)
-        if not 0.0 <= offload <= 1.0:
-            raise ModelError(f"optimizer.optimizer_offload_fraction must be in [0, 1], got {offload}")
+        key = "optimizer.optimizer_offload_fraction"
+        offload = _fraction(_get(cfg, key, 0.0), key)
     unit = _get(cfg, "ddp.suggested_communication_unit_size")
     bucket = _get(cfg, "ddp.bucket_size")
     return Precision(
         param_bytes=pbytes,
+        param_dtype="fp16" if fp16 else ("bf16" if bf16 else "fp32"),
         ddp_grad_bytes=FP32 if grad_fp32 else pbytes,
         fsdp_grad_bytes=fsdp_grad,
         fsdp_main_bytes=fsdp_main,
@@ -472,6 +517,8 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
         suggested_communication_unit_size=_int(unit, "ddp.suggested_communication_unit_size")
         if unit is not None else None,
         bucket_size=_int(bucket, "ddp.bucket_size") if bucket is not None else None,
+        built_on_gpu=not any(_bool(_get(cfg, k)) for k in (
+            "model.init_model_with_meta_device", "model.use_cpu_initialization")),
     )
 
 
@@ -490,6 +537,7 @@ class StrategyMemory:
     buffers_at_peak: float = 0.0  # alive with the activation peak (start of backward)
     buffers_late: float = 0.0  # largest later in backward, when activations are mostly freed
     step_transient: float = 0.0  # fp32 gradient copy made for the optimizer step
+    init_peak: float = 0.0  # while the model is built unsharded on the GPU, before wrapping
     notes: tuple[str, ...] = ()
 
     @property
@@ -497,7 +545,9 @@ class StrategyMemory:
         return self.params + self.grads + self.optimizer + self.buffers_persistent
 
     def total(self, activations: float) -> float:
-        return self.model_state + max(activations + self.buffers_at_peak, self.buffers_late, self.step_transient)
+        training = self.model_state + max(activations + self.buffers_at_peak, self.buffers_late,
+                                          self.step_transient)
+        return max(training, self.init_peak)
 
     def buffers(self, activations: float) -> float:
         """FSDP buffer bytes at the moment that decides the total."""
@@ -533,23 +583,29 @@ def _rs_queue_peak(buckets: list[float], capacity: float) -> float:
     reduce-scatter queue; before a bucket is queued, the oldest are freed while the
     queue holds more than ``capacity`` elements (``wait_for_previous_grad_reduce``).
     """
-    queue: list[float] = []
-    peak = 0.0
+    queue: deque[float] = deque()
+    queued = peak = 0.0
     for size in buckets:
-        peak = max(peak, sum(queue) + size)  # this bucket accumulating, older ones queued
-        while queue and sum(queue) > capacity:
-            queue.pop(0)
+        peak = max(peak, queued + size)  # this bucket accumulating, older ones queued
+        while queue and queued > capacity:
+            queued -= queue.popleft()
         queue.append(size)
-        peak = max(peak, sum(queue))
+        queued += size
+        peak = max(peak, queued)
     return peak
 
 
-def _buckets(total: float, bucket: int) -> list[float]:
-    """``total`` elements cut into gradient buckets of ``bucket`` elements."""
+def _buckets(total: float, bucket: int, capacity: float) -> list[float]:
+    """``total`` elements cut into gradient buckets of ``bucket`` elements.
+
+    A run of equal buckets reaches the queue's steady state after ``capacity / bucket + 1``
+    of them, so longer runs are cut short: the peak is the same, and it stays cheap.
+    """
     if total <= 0:
         return []
     n = int(total // bucket)
     rest = total - n * bucket
+    n = min(n, int(capacity // bucket) + 3)
     return [float(bucket)] * n + ([rest] if rest > 0 else [])
 
 
@@ -589,8 +645,12 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
                          (master + moments) * held * keep)
     if p.fsdp_main_bytes and not p.precision_aware and p.fsdp_grad_bytes != p.fsdp_main_bytes:
         mem.step_transient = p.fsdp_main_bytes * held  # update_main_grads: grad.to(main dtype)
+    if p.built_on_gpu and w_sharded:
+        # megatron_fsdp copies each parameter into its buffer and frees the original as it goes:
+        # the peak is the unsharded model plus the current group (ParamAndGradBuffer init).
+        mem.init_peak = p.param_bytes * (full + counts.gpu_unit)
     g = p.fsdp_comm_grad_bytes
-    bucket = p.bucket_size or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp)
+    bucket = p.bucket_size or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
     if w_sharded and counts.gpu_unit > 0:
         unit, layers = counts.gpu_unit, counts.layers_on_gpu
         capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, int(2 * unit))
@@ -605,7 +665,7 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
             notes.append("fsdp_double_buffer: two persistent layer-sized pools, for weights and for grads")
         else:
             ag_units = min(layers, 1 + math.ceil((capacity // 2) / unit))
-            rs = _rs_queue_peak([first] + [unit] * layers + [rest], capacity)
+            rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
             mem.buffers_at_peak = p.param_bytes * ag_units * unit + g * (first + unit)
             mem.buffers_late = p.param_bytes * ag_units * unit + g * rs
             notes.append(f"all-gather window: {ag_units} layer(s); reduce-scatter queue: up to "
@@ -616,7 +676,7 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
         capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, bucket)
         # A parameter larger than a bucket gets one of its own: output layer first, embedding last.
         first, rest = counts.gpu_first_grads, counts.gpu_non_unit - counts.gpu_first_grads
-        grads_in_backward = [first] + _buckets(full - first - rest, bucket) + [rest]
+        grads_in_backward = [first] + _buckets(full - first - rest, bucket, capacity) + [rest]
         rs = _rs_queue_peak([x for x in grads_in_backward if x > 0], capacity)
         first = max(first, grads_in_backward[1] if len(grads_in_backward) > 2 else 0.0)
         mem.buffers_at_peak = g * first
@@ -657,7 +717,7 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     """
     s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
     sbh = s * b * h
-    ffn_term = (6 if shape.gated_linear_unit else 4) * _ffn_ratio(shape, a)
+    ffn_term = (6 if shape.gated_linear_unit else 4) * _ffn_ratio(shape)
     sp = a.sequence_parallel and tp > 1
     if sp:
         per_layer = sbh * (18 + ffn_term) / tp
@@ -703,12 +763,12 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     return total / cp
 
 
-MEGATRON_NO_SP_OVERHEAD = 1.05
+MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
-ATTN_BACKENDS = {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}  # compute_activation_memory_without_sp: "5% overhead"
+ATTN_BACKENDS = {1: "flash", 2: "fused", 3: "unfused", 4: "local", 5: "auto"}
 
 
-def _ffn_ratio(shape: Shape, a: ActivationSettings) -> float:
+def _ffn_ratio(shape: Shape) -> float:
     """Average FFN width over hidden per layer, routed experts counted top-k times (as Bridge does)."""
     pattern = shape.moe_layers()
     moe_width = (shape.moe_ffn_hidden_size or shape.ffn) * shape.moe_router_topk + (
@@ -825,7 +885,7 @@ class Estimate:
 
 def _counts_from_params(params: float, par: Parallel) -> Counts:
     per_gpu = params / (par.tp * par.pp)
-    return Counts(total=int(params), embedding=0, output_layer=0, layer_dense=[], layer_experts=[],
+    return Counts(total=int(round(params)), embedding=0, output_layer=0, layer_dense=[], layer_experts=[],
                   final_norm=0, gpu_dense=per_gpu, gpu_experts=0.0, gpu_non_unit=0.0, gpu_unit=0.0,
                   gpu_first_grads=0.0, layers_on_gpu=0, padded_vocab=0)
 
@@ -843,12 +903,7 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
     if model is not None:
         shape, source = builtin_shape(str(model)), f"built-in shape {builtin_shape(str(model)).name}"
     elif params is not None:
-        try:
-            n = float(params)
-        except (TypeError, ValueError):
-            raise ModelError(f"--params must be a number of parameters (e.g. 8.03e9), got {params!r}") from None
-        if not math.isfinite(n) or n <= 0:
-            raise ModelError(f"--params must be positive, got {params!r}")
+        params = _positive(params, "--params", "a number of parameters (e.g. 8.03e9)")
         shape, source = None, "--params"
         notes.append("--params gives no shape: activations and Megatron FSDP buffers are not estimated")
     elif isinstance(_get(cfg, "model"), Mapping):
@@ -862,6 +917,9 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
     else:
         counts = _counts_from_params(float(params), par)
     precision = precision_from_config(cfg)
+    if precision.param_bytes == FP32:
+        notes.append("the config enables neither bf16 nor fp16 (model.bf16, mixed_precision): fp32 training "
+                     "assumed; if your recipe sets mixed_precision, add model.bf16=true")
     act = activations = None
     if shape is not None:
         act = activation_settings(cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp)
@@ -874,23 +932,27 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
 def smallest_dp(est: Estimate, strategy: str, gpu_mem_gib: float) -> int | None:
     """Smallest data-parallel size at which ``strategy`` fits in ``gpu_mem_gib`` (None: never).
 
-    Memory never grows with DP, so a bisection over 1..MAX_DP_SEARCH is exact.
+    Every term but one shrinks or stays as DP grows, so a bisection is exact. The exception
+    is ``optim_grads``: its gradient buckets (``max(40e6, 1e6 x DP x CP)`` elements) grow
+    with DP, and so does its reduce-scatter queue; it is scanned upwards instead.
     """
     limit = gpu_mem_gib * GIB
     act = est.activations or 0.0
     par = est.parallel
 
-    def total(dp: int) -> float:
+    def fits(dp: int) -> bool:
         row = strategy_memory(strategy, est.counts, est.precision, dp=dp, cp=par.cp, tp=par.tp, ep=par.ep,
                               etp=par.etp)
-        return row.total(act)
+        return row.total(act) <= limit
 
-    if total(MAX_DP_SEARCH) > limit:
+    if strategy == "optim_grads":
+        return next((dp for dp in range(1, MAX_DP_SEARCH + 1) if fits(dp)), None)
+    if not fits(MAX_DP_SEARCH):
         return None
     lo, hi = 1, MAX_DP_SEARCH
     while lo < hi:
         mid = (lo + hi) // 2
-        if total(mid) <= limit:
+        if fits(mid):
             hi = mid
         else:
             lo = mid + 1
@@ -901,16 +963,17 @@ def _gib(x: float | None) -> float | None:
     return None if x is None else round(x / GIB, 3)
 
 
-def _dtype_name(nbytes: int) -> str:
-    return {4: "fp32", 2: "bf16/fp16", 1: "fp8"}.get(nbytes, f"{nbytes} bytes")
+def _dtype_name(nbytes: int, half: str = "bf16") -> str:
+    return {4: "fp32", 2: half, 1: "fp8"}.get(nbytes, f"{nbytes} bytes")
 
 
 def assumptions(est: Estimate) -> dict:
     p, a = est.precision, est.activation
+    half = "fp16" if p.param_dtype == "fp16" else "bf16"
     out = {
-        "params_dtype": _dtype_name(p.param_bytes),
-        "ddp_distopt_grad_dtype": f"{_dtype_name(p.ddp_grad_bytes)} (ddp.grad_reduce_in_fp32)",
-        "fsdp_grad_dtype": f"{_dtype_name(p.fsdp_grad_bytes)} (ddp.megatron_fsdp_main_grads_dtype; "
+        "params_dtype": p.param_dtype,
+        "ddp_distopt_grad_dtype": f"{_dtype_name(p.ddp_grad_bytes, half)} (ddp.grad_reduce_in_fp32)",
+        "fsdp_grad_dtype": f"{_dtype_name(p.fsdp_grad_bytes, half)} (ddp.megatron_fsdp_main_grads_dtype; "
                            "Megatron FSDP does not read grad_reduce_in_fp32)",
         "fsdp_main_params_dtype": _dtype_name(p.fsdp_main_bytes) if p.fsdp_main_bytes else "none",
         "optimizer": ("adam, precision-aware (TE FusedAdam): main "
@@ -922,10 +985,12 @@ def assumptions(est: Estimate) -> dict:
                            "(experts: DP x CP x TP / (EP x ETP))",
         "gpu": "most-loaded rank: first pipeline stage, embedding included",
         "model_state": "params + grads + optimizer + persistent Megatron FSDP buffers (preserved "
-                       "embedding/output copies, double buffers); compare with torch.cuda.memory_allocated() "
-                       "after an optimizer step and zero_grad, before the next forward",
+                       "embedding/output copies, double buffers); memory_allocated() between steps is "
+                       "after_step = model state + the optimizer-step fp32 gradient copy, freed only when "
+                       "the next step zeroes gradients",
         "total": "model state + max(activations + buffers alive at the activation peak, "
-                 "later reduce-scatter queue, optimizer-step fp32 gradient copy)",
+                 "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
+                 "peak when larger (optim_grads_params without init_model_with_meta_device)",
         "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated), allocator "
                        "fragmentation, cuBLAS/TE workspaces (~0.1-0.5 GiB): keep 5-10% headroom",
         "sources": [
@@ -945,6 +1010,7 @@ def assumptions(est: Estimate) -> dict:
             "num_microbatches": a.num_microbatches,
             "sequence_parallel": a.sequence_parallel and est.parallel.tp > 1,
             "recompute": a.recompute_granularity or "none (flash attention: no s^2 score matrix stored)",
+            "cpu_offloaded_activation_layers": a.offload_layers,
             "activation_formula": "Megatron-LM compute_activation_memory" + (
                 "" if a.sequence_parallel and est.parallel.tp > 1 else "_without_sp")
             + (" with gated-linear-unit FC1 width" if est.shape and est.shape.gated_linear_unit else ""),
@@ -960,23 +1026,25 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
 
     ``{"model", "parallelism", "gpu_mem_gib", "strategies": [{"name", "params_gib",
     "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib", "fits",
-    "model_state_gib", "step_transient_gib", "smallest_dp_that_fits", "configured",
-    "notes"}], "assumptions": {...}}``. ``fits`` and ``smallest_dp_that_fits`` are
+    "model_state_gib", "step_transient_gib", "init_peak_gib", "after_step_gib",
+    "smallest_dp_that_fits", "configured", "notes"}], "assumptions": {...}}``.
+    ``after_step_gib`` (model state + step copy) is what ``torch.cuda.memory_allocated()``
+    shows between training steps: Bridge's ``train_step`` zeroes gradients (and drops the
+    copy) only when the next step starts. ``fits`` and ``smallest_dp_that_fits`` are
     None without ``gpu_mem_gib``. Raises ``ModelError`` (a ValueError) for bad input.
     """
     if gpu_mem_gib is not None:
-        try:
-            gpu_mem_gib = float(gpu_mem_gib)
-        except (TypeError, ValueError):
-            raise ModelError(f"--gpu-mem-gib must be a number, got {gpu_mem_gib!r}") from None
-        if not math.isfinite(gpu_mem_gib) or gpu_mem_gib <= 0:
-            raise ModelError(f"--gpu-mem-gib must be positive, got {gpu_mem_gib!r}")
+        gpu_mem_gib = _positive(gpu_mem_gib, "--gpu-mem-gib", "a number of GiB")
     est = estimate(cfg, params=params, model=model, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, strategies=strategies,
                    seq_length=seq_length, micro_batch_size=micro_batch_size)
     act = est.activations
     rows = []
     for name, row in est.rows.items():
         total = row.total(act or 0.0)
+        notes = list(row.notes)
+        if row.init_peak and total == row.init_peak:
+            notes.append("the peak is model construction: the model is built unsharded on each GPU before "
+                         "sharding; model.init_model_with_meta_device=true avoids it")
         rows.append({
             "name": name,
             "params_gib": _gib(row.params),
@@ -988,9 +1056,11 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
             "fits": None if gpu_mem_gib is None else total <= gpu_mem_gib * GIB,
             "model_state_gib": _gib(row.model_state),
             "step_transient_gib": _gib(row.step_transient),
+            "init_peak_gib": _gib(row.init_peak),
+            "after_step_gib": _gib(row.model_state + row.step_transient),
             "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
             "configured": name == est.configured,
-            "notes": list(row.notes),
+            "notes": notes,
         })
     shape = est.shape
     return {
@@ -1014,12 +1084,13 @@ def model_state(cfg: Mapping | None = None, **kwargs) -> dict[str, dict[str, flo
     """Model-state bytes per strategy, for comparison with a measured ``memory_allocated()``.
 
     Same arguments as ``report`` (less ``gpu_mem_gib``). Per strategy: ``params``,
-    ``grads``, ``optimizer``, ``buffers_persistent``, ``model_state`` (their sum) and
-    ``step_transient`` (the fp32 gradient copy alive between the optimizer step and
-    ``zero_grad``), all in bytes.
+    ``grads``, ``optimizer``, ``buffers_persistent``, ``model_state`` (their sum),
+    ``step_transient`` (the fp32 gradient copy alive from the optimizer step to the next
+    step's ``zero_grad_buffer``) and ``after_step`` (model state + that copy: what
+    ``memory_allocated()`` reads between steps, e.g. in a Bridge step-end callback), in bytes.
     """
     est = estimate(cfg, **kwargs)
     return {name: {"params": row.params, "grads": row.grads, "optimizer": row.optimizer,
                    "buffers_persistent": row.buffers_persistent, "model_state": row.model_state,
-                   "step_transient": row.step_transient}
+                   "step_transient": row.step_transient, "after_step": row.model_state + row.step_transient}
             for name, row in est.rows.items()}
