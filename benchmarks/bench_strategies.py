@@ -115,9 +115,9 @@ def _row_prediction(pred: dict | None) -> tuple:
     # The measurement is taken right after the optimizer step, so the estimator's step
     # transient (the fp32 gradient copy Megatron FSDP keeps until the next zero_grad) is
     # alive then and belongs in the like-for-like figure.
-    state = row.get("model_state_gib")
-    if state is not None:
-        state = round(state + (row.get("step_transient_gib") or 0.0), 3)
+    state = row.get("after_step_gib")
+    if state is None and row.get("model_state_gib") is not None:
+        state = round(row["model_state_gib"] + (row.get("step_transient_gib") or 0.0), 3)
     return state, row.get("total_gib")
 
 
@@ -164,8 +164,8 @@ def assemble(a, raw: Path) -> Path:
         f"model {a.model}, seq {a.seq_length}, GBS {a.global_batch_size}, MBS {a.micro_batch_size}, bf16, "
         f"{a.iters} iterations per strategy; step time is the median of steps 3..{a.iters} (CUDA-synchronised)",
         "model state (measured) = torch.cuda.memory_allocated() right after each optimizer step (last step shown), "
-        "when activations are freed; the estimate beside it is mfsdp_lib.memory's model_state_gib + "
-        "step_transient_gib for the same config (config_io.load_effective of the run's own to_yaml())",
+        "when activations are freed; the estimate beside it is mfsdp_lib.memory's after_step_gib "
+        "(model state + step transient) for the same config (config_io.load_effective of the run's own to_yaml())",
         "with 1 GPU the data-parallel size is 1: Megatron FSDP shards nothing, so its memory cannot beat DDP's here; "
         "the run shows the cost of the FSDP code path, not its saving",
     ]
