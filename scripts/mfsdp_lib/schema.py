@@ -63,6 +63,7 @@ CKPT_FORMATS = ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor")  # MT_TRAIN 
 NON_PERSISTENT_TYPES = ("global", "local", "in_memory")  # MT_TRAIN Literal
 ASYNC_STRATEGIES = ("nvrx", "mcore")  # MT_TRAIN Literal; asserted in CheckpointConfig.__post_init__
 RECOMPUTE_GRANULARITIES = ("full", "selective")  # MC_TC Literal
+RECOMPUTE_METHODS = ("uniform", "block")  # MC_TC Literal
 TRANSFORMER_IMPLS = ("local", "transformer_engine", "inference_optimized")  # MC_TC Literal
 FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")  # MC_TC fp8_recipe Literal
 DIST_BACKENDS = ("nccl", "gloo")  # MT_COMMON Literal
@@ -143,6 +144,8 @@ FIELDS: dict[str, tuple] = {
     "model.init_model_with_meta_device": (BOOL, False, None, False, f"{B_GPT}: GPTModelProvider"),
     "model.num_layers": (INT, 0, None, False, f"{MC_TC}: TransformerConfig"),
     "model.recompute_granularity": (STR, None, RECOMPUTE_GRANULARITIES, True, f"{MC_TC}: TransformerConfig"),
+    "model.recompute_method": (STR, None, RECOMPUTE_METHODS, True, f"{MC_TC}: TransformerConfig"),
+    "model.recompute_num_layers": (INT, None, None, True, f"{MC_TC}: TransformerConfig"),
     "model.fine_grained_activation_offloading": (BOOL, False, None, False, f"{MC_TC}: TransformerConfig"),
     "model.offload_modules": (LIST, [], None, True, f"{MC_TC}: TransformerConfig"),
     "model.cuda_graph_impl": (STR, "none", CUDA_GRAPH_IMPLS, False, f"{MC_TC}: TransformerConfig"),
