@@ -155,7 +155,7 @@ def parse_value(text: str):
     if _FLOAT.match(t):
         return float(t)
     if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-        return t[1:-1]
+        return re.sub(r"\\(.)", r"\1", t[1:-1])  # Hydra quoted string: backslash escapes the next char
     if t[0] == "[" and t[-1] == "]":
         inner = t[1:-1].strip()
         return [parse_value(x) for x in inner.split(",")] if inner else []

@@ -241,38 +241,37 @@ def apply_to_object(obj, overrides: Mapping[str, object]) -> None:
 
 # --------------------------------------------------------------------------- rendering
 
-def yaml_scalar(value) -> str:
-    """A YAML scalar that parses back to ``value`` (plain when safe, else double-quoted)."""
-    import json
-
-    import yaml
-
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
+def _plain_scalar(value) -> str | None:
+    """null / true / false / numbers, spelt the same in YAML and in Hydra overrides; None for strings."""
+    if value is None or isinstance(value, bool):
+        return rules.fmt(value)
     if isinstance(value, (int, float)):
         return repr(value)
+    return None
+
+
+def yaml_scalar(value) -> str:
+    """A YAML scalar that parses back to ``value`` (plain when safe, else double-quoted)."""
+    import yaml
+
+    plain = _plain_scalar(value)
+    if plain is not None:
+        return plain
     s = str(value)
     try:
         if s and s.strip() == s and "#" not in s and ": " not in s and yaml.safe_load(s) == s:
             return s
     except yaml.YAMLError:
         pass
-    return json.dumps(s)
+    # PyYAML's own double-quoted style: escapes whatever YAML needs escaped, on one line.
+    return yaml.safe_dump(s, default_style='"', width=float("inf"), allow_unicode=True).rstrip("\n")
 
 
 def hydra_value(value) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
+    """A Hydra override value that parses back to ``value`` (quoted when it has special characters)."""
+    plain = _plain_scalar(value)
+    if plain is not None:
+        return plain
     s = str(value)
     if re.match(r"^[A-Za-z0-9_./:@+-]+$", s) and config_io.parse_value(s) == s:
         return s
