@@ -153,11 +153,18 @@ def test_parse_env():
             config_io.parse_env(bad)
 
 
-def test_env_vars_override_and_mixed_precision_field():
-    cfg = config_io.load_effective(None, ["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=1",
-                                          "mixed_precision.fp8_param_gather=true"])
+def test_env_vars_override_and_mixed_precision_field(tmp_path):
+    cfg = config_io.load_effective(None, ["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=1"])
     assert cfg["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == 1
-    assert cfg["mixed_precision"]["fp8_param_gather"] is True and cfg["mixed_precision"]["bf16"] is True
+    with pytest.raises(InputError, match="env_vars"):
+        config_io.load_effective(None, ["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=null"])
+    # a preset name has no fields to override (Bridge holds it as a string)
+    with pytest.raises(InputError, match="preset 'bf16_mixed'"):
+        config_io.load_effective(None, ["mixed_precision.fp8_param_gather=true"])
+    # a mapping does
+    path = _write(tmp_path, "mixed_precision:\n  bf16: true\n")
+    cfg = config_io.load_effective(path, ["mixed_precision.fp8_param_gather=true"])
+    assert cfg["mixed_precision"] == {"bf16": True, "fp8_param_gather": True}
 
 
 def test_get():

@@ -152,3 +152,17 @@ def test_apply_to_object():
     assert cfg.env_vars == {"CUDA_DEVICE_MAX_CONNECTIONS": 32}
     with pytest.raises(InputError, match="no attribute 'use_megatron_fdsp'"):
         enable.apply_to_object(cfg, {"ddp.use_megatron_fdsp": True})
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=30))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_values)
+def test_rendered_values_round_trip(value):
+    """What enable prints (YAML scalar, Hydra value) parses back to the very value it changed."""
+    assert yaml.safe_load(enable.yaml_scalar(value)) == value
+    assert config_io.parse_value(enable.hydra_value(value)) == value

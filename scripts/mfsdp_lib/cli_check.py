@@ -61,7 +61,7 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
         return None, []
     first = items[0]
     if "=" not in first and not os.path.exists(first) and first.split(".", 1)[0] in S.CONTAINER_KEYS:
-        raise InputError(f"{first!r}: no such file; for an override write it as section.key=value "
+        raise config_io._err(f"{first!r}: no such file; for an override write it as section.key=value "
                          f"(e.g. {first}=true)")
     if "=" not in first or os.path.isfile(first):
         rest = items[1:]
@@ -69,7 +69,7 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
         return None, list(items)
     for r in rest:
         if "=" not in r:
-            raise InputError(f"{r!r}: expected section.key=value after CONFIG (only one config file is read)")
+            raise config_io._err(f"{r!r}: expected section.key=value after CONFIG (only one config file is read)")
     return first, rest
 
 

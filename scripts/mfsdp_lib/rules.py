@@ -304,6 +304,39 @@ RULES: list[Rule] = [
          "set optimizer.bf16/optimizer.fp16 equal to model.bf16/model.fp16 (a mixed_precision preset does it)",
          f"{S.B_CFG}: _validate_mixed_precision_consistency: assert 'optimizer.bf16=True must be set when "
          "model.bf16=True and use_precision_aware_optimizer=True.'"),
+    Rule("MFSDP-PRECISION-AWARE-NEEDS-DIST-OPT", "error", "validate",
+         ("optimizer.use_distributed_optimizer", "optimizer.use_precision_aware_optimizer"),
+         lambda e: (bool(e.get("optimizer.use_precision_aware_optimizer"))
+                    and not e.get("optimizer.use_distributed_optimizer")),
+         lambda e: ("optimizer.use_precision_aware_optimizer=true with optimizer.use_distributed_optimizer=false: "
+                    "checked when the optimizer config is finalized, before Megatron FSDP would turn it on."),
+         "optimizer.use_distributed_optimizer=true",
+         f"{S.MC_OPT}: OptimizerConfig.__post_init__ (run by the Bridge optimizer.finalize): "
+         "assert '--use-precision-aware-optimizer only supported with distributed optimizer'"),
+    Rule("MFSDP-PRECISION-AWARE-ADAM", "error", "validate", ("optimizer.optimizer", "optimizer.use_precision_aware_optimizer"),
+         lambda e: bool(e.get("optimizer.use_precision_aware_optimizer")) and e.get("optimizer.optimizer") != "adam",
+         lambda e: f"optimizer.use_precision_aware_optimizer=true with {_v(e, 'optimizer.optimizer')}.",
+         "optimizer.optimizer=adam (or optimizer.use_precision_aware_optimizer=false)",
+         f"{S.MC_OPT}: OptimizerConfig.__post_init__: assert '--use-precision-aware-optimizer only supported with adam'"),
+    Rule("MFSDP-RECOMPUTE-FULL-METHOD", "error", "validate", ("model.recompute_method", "model.recompute_granularity"),
+         lambda e: e.get("model.recompute_granularity") == "full" and e.get("model.recompute_method") is None,
+         lambda e: "model.recompute_granularity=full with model.recompute_method=null.",
+         "model.recompute_method=uniform (or block; with model.recompute_num_layers)",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError "
+         "'recompute_method must be \"block\" or \"uniform\"'"),
+    Rule("MFSDP-RECOMPUTE-FULL-NUM-LAYERS", "error", "validate",
+         ("model.recompute_num_layers", "model.recompute_granularity"),
+         lambda e: e.get("model.recompute_granularity") == "full" and e.get("model.recompute_num_layers") is None,
+         lambda e: "model.recompute_granularity=full with model.recompute_num_layers=null.",
+         "model.recompute_num_layers=1 (between 1 and the layers per pipeline rank)",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError 'recompute_num_layers must be between "
+         "1 and num_layers_per_pipeline_rank'"),
+    Rule("MFSDP-RECOMPUTE-SELECTIVE-NUM-LAYERS", "error", "validate",
+         ("model.recompute_num_layers", "model.recompute_granularity"),
+         lambda e: e.get("model.recompute_granularity") == "selective" and e.get("model.recompute_num_layers") is not None,
+         lambda e: f"model.recompute_granularity=selective with {_v(e, 'model.recompute_num_layers')}.",
+         "model.recompute_num_layers=null",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError 'recompute_num_layers must be None.'"),
     Rule("MFSDP-CPU-OFFLOAD-PP", "error", "validate", ("model.cpu_offloading", "model.pipeline_model_parallel_size"),
          lambda e: bool(e.get("model.cpu_offloading")) and _int_gt(e.get("model.pipeline_model_parallel_size"), 1),
          lambda e: f"model.cpu_offloading=true with {_v(e, 'model.pipeline_model_parallel_size')}.",
@@ -330,6 +363,19 @@ RULES: list[Rule] = [
          "choose one: model.fine_grained_activation_offloading=false or model.cpu_offloading=false",
          f"{S.MC_TC}: TransformerConfig.__post_init__: assert 'fine_grained_activation_offloading cannot be "
          "enabled with cpu_offloading.'"),
+    Rule("MFSDP-FINE-GRAINED-OFFLOAD-MODULES", "error", "validate",
+         ("model.offload_modules", "model.fine_grained_activation_offloading"),
+         lambda e: bool(e.get("model.fine_grained_activation_offloading")) and not e.get("model.offload_modules"),
+         lambda e: (f"model.fine_grained_activation_offloading=true with {_v(e, 'model.offload_modules')}: "
+                    "nothing to offload."),
+         "model.offload_modules=[core_attn,attn_proj] (or model.fine_grained_activation_offloading=false)",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: "
+         "'assert self.offload_modules is not None and len(self.offload_modules) > 0'"),
+    Rule("MFSDP-CPU-OFFLOAD-CUDA-GRAPH", "error", "validate", ("model.cuda_graph_impl", "model.cpu_offloading"),
+         lambda e: bool(e.get("model.cpu_offloading")) and e.get("model.cuda_graph_impl") not in ("none", "full_iteration"),
+         lambda e: f"model.cpu_offloading=true with {_v(e, 'model.cuda_graph_impl')}.",
+         "model.cuda_graph_impl=none (or model.cpu_offloading=false)",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError 'CUDA graphs not supported with CPU offloading.'"),
     Rule("MFSDP-FINE-GRAINED-OFFLOAD-IMPL", "error", "validate",
          ("model.transformer_impl", "model.fine_grained_activation_offloading"),
          lambda e: bool(e.get("model.fine_grained_activation_offloading"))
@@ -575,6 +621,8 @@ DIFFERENTIAL_FIELDS: dict[str, list] = {
     "model.cpu_offloading_num_layers": [0, 1, 1000],
     "model.recompute_granularity": [None, "full", "selective"],
     "model.fine_grained_activation_offloading": [False, True],
+    "model.offload_modules": [None, ["core_attn"]],
+    "optimizer.optimizer": ["adam", "sgd"],
     "mixed_precision": ["bf16_mixed", "fp16_mixed", "bf16_with_mxfp8_mixed"],
 }
 # Environment variables the rules read: name -> candidate values (None = unset). The generator
