@@ -492,7 +492,7 @@ def test_real_run_model_state_explains_measured_allocation(shared_dir):
     measured = float(allocated.group(1)) * 1e9  # Bridge reports GB = 1e9 bytes
     row = m.model_state(cfg)["optim_grads_params"]
     predicted = row["after_step"]
-    assert predicted == row["model_state"] + row["step_transient"]
+    assert predicted == row["model_state"] + row["step_transient"]  # DP=1: nothing gathered after the step
     assert 0 <= measured - predicted < 0.15e9
 
 
@@ -563,3 +563,21 @@ def test_estimate_matches_gpu_benchmark(root):
         measured_peak = max(r["peak_allocated_bytes"] for r in ranks) / GIB
         assert abs(row["after_step_gib"] - measured_state) / measured_state < 0.10, (strategy, row, measured_state)
         assert abs(row["total_gib"] - measured_peak) / measured_peak < 0.15, (strategy, row, measured_peak)
+
+
+def test_layers_gathered_after_the_step(mcore_src):
+    """After the optimizer step, Megatron FSDP's start_param_sync all-gathers the first bucket with
+    prefetch (fsdp_all_gather_in_start_param_sync, default True): between steps, optim_grads_params
+    holds the next forward's layers gathered."""
+    src = (mcore_src / FSDP_PKG / "megatron_fsdp.py").read_text()
+    assert "if self.ddp_config.fsdp_all_gather_in_start_param_sync:" in src
+    opt_src = (mcore_src / "megatron/core/optimizer/distrib_optimizer.py").read_text()
+    assert "model_chunk.start_param_sync()" in opt_src
+    row = rows_for(None, model="llama3-8b", dp=8)["optim_grads_params"]
+    layer = 218_112_000
+    assert row.gathered_after_step == pytest.approx(2 * 3 * layer)  # 500M elements of prefetch: 3 layers
+    assert row.after_step == pytest.approx(row.model_state + row.step_transient + row.gathered_after_step)
+    off = rows_for({"ddp": {"fsdp_all_gather_in_start_param_sync": False}}, model="llama3-8b",
+                   dp=8)["optim_grads_params"]
+    assert off.gathered_after_step == 0
+    assert rows_for(None, model="llama3-8b", dp=1)["optim_grads_params"].gathered_after_step == 0

@@ -456,6 +456,9 @@ class Precision:
     # model.init_model_with_meta_device / use_cpu_initialization: when both are off, the model
     # is first built whole (its TP/PP shard) on the GPU and only then wrapped and sharded.
     built_on_gpu: bool = True
+    # ddp.fsdp_all_gather_in_start_param_sync: after the optimizer step, start_param_sync
+    # all-gathers the first bucket with prefetch, so the next layers are gathered between steps.
+    gather_after_step: bool = True
 
 
 def _mixed_precision(cfg: Mapping | None) -> dict:
@@ -522,6 +525,7 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
         suggested_communication_unit_size=_int(unit, "ddp.suggested_communication_unit_size")
         if unit is not None else None,
         bucket_size=_int(bucket, "ddp.bucket_size") if bucket is not None else None,
+        gather_after_step=_bool(_get(cfg, "ddp.fsdp_all_gather_in_start_param_sync"), True),
         built_on_gpu=not any(_bool(_get(cfg, k)) for k in (
             "model.init_model_with_meta_device", "model.use_cpu_initialization")),
     )
@@ -543,6 +547,7 @@ class StrategyMemory:
     buffers_late: float = 0.0  # largest later in backward, when activations are mostly freed
     step_transient: float = 0.0  # fp32 gradient copy made for the optimizer step
     init_peak: float = 0.0  # while the model is built unsharded on the GPU, before wrapping
+    gathered_after_step: float = 0.0  # layers all-gathered by start_param_sync right after the step
     notes: tuple[str, ...] = ()
 
     @property
@@ -551,8 +556,13 @@ class StrategyMemory:
 
     def total(self, activations: float) -> float:
         training = self.model_state + max(activations + self.buffers_at_peak, self.buffers_late,
-                                          self.step_transient)
+                                          self.after_step - self.model_state)
         return max(training, self.init_peak)
+
+    @property
+    def after_step(self) -> float:
+        """What ``memory_allocated()`` reads between two training steps."""
+        return self.model_state + self.step_transient + self.gathered_after_step
 
     def buffers(self, activations: float) -> float:
         """FSDP buffer bytes at the moment that decides the total."""
@@ -670,6 +680,9 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
             notes.append("fsdp_double_buffer: two persistent layer-sized pools, for weights and for grads")
         else:
             ag_units = min(layers, 1 + math.ceil((capacity // 2) / unit))
+            if p.gather_after_step:
+                # start_param_sync gathers the embedding's (preserved) bucket plus prefetch.
+                mem.gathered_after_step = p.param_bytes * (ag_units - 1) * unit
             rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
             mem.buffers_at_peak = p.param_bytes * ag_units * unit + g * (first + unit)
             mem.buffers_late = p.param_bytes * ag_units * unit + g * rs
@@ -1106,9 +1119,10 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
     "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib", "fits",
     "model_state_gib", "step_transient_gib", "init_peak_gib", "after_step_gib",
     "smallest_dp_that_fits", "configured", "notes"}], "assumptions": {...}}``.
-    ``after_step_gib`` (model state + step copy) is what ``torch.cuda.memory_allocated()``
-    shows between training steps: Bridge's ``train_step`` zeroes gradients (and drops the
-    copy) only when the next step starts. ``fits`` and ``smallest_dp_that_fits`` are
+    ``after_step_gib`` (model state + step copy + the layers ``start_param_sync`` gathers
+    right after the step) is what ``torch.cuda.memory_allocated()`` shows between training
+    steps: Bridge's ``train_step`` zeroes gradients (and drops the copy) only when the next
+    step starts. ``fits`` and ``smallest_dp_that_fits`` are
     None without ``gpu_mem_gib``. Raises ``ModelError`` (a ValueError) for bad input.
     """
     if gpu_mem_gib is not None:
@@ -1135,7 +1149,7 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
             "model_state_gib": _gib(row.model_state),
             "step_transient_gib": _gib(row.step_transient),
             "init_peak_gib": _gib(row.init_peak),
-            "after_step_gib": _gib(row.model_state + row.step_transient),
+            "after_step_gib": _gib(row.after_step),
             "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
             "configured": name == est.configured,
             "notes": notes,
@@ -1164,11 +1178,14 @@ def model_state(cfg: Mapping | None = None, **kwargs) -> dict[str, dict[str, flo
     Same arguments as ``report`` (less ``gpu_mem_gib``). Per strategy: ``params``,
     ``grads``, ``optimizer``, ``buffers_persistent``, ``model_state`` (their sum),
     ``step_transient`` (the fp32 gradient copy alive from the optimizer step to the next
-    step's ``zero_grad_buffer``) and ``after_step`` (model state + that copy: what
-    ``memory_allocated()`` reads between steps, e.g. in a Bridge step-end callback), in bytes.
+    step's ``zero_grad_buffer``), ``gathered_after_step`` (optim_grads_params at DP x CP > 1:
+    the layers ``start_param_sync`` all-gathers for the next forward) and ``after_step``
+    (their sum with the model state: what ``memory_allocated()`` reads between steps, e.g.
+    in a Bridge step-end callback), in bytes.
     """
     est = estimate(cfg, **kwargs)
     return {name: {"params": row.params, "grads": row.grads, "optimizer": row.optimizer,
                    "buffers_persistent": row.buffers_persistent, "model_state": row.model_state,
-                   "step_transient": row.step_transient, "after_step": row.model_state + row.step_transient}
+                   "step_transient": row.step_transient, "gathered_after_step": row.gathered_after_step,
+                   "after_step": row.after_step}
             for name, row in est.rows.items()}
