@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from mfsdp_lib import cli_memory, memory
-
-HAS_CONFIG_IO = importlib.util.find_spec("mfsdp_lib.config_io") is not None
 
 
 def run_json(cli, *args):
@@ -91,15 +88,6 @@ def test_parse_count():
     assert cli_memory.parse_count("1_000M") == 1e9
 
 
-@pytest.mark.skipif(HAS_CONFIG_IO, reason="config_io is present: CONFIG loading is tested below")
-def test_config_without_config_io_is_a_clear_error(cli, tmp_path):
-    path = tmp_path / "run_config.yaml"
-    path.write_text("model:\n  hidden_size: 64\n")
-    proc = cli("memory", str(path))
-    assert proc.returncode == 2 and "config_io" in proc.stderr
-
-
-@pytest.mark.skipif(not HAS_CONFIG_IO, reason="needs mfsdp_lib.config_io (role config)")
 def test_real_run_config(cli, shared_dir):
     path = shared_dir / "fixtures" / "real-h200-run" / "checkpoint_metadata_only" / "iter_0000010" / "run_config.yaml"
     proc, out = run_json(cli, str(path), "--dp", "8")
@@ -108,3 +96,18 @@ def test_real_run_config(cli, shared_dir):
     proc, over = run_json(cli, str(path), "model.seq_length=4096", "--dp", "8")
     assert over["assumptions"]["seq_length"] == 4096
     assert over["strategies"][0]["activations_gib"] > out["strategies"][0]["activations_gib"]
+
+
+def test_overrides_alone_use_the_embedded_recipe(cli):
+    proc, out = run_json(cli, "model.seq_length=4096", "--dp", "8")
+    # config_io's embedded Llama 3 8B recipe as Bridge 0.6.2 ships it trains on mock data with a
+    # NullTokenizer of 32000 and use_tokenizer_vocab_size=True: Bridge's setup replaces the model's
+    # 128256 by 32000, so the recipe's model has 2 x (128256 - 32000) x 4096 fewer parameters.
+    assert out["model"]["params"] == 8_030_261_248 - 2 * (128256 - 32000) * 4096
+    assert out["assumptions"]["seq_length"] == 4096
+    assert [r["name"] for r in out["strategies"] if r["configured"]] == ["distopt"]
+
+
+def test_bad_override_is_one_line(cli):
+    proc = cli("memory", "model.recompute_granularity=fulll")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "fulll" in proc.stderr

@@ -106,11 +106,8 @@ def load_config(path: str | None, overrides: list[str]):
     """The effective config via config_io, or None when neither a file nor overrides were given."""
     if path is None and not overrides:
         return None
-    try:
-        from . import config_io
-    except ImportError:  # config_io not merged yet: the model still works from --model/--params
-        raise InputError("reading a CONFIG needs mfsdp_lib.config_io, which this copy lacks; "
-                         "use --model NAME or --params N") from None
+    from . import config_io  # imports yaml: only when there is a config to read
+
     return config_io.load_effective(path, overrides)
 
 

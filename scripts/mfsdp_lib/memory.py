@@ -987,9 +987,11 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
     elif isinstance(_get(cfg, "model"), Mapping):
         model_section = dict(_get(cfg, "model"))
         tokenizer_vocab = _get(cfg, "tokenizer.vocab_size")
-        if tokenizer_vocab is not None and (model_section.get("vocab_size") is None
-                                            or _bool(_get(cfg, "tokenizer.use_tokenizer_vocab_size"))):
-            # Bridge's setup (_validate_and_set_vocab_size): the tokenizer's size, padded.
+        null_tokenizer = _get(cfg, "tokenizer.tokenizer_type") == "NullTokenizer"
+        if tokenizer_vocab is not None and (model_section.get("vocab_size") is None or (
+                null_tokenizer and _bool(_get(cfg, "tokenizer.use_tokenizer_vocab_size")))):
+            # Bridge's setup (_validate_and_set_vocab_size): the tokenizer's size, padded. Only a
+            # NullTokenizer's size is known from the config; another tokenizer's comes from its files.
             model_section.update(vocab_size=tokenizer_vocab, should_pad_vocab=True)
             notes.append("model.vocab_size from tokenizer.vocab_size, padded as Bridge's setup does")
         shape, source = shape_from_config(model_section), "config model section"
