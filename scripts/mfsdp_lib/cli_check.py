@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from . import config_io, rules
+from . import schema as S
 from .findings import InputError, exit_code, render_json, render_text
 
 DESCRIPTION = """\
@@ -59,13 +60,16 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     if not items:
         return None, []
     first = items[0]
+    if "=" not in first and not os.path.exists(first) and first.split(".", 1)[0] in S.CONTAINER_KEYS:
+        raise config_io._err(f"{first!r}: no such file; for an override write it as section.key=value "
+                         f"(e.g. {first}=true)")
     if "=" not in first or os.path.isfile(first):
         rest = items[1:]
     else:
         return None, list(items)
     for r in rest:
         if "=" not in r:
-            raise InputError(f"{r!r}: expected section.key=value after CONFIG (only one config file is read)")
+            raise config_io._err(f"{r!r}: expected section.key=value after CONFIG (only one config file is read)")
     return first, rest
 
 

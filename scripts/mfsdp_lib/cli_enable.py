@@ -11,8 +11,8 @@ The report of changes goes to stderr when the result is on stdout, so
 
 Live mode (``--recipe NAME``) needs an importable Megatron-Bridge (an NVIDIA
 container): it builds the real recipe, applies the same overrides to the real
-``ConfigContainer``, runs the real ``validate()`` and reports any disagreement with
-our rule table. Importability is detected from the installed distribution's metadata,
+``ConfigContainer``, runs the real ``runtime_config_update()`` (which ends in
+``validate()``) and reports any disagreement with our rule table. Importability is detected from the installed distribution's metadata,
 without importing anything, so the offline path stays fast.
 """
 
@@ -101,12 +101,12 @@ def run(args) -> int:
         return _run_live(args)
     path, overrides = split_items(args.items)
     if args.in_place and path is None:
-        raise InputError("--in-place needs a CONFIG file to rewrite")
+        raise config_io._err("--in-place needs a CONFIG file to rewrite")
     if args.in_place and args.output:
-        raise InputError("use either --in-place or -o OUT, not both")
+        raise config_io._err("use either --in-place or -o OUT, not both")
     if args.output and os.path.exists(args.output) and not args.force and not (
             path and os.path.abspath(args.output) == os.path.abspath(path) and args.in_place):
-        raise InputError(f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o")
+        raise config_io._err(f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o")
 
     data, name = config_io.load_file_data(path)
     text = config_io.read_text(path) if path else open(config_io.EMBEDDED_DEFAULT, encoding="utf-8").read()
@@ -183,21 +183,21 @@ def _find_recipe(name: str):
             if fn is not None:
                 break
     if fn is None or not callable(fn):
-        raise InputError(f"--recipe {name}: no such recipe function in megatron.bridge.recipes")
+        raise config_io._err(f"--recipe {name}: no such recipe function in megatron.bridge.recipes")
     return fn
 
 
 def _run_live(args) -> int:
     version = _bridge_installed()
     if version is None:
-        raise InputError("--recipe needs Megatron-Bridge installed (an NVIDIA NeMo container); "
+        raise config_io._err("--recipe needs Megatron-Bridge installed (an NVIDIA NeMo container); "
                          "it is not, so use CONFIG/--emit offline instead")
     try:
         import tempfile
 
-        from megatron.bridge.training.config import runtime_config_update  # noqa: F401
+        from megatron.bridge.training.config import runtime_config_update
     except Exception as exc:  # installed but not importable (no CUDA / TE)
-        raise InputError(f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
+        raise config_io._err(f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
     _, overrides = split_items(args.items)
     cfg_obj = _find_recipe(args.recipe)()
@@ -216,7 +216,8 @@ def _run_live(args) -> int:
     ours = rules.evaluate(enable.apply(eff, changes), env, None)
     bridge_error = None
     try:
-        cfg_obj.validate()
+        # The real path a training job takes: env_vars with setdefault, mixed precision, DP size, validate().
+        runtime_config_update(cfg_obj)
     except Exception as exc:
         bridge_error = f"{type(exc).__name__}: {exc}"
     findings = list(ours)

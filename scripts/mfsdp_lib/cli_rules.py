@@ -110,7 +110,7 @@ def run(args) -> int:
 
             u = sorted(unknown)[0]
             close = difflib.get_close_matches(u, [d["rule"] for d in table], n=1)
-            raise InputError(f"unknown rule '{u}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise config_io._err(f"unknown rule '{u}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
         table = [d for d in table if d["rule"] in wanted]
     if args.format == "json":
         json.dump({"rules": table}, sys.stdout, indent=2)

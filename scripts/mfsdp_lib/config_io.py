@@ -59,54 +59,69 @@ _FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$|^[+-]?(inf|nan)
 
 _embedded_cache: dict | None = None
 
+# Characters Python's str.splitlines() breaks on (and other controls): an error message is
+# printed as ONE stderr line, so user text echoed into it must not contain them.
+_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+
+
+def one_line(text: str) -> str:
+    return _BREAKS.sub(" ", str(text)).strip()
+
+
+def _err(msg: str) -> InputError:
+    """An InputError whose message is guaranteed to be a single line."""
+    return InputError(one_line(msg))
+
 
 # --------------------------------------------------------------------------- reading
 
 def read_text(path: str) -> str:
     """The file's text, or InputError naming what is wrong with it."""
+    if "\x00" in path:
+        raise _err(f"{path!r}: not a valid file name (contains a NUL byte)")
     if os.path.isdir(path):
-        raise InputError(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
+        raise _err(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
     try:
         size = os.path.getsize(path)
         if size > MAX_FILE_BYTES:
-            raise InputError(f"{path}: {size} bytes is too large for a config file")
+            raise _err(f"{path}: {size} bytes is too large for a config file")
         with open(path, "rb") as fh:
             data = fh.read()
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+        raise _err(f"{path}: no such file") from None
     except PermissionError:
-        raise InputError(f"{path}: permission denied") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise _err(f"{path}: permission denied") from None
+    except (OSError, ValueError) as exc:
+        raise _err(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); is this a YAML file?") from None
+        raise _err(f"{path}: not UTF-8 text (byte {exc.start}); is this a YAML file?") from None
 
 
 def parse_yaml(text: str, name: str) -> dict:
     """Parse YAML text into a mapping; InputError with the line for syntax errors."""
     if "\x00" in text:
-        raise InputError(f"{name}: contains NUL bytes; not a YAML file")
+        raise _err(f"{name}: contains NUL bytes; not a YAML file")
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         what = (exc.problem or exc.context or "syntax error").strip()
-        raise InputError(f"{name}: YAML syntax error at {where}: {what}") from None
+        raise _err(f"{name}: YAML syntax error at {where}: {what}") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise _err(f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     except (RecursionError, ValueError, OverflowError) as exc:
-        raise InputError(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
+        raise _err(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InputError(f"{name}: the top level must be a mapping of sections (ddp:, checkpoint:, ...), "
+        raise _err(f"{name}: the top level must be a mapping of sections (ddp:, checkpoint:, ...), "
                          f"found a {_yaml_type(data)}")
     for k in data:
         if not isinstance(k, str):
-            raise InputError(f"{name}: top-level key {k!r} is not a section name")
+            raise _err(f"{name}: top-level key {k!r} is not a section name")
     return data
 
 
@@ -140,7 +155,7 @@ def parse_value(text: str):
     if _FLOAT.match(t):
         return float(t)
     if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-        return t[1:-1]
+        return re.sub(r"\\(.)", r"\1", t[1:-1])  # Hydra quoted string: backslash escapes the next char
     if t[0] == "[" and t[-1] == "]":
         inner = t[1:-1].strip()
         return [parse_value(x) for x in inner.split(",")] if inner else []
@@ -150,12 +165,12 @@ def parse_value(text: str):
 def parse_override(item: str) -> tuple[str, object]:
     """``section.key=value`` (also ``+section.key=value`` / ``++...``) -> (dotted path, value)."""
     if not isinstance(item, str) or "=" not in item:
-        raise InputError(f"override {item!r}: expected section.key=value (e.g. ddp.use_megatron_fsdp=true)")
+        raise _err(f"override {item!r}: expected section.key=value (e.g. ddp.use_megatron_fsdp=true)")
     path, _, value = item.partition("=")
     path = path.strip().lstrip("+")
     parts = path.split(".")
     if not path or not all(_KEY.match(p) for p in parts):
-        raise InputError(f"override {item!r}: '{path}' is not a dotted key like ddp.use_megatron_fsdp")
+        raise _err(f"override {item!r}: '{path}' is not a dotted key like ddp.use_megatron_fsdp")
     return path, parse_value(value)
 
 
@@ -165,7 +180,7 @@ def parse_env(items: Sequence[str]) -> dict:
     for item in items or ():
         name, sep, value = str(item).partition("=")
         if not sep or not _ENV_NAME.match(name):
-            raise InputError(f"--env {item!r}: expected NAME=VALUE (e.g. --env CUDA_DEVICE_MAX_CONNECTIONS=32)")
+            raise _err(f"--env {item!r}: expected NAME=VALUE (e.g. --env CUDA_DEVICE_MAX_CONNECTIONS=32)")
         out[name] = value
     return out
 
@@ -209,7 +224,7 @@ def coerce(path: str, value, where: str = ""):
     if value is None:
         if nullable or path in S.REQUIRED:
             return None
-        raise InputError(f"{loc}{path}=null is not allowed: expected {_article(typ)}")
+        raise _err(f"{loc}{path}=null is not allowed: expected {_article(typ)}")
     bad = f"{loc}{path}={value!r}: expected {_article(typ)}"
     if typ == S.BOOL:
         if isinstance(value, bool):
@@ -224,37 +239,41 @@ def coerce(path: str, value, where: str = ""):
                 return True
             if s.lower() in _FALSE:
                 return False
-        raise InputError(f"{bad} (true/false, yes/no, on/off or an integer)")
+        raise _err(f"{bad} (true/false, yes/no, on/off or an integer)")
     if typ == S.INT:
         if isinstance(value, bool):
-            raise InputError(f"{bad}, found a bool")
+            raise _err(f"{bad}, found a bool")
         if isinstance(value, int):
             return value
         if isinstance(value, str) and _INT.match(value.strip()):
             return int(value.strip())
-        raise InputError(f"{bad}, found {_yaml_type(value)} {value!r}")
+        raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
     if typ == S.FLOAT:
         if isinstance(value, bool):
-            raise InputError(f"{bad}, found a bool")
+            raise _err(f"{bad}, found a bool")
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str) and _FLOAT.match(value.strip()):
             return float(value.strip())
-        raise InputError(f"{bad}, found {_yaml_type(value)} {value!r}")
+        raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
     if typ == S.STR:
         if isinstance(value, (dict, list)):
-            raise InputError(f"{bad}, found a {_yaml_type(value)}")
+            raise _err(f"{bad}, found a {_yaml_type(value)}")
         if isinstance(value, bool):  # OmegaConf's StringNode stores str(True) == "True"
             value = str(value)
         elif not isinstance(value, str):
             value = str(value)
         if choices is not None and value not in choices:
-            raise InputError(f"{loc}{path}={value!r} is not one of {', '.join(choices)}"
+            raise _err(f"{loc}{path}={value!r} is not one of {', '.join(choices)}"
                              f"{_did_you_mean(value, choices)}; Bridge would accept it silently and fail later")
+        return value
+    if typ == S.LIST:
+        if not isinstance(value, list):
+            raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
         return value
     if typ == S.DICT:
         if not isinstance(value, dict):
-            raise InputError(f"{bad}, found a {_yaml_type(value)}")
+            raise _err(f"{bad}, found a {_yaml_type(value)}")
         return value
     return value
 
@@ -262,12 +281,12 @@ def coerce(path: str, value, where: str = ""):
 def _check_env_vars(value, where: str) -> None:
     loc = f"{where}: " if where else ""
     if not isinstance(value, dict):
-        raise InputError(f"{loc}env_vars must be a mapping NAME: value, found a {_yaml_type(value)}")
+        raise _err(f"{loc}env_vars must be a mapping NAME: value, found a {_yaml_type(value)}")
     for name, v in value.items():
         if not isinstance(name, str) or not name:
-            raise InputError(f"{loc}env_vars: variable names must be non-empty strings, found {name!r}")
+            raise _err(f"{loc}env_vars: variable names must be non-empty strings, found {name!r}")
         if not isinstance(v, (str, int, float, bool)):
-            raise InputError(f"{loc}env_vars.{name}: must be a scalar, found a {_yaml_type(v)} "
+            raise _err(f"{loc}env_vars.{name}: must be a scalar, found a {_yaml_type(v)} "
                              "(Bridge's apply_environment_variables raises TypeError)")
 
 
@@ -293,7 +312,7 @@ def validate_section(section: str, value, where: str):
     """Check and coerce one top-level section of a file; returns the coerced value."""
     loc = f"{where}: " if where else ""
     if section not in S.CONTAINER_KEYS and section != "_target_":
-        raise InputError(f"{loc}unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}; "
+        raise _err(f"{loc}unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}; "
                          f"sections are {', '.join(sorted(S.CONTAINER_KEYS))}")
     if section == "_target_":
         return value
@@ -306,27 +325,27 @@ def validate_section(section: str, value, where: str):
             return None
         if isinstance(value, str):
             if value not in S.MIXED_PRECISION_PRESETS:
-                raise InputError(f"{loc}mixed_precision={value!r} is not a Bridge preset"
+                raise _err(f"{loc}mixed_precision={value!r} is not a Bridge preset"
                                  f"{_did_you_mean(value, S.MIXED_PRECISION_PRESETS)} (Bridge raises ValueError "
                                  "'Unknown mixed-precision recipe')")
             return value
         if not isinstance(value, dict):
-            raise InputError(f"{loc}mixed_precision must be a preset name or a mapping, found a {_yaml_type(value)}")
+            raise _err(f"{loc}mixed_precision must be a preset name or a mapping, found a {_yaml_type(value)}")
     if value is None:
         if section in ("ddp", "dist", "checkpoint", "train", "model", "optimizer"):
-            raise InputError(f"{loc}section '{section}' is null; Bridge needs it (give a mapping or leave it out)")
+            raise _err(f"{loc}section '{section}' is null; Bridge needs it (give a mapping or leave it out)")
         return None
     if not isinstance(value, dict):
         if any(p.startswith(section + ".") for p in S.FIELDS) or section in ("ddp", "dist", "checkpoint"):
-            raise InputError(f"{loc}section '{section}' must be a mapping of keys, found a {_yaml_type(value)}")
+            raise _err(f"{loc}section '{section}' must be a mapping of keys, found a {_yaml_type(value)}")
         return value
     known = _known_keys(section, value)
     out = {}
     for key, v in value.items():
         if not isinstance(key, str):
-            raise InputError(f"{loc}{section}: key {key!r} is not a field name")
+            raise _err(f"{loc}{section}: key {key!r} is not a field name")
         if known is not None and key not in known:
-            raise InputError(f"{loc}unknown key '{section}.{key}'{_did_you_mean(key, known)}")
+            raise _err(f"{loc}unknown key '{section}.{key}'{_did_you_mean(key, known)}")
         out[key] = coerce(f"{section}.{key}", v, where)
     return out
 
@@ -339,27 +358,29 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         cfg[section] = validate_section(section, value, where)
         return
     if section not in S.CONTAINER_KEYS:
-        raise InputError(f"{where} {path}: unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}")
+        raise _err(f"{where} {path}: unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}")
     if section == "env_vars":
         if len(parts) != 2:
-            raise InputError(f"{where} {path}: env_vars takes env_vars.NAME=value")
+            raise _err(f"{where} {path}: env_vars takes env_vars.NAME=value")
         env = dict(cfg.get("env_vars") or {})
-        env[parts[1]] = "" if value is None else value
+        env[parts[1]] = value  # null is refused below, as Bridge's apply_environment_variables does
         _check_env_vars(env, where)
         cfg["env_vars"] = env
         return
     node = cfg.get(section)
     if section == "mixed_precision" and isinstance(node, str):
-        # A preset name becomes its fields so one of them can be changed (as Bridge would after
-        # get_mixed_precision_config); unknown fields still get a did-you-mean below.
-        node = dict(S.MIXED_PRECISION_PRESETS[node])
+        # Bridge holds a preset as a plain string until runtime_config_update(); a Hydra override of
+        # one of its fields fails there too (a string has no keys). Say how to do it instead.
+        raise _err(f"{where} {path}: mixed_precision is the preset '{node}', not a mapping; choose another "
+                   f"preset (mixed_precision=NAME) or write the whole mapping with _target_: "
+                   f"megatron.bridge.training.mixed_precision.MixedPrecisionConfig")
     if node is None:
         if section in ("mixed_precision", "comm_overlap"):
             node = {}
         else:
-            raise InputError(f"{where} {path}: section '{section}' is null in the config")
+            raise _err(f"{where} {path}: section '{section}' is null in the config")
     if not isinstance(node, dict):
-        raise InputError(f"{where} {path}: section '{section}' is a {_yaml_type(node)}, not a mapping")
+        raise _err(f"{where} {path}: section '{section}' is a {_yaml_type(node)}, not a mapping")
     node = dict(node)
     if len(parts) > 2:
         # Deeper keys (model.some_struct.field): navigate existing mappings only.
@@ -367,7 +388,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         for p in parts[1:-1]:
             nxt = cur.get(p)
             if not isinstance(nxt, dict):
-                raise InputError(f"{where} {path}: '{p}' is not a mapping in section '{section}'")
+                raise _err(f"{where} {path}: '{p}' is not a mapping in section '{section}'")
             cur[p] = nxt = dict(nxt)
             cur = nxt
         cur[parts[-1]] = value
@@ -376,7 +397,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
     key = parts[1]
     known = _known_keys(section, node)
     if known is not None and key not in known:
-        raise InputError(f"{where} {path}: unknown key '{section}.{key}'{_did_you_mean(key, known)}")
+        raise _err(f"{where} {path}: unknown key '{section}.{key}'{_did_you_mean(key, known)}")
     node[key] = coerce(path, value, f"{where} {path}".strip())
     cfg[section] = node
 
@@ -444,12 +465,12 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
 
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
-        raise InputError(f"{path}: folder {folder} does not exist")
+        raise _err(f"{path}: folder {folder} does not exist")
     bak = None
     mode = None
     if os.path.exists(path):
         if os.path.isdir(path):
-            raise InputError(f"{path}: is a directory")
+            raise _err(f"{path}: is a directory")
         mode = os.stat(path).st_mode & 0o777
         if backup:
             import shutil
@@ -463,7 +484,7 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     except OSError as exc:
-        raise InputError(f"{path}: cannot write in {folder}: {exc.strerror or exc}") from None
+        raise _err(f"{path}: cannot write in {folder}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -14,8 +14,9 @@ effective config (``config_io.load_effective``) a valid Megatron FSDP config:
    would reject with Megatron FSDP (``fsdp_manual_registration`` without ``nccl_ub``,
    weight-hash checks with full sharding, TP-PP-DP mapping, FSDP2);
 3. a fix-point pass: any error the rule table still reports whose fix is one plain
-   ``key=value`` is applied, so the output passes ``check`` (errors that need a
-   decision, such as parallel sizes, are left and reported).
+   ``key=value`` in the ddp/dist/checkpoint/train plumbing is applied, so the output
+   passes ``check``; errors that need a decision (parallel sizes, offloading,
+   precision) are left and reported, and ``enable`` exits 1.
 
 Applying the plan to YAML edits the user's text in place (``yaml_edit``): only the
 changed values' lines are touched, comments and key order stay. Only when the file
@@ -64,6 +65,11 @@ PERF_OVERRIDES: dict[str, tuple] = {
                                                 "shard (Bridge's perf recipes do this with Megatron FSDP)"),
 }
 
+# Sections whose keys the fix-point pass may change on its own: the distributed and
+# checkpoint plumbing that Megatron FSDP dictates. Model shape, parallel sizes, precision
+# and offloading are trade-offs the user decides; errors there are reported instead.
+FIX_POINT_SECTIONS = ("ddp", "dist", "checkpoint", "train")
+
 # Fix-point pass: at most this many rounds (each round fixes >= 1 error or stops).
 MAX_FIX_ROUNDS = 8
 # A rule's fix that is one plain assignment, optionally followed by "(or ...)" advice.
@@ -100,7 +106,7 @@ def plan(cfg: Mapping, strategy: str = "optim_grads_params", save_dir: str | Non
          perf: bool = False, env: Mapping[str, str] | None = None) -> list[Change]:
     """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied."""
     if strategy not in STRATEGIES:
-        raise InputError(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        raise config_io._err(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     work = _deep_copy(cfg)
     changes: list[Change] = []
 
@@ -169,6 +175,8 @@ def plan(cfg: Mapping, strategy: str = "optim_grads_params", save_dir: str | Non
             if not m:
                 continue
             path, raw = m.group(1), m.group(2)
+            if path.split(".", 1)[0] not in FIX_POINT_SECTIONS:
+                continue  # model / optimizer / precision choices are the user's decision: reported, not made
             if path.startswith("mixed_precision.") and not isinstance(work.get("mixed_precision"), dict):
                 continue  # a preset name: Bridge's own setup keeps it consistent; never half-expand it
             try:
@@ -218,53 +226,52 @@ def apply_to_object(obj, overrides: Mapping[str, object]) -> None:
                 target = target.setdefault(p, {})
                 continue
             if not hasattr(target, p):
-                raise InputError(f"{path}: {type(target).__name__} has no attribute '{p}'")
+                raise config_io._err(f"{path}: {type(target).__name__} has no attribute '{p}'")
             target = getattr(target, p)
             if target is None:
-                raise InputError(f"{path}: '{p}' is None in this config; set it to a config object first")
+                raise config_io._err(f"{path}: '{p}' is None in this config; set it to a config object first")
         last = parts[-1]
         if isinstance(target, dict):
             target[last] = value
         elif not hasattr(target, last):
-            raise InputError(f"{path}: {type(target).__name__} has no attribute '{last}'")
+            raise config_io._err(f"{path}: {type(target).__name__} has no attribute '{last}'")
         else:
             setattr(target, last, value)
 
 
 # --------------------------------------------------------------------------- rendering
 
-def yaml_scalar(value) -> str:
-    """A YAML scalar that parses back to ``value`` (plain when safe, else double-quoted)."""
-    import json
-
-    import yaml
-
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
+def _plain_scalar(value) -> str | None:
+    """null / true / false / numbers, spelt the same in YAML and in Hydra overrides; None for strings."""
+    if value is None or isinstance(value, bool):
+        return rules.fmt(value)
     if isinstance(value, (int, float)):
         return repr(value)
+    return None
+
+
+def yaml_scalar(value) -> str:
+    """A YAML scalar that parses back to ``value`` (plain when safe, else double-quoted)."""
+    import yaml
+
+    plain = _plain_scalar(value)
+    if plain is not None:
+        return plain
     s = str(value)
     try:
         if s and s.strip() == s and "#" not in s and ": " not in s and yaml.safe_load(s) == s:
             return s
     except yaml.YAMLError:
         pass
-    return json.dumps(s)
+    # PyYAML's own double-quoted style: escapes whatever YAML needs escaped, on one line.
+    return yaml.safe_dump(s, default_style='"', width=float("inf"), allow_unicode=True).rstrip("\n")
 
 
 def hydra_value(value) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
+    """A Hydra override value that parses back to ``value`` (quoted when it has special characters)."""
+    plain = _plain_scalar(value)
+    if plain is not None:
+        return plain
     s = str(value)
     if re.match(r"^[A-Za-z0-9_./:@+-]+$", s) and config_io.parse_value(s) == s:
         return s

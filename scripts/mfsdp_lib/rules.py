@@ -266,7 +266,7 @@ RULES: list[Rule] = [
          lambda e: (f"{_v(e, 'ddp.reuse_grad_buf_for_mxfp8_param_ag')} without fp8_param_gather "
                     "(checked when the DDP config is finalized, before Megatron FSDP switches it off)."),
          lambda e: f"{e.origin('ddp.reuse_grad_buf_for_mxfp8_param_ag')}=false",
-         f"{S.MC_DDP}: DistributedDataParallelConfig.__post_init__ (run by Bridge's ddp.finalize): "
+         f"{S.MC_DDP}: DistributedDataParallelConfig.__post_init__ (run by the Bridge ddp.finalize): "
          "assert 'Reuse grad buffer only when keeping params in MXFP8.'"),
     Rule("MFSDP-MXFP8-REUSE-NON-FSDP", "error", "validate",
          ("mixed_precision.reuse_grad_buf_for_mxfp8_param_ag", "dist.use_megatron_fsdp"),
@@ -304,6 +304,39 @@ RULES: list[Rule] = [
          "set optimizer.bf16/optimizer.fp16 equal to model.bf16/model.fp16 (a mixed_precision preset does it)",
          f"{S.B_CFG}: _validate_mixed_precision_consistency: assert 'optimizer.bf16=True must be set when "
          "model.bf16=True and use_precision_aware_optimizer=True.'"),
+    Rule("MFSDP-PRECISION-AWARE-NEEDS-DIST-OPT", "error", "validate",
+         ("optimizer.use_distributed_optimizer", "optimizer.use_precision_aware_optimizer"),
+         lambda e: (bool(e.get("optimizer.use_precision_aware_optimizer"))
+                    and not e.get("optimizer.use_distributed_optimizer")),
+         lambda e: ("optimizer.use_precision_aware_optimizer=true with optimizer.use_distributed_optimizer=false: "
+                    "checked when the optimizer config is finalized, before Megatron FSDP would turn it on."),
+         "optimizer.use_distributed_optimizer=true",
+         f"{S.MC_OPT}: OptimizerConfig.__post_init__ (run by the Bridge optimizer.finalize): "
+         "assert '--use-precision-aware-optimizer only supported with distributed optimizer'"),
+    Rule("MFSDP-PRECISION-AWARE-ADAM", "error", "validate", ("optimizer.optimizer", "optimizer.use_precision_aware_optimizer"),
+         lambda e: bool(e.get("optimizer.use_precision_aware_optimizer")) and e.get("optimizer.optimizer") != "adam",
+         lambda e: f"optimizer.use_precision_aware_optimizer=true with {_v(e, 'optimizer.optimizer')}.",
+         "optimizer.optimizer=adam (or optimizer.use_precision_aware_optimizer=false)",
+         f"{S.MC_OPT}: OptimizerConfig.__post_init__: assert '--use-precision-aware-optimizer only supported with adam'"),
+    Rule("MFSDP-RECOMPUTE-FULL-METHOD", "error", "validate", ("model.recompute_method", "model.recompute_granularity"),
+         lambda e: e.get("model.recompute_granularity") == "full" and e.get("model.recompute_method") is None,
+         lambda e: "model.recompute_granularity=full with model.recompute_method=null.",
+         "model.recompute_method=uniform (or block; with model.recompute_num_layers)",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError "
+         "'recompute_method must be \"block\" or \"uniform\"'"),
+    Rule("MFSDP-RECOMPUTE-FULL-NUM-LAYERS", "error", "validate",
+         ("model.recompute_num_layers", "model.recompute_granularity"),
+         lambda e: e.get("model.recompute_granularity") == "full" and e.get("model.recompute_num_layers") is None,
+         lambda e: "model.recompute_granularity=full with model.recompute_num_layers=null.",
+         "model.recompute_num_layers=1 (between 1 and the layers per pipeline rank)",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError 'recompute_num_layers must be between "
+         "1 and num_layers_per_pipeline_rank'"),
+    Rule("MFSDP-RECOMPUTE-SELECTIVE-NUM-LAYERS", "error", "validate",
+         ("model.recompute_num_layers", "model.recompute_granularity"),
+         lambda e: e.get("model.recompute_granularity") == "selective" and e.get("model.recompute_num_layers") is not None,
+         lambda e: f"model.recompute_granularity=selective with {_v(e, 'model.recompute_num_layers')}.",
+         "model.recompute_num_layers=null",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError 'recompute_num_layers must be None.'"),
     Rule("MFSDP-CPU-OFFLOAD-PP", "error", "validate", ("model.cpu_offloading", "model.pipeline_model_parallel_size"),
          lambda e: bool(e.get("model.cpu_offloading")) and _int_gt(e.get("model.pipeline_model_parallel_size"), 1),
          lambda e: f"model.cpu_offloading=true with {_v(e, 'model.pipeline_model_parallel_size')}.",
@@ -330,6 +363,19 @@ RULES: list[Rule] = [
          "choose one: model.fine_grained_activation_offloading=false or model.cpu_offloading=false",
          f"{S.MC_TC}: TransformerConfig.__post_init__: assert 'fine_grained_activation_offloading cannot be "
          "enabled with cpu_offloading.'"),
+    Rule("MFSDP-FINE-GRAINED-OFFLOAD-MODULES", "error", "validate",
+         ("model.offload_modules", "model.fine_grained_activation_offloading"),
+         lambda e: bool(e.get("model.fine_grained_activation_offloading")) and not e.get("model.offload_modules"),
+         lambda e: (f"model.fine_grained_activation_offloading=true with {_v(e, 'model.offload_modules')}: "
+                    "nothing to offload."),
+         "model.offload_modules=[core_attn,attn_proj] (or model.fine_grained_activation_offloading=false)",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: "
+         "'assert self.offload_modules is not None and len(self.offload_modules) > 0'"),
+    Rule("MFSDP-CPU-OFFLOAD-CUDA-GRAPH", "error", "validate", ("model.cuda_graph_impl", "model.cpu_offloading"),
+         lambda e: bool(e.get("model.cpu_offloading")) and e.get("model.cuda_graph_impl") not in ("none", "full_iteration"),
+         lambda e: f"model.cpu_offloading=true with {_v(e, 'model.cuda_graph_impl')}.",
+         "model.cuda_graph_impl=none (or model.cpu_offloading=false)",
+         f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError 'CUDA graphs not supported with CPU offloading.'"),
     Rule("MFSDP-FINE-GRAINED-OFFLOAD-IMPL", "error", "validate",
          ("model.transformer_impl", "model.fine_grained_activation_offloading"),
          lambda e: bool(e.get("model.fine_grained_activation_offloading"))
@@ -354,7 +400,7 @@ RULES: list[Rule] = [
                     for p, v, c in _bad_enums(e)],
          None, None,
          f"{S.MC_DDP}: DistributedDataParallelConfig.data_parallel_sharding_strategy docstring "
-         "'Valid values are no_shard, optim, optim_grads, optim_grads_params'; Literal types in "
+         "\"Valid values are 'no_shard', 'optim', 'optim_grads', 'optim_grads_params'.\"; Literal types in "
          f"{S.MT_TRAIN} and {S.MC_TC} (Bridge stores any string without checking)"),
     # ------------------------------------------------------------------ runtime: accepted, fails later
     Rule("MFSDP-FSDP2-DDP-FLAG", "error", "runtime", ("dist.use_torch_fsdp2", "ddp.use_megatron_fsdp"),
@@ -387,8 +433,8 @@ RULES: list[Rule] = [
          lambda e: ("dist.use_torch_fsdp2=true: PyTorch FSDP2 is experimental in Bridge; validate() accepts it but "
                     "the job is not expected to train. This skill covers Megatron FSDP."),
          "dist.use_torch_fsdp2=false, then mfsdp.py enable",
-         "megatron/core/distributed/torch_fully_sharded_data_parallel.py: TorchFullyShardedDataParallel "
-         f"(wrapped by {S.B_CFG.replace('training/config.py', 'models/model_provider.py')}: _ddp_wrap)"),
+         f"{S.MT_COMMON}: DistributedInitConfig.use_torch_fsdp2 docstring 'It is still not in a stable release "
+         "stage, and may therefore contain bugs or other potential issues.'"),
     Rule("MFSDP-AVG-IN-COLLECTIVE", "warning", "rewrite", ("ddp.average_in_collective", "ddp.disable_symmetric_registration"),
          lambda e: e.fsdp and bool(e.get("ddp.average_in_collective")) and not e.get("ddp.disable_symmetric_registration"),
          lambda e: "ddp.average_in_collective=true: Bridge turns it off for Megatron FSDP (NCCL symmetric registration).",
@@ -430,14 +476,15 @@ RULES: list[Rule] = [
          lambda e: bool(e.get("ddp.use_custom_fsdp")),
          lambda e: "ddp.use_custom_fsdp=true is deprecated and ignored by Bridge's checks.",
          "ddp.use_custom_fsdp=false, ddp.use_megatron_fsdp=true, dist.use_megatron_fsdp=true",
-         f"{S.MC_DDP}: DistributedDataParallelConfig.use_custom_fsdp docstring 'deprecated ... use use_megatron_fsdp'"),
+         f"{S.MC_DDP}: DistributedDataParallelConfig.use_custom_fsdp docstring 'The flag `use_custom_fsdp` is "
+         "deprecated and will be removed in future versions.'"),
     # ------------------------------------------------------------------ info: what Bridge will change
     Rule("MFSDP-FLAGS-SYNC", "info", "rewrite", ("dist.use_megatron_fsdp", "ddp.use_megatron_fsdp"),
          lambda e: bool(e.get("dist.use_megatron_fsdp")) != bool(e.get("ddp.use_megatron_fsdp")),
          lambda e: (f"dist.use_megatron_fsdp={fmt(e.get('dist.use_megatron_fsdp'))} and ddp.use_megatron_fsdp="
                     f"{fmt(e.get('ddp.use_megatron_fsdp'))} differ; Bridge turns both on."),
          "dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true",
-         f"{_FSDP_CFG}: 'self.dist.use_megatron_fsdp = True; self.ddp.use_megatron_fsdp = True'"),
+         f"{_FSDP_CFG}: 'self.dist.use_megatron_fsdp = True' / 'self.ddp.use_megatron_fsdp = True'"),
     Rule("MFSDP-DIST-OPT-FORCED", "info", "rewrite", ("ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer"),
          lambda e: e.fsdp and not (e.get("ddp.use_distributed_optimizer") and e.get("optimizer.use_distributed_optimizer")),
          lambda e: (f"{_v(e, 'ddp.use_distributed_optimizer')}, {_v(e, 'optimizer.use_distributed_optimizer')}: "
@@ -574,6 +621,8 @@ DIFFERENTIAL_FIELDS: dict[str, list] = {
     "model.cpu_offloading_num_layers": [0, 1, 1000],
     "model.recompute_granularity": [None, "full", "selective"],
     "model.fine_grained_activation_offloading": [False, True],
+    "model.offload_modules": [None, ["core_attn"]],
+    "optimizer.optimizer": ["adam", "sgd"],
     "mixed_precision": ["bf16_mixed", "fp16_mixed", "bf16_with_mxfp8_mixed"],
 }
 # Environment variables the rules read: name -> candidate values (None = unset). The generator

@@ -52,10 +52,10 @@ SECTION_CLASSES = {
 FACTORY = "<computed at construction>"
 
 # Field record: (type, default, choices, nullable). ``type`` is one of
-# bool / int / float / str / dict / any. ``choices`` is a tuple for enums (Literal in
+# bool / int / float / str / dict / list / any. ``choices`` is a tuple for enums (Literal in
 # the source, or a docstring-listed set that the code compares against), else None.
 # ``nullable`` says whether None (YAML null) is a legal value.
-BOOL, INT, FLOAT, STR, DICT, ANY = "bool", "int", "float", "str", "dict", "any"
+BOOL, INT, FLOAT, STR, DICT, LIST, ANY = "bool", "int", "float", "str", "dict", "list", "any"
 
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")  # MC_DDP docstring; megatron_fsdp
 OUTER_SHARDING_STRATEGIES = ("no_shard", "optim")  # MC_DDP outer_dp_sharding_strategy docstring
@@ -63,9 +63,11 @@ CKPT_FORMATS = ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor")  # MT_TRAIN 
 NON_PERSISTENT_TYPES = ("global", "local", "in_memory")  # MT_TRAIN Literal
 ASYNC_STRATEGIES = ("nvrx", "mcore")  # MT_TRAIN Literal; asserted in CheckpointConfig.__post_init__
 RECOMPUTE_GRANULARITIES = ("full", "selective")  # MC_TC Literal
+RECOMPUTE_METHODS = ("uniform", "block")  # MC_TC Literal
 TRANSFORMER_IMPLS = ("local", "transformer_engine", "inference_optimized")  # MC_TC Literal
 FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")  # MC_TC fp8_recipe Literal
 DIST_BACKENDS = ("nccl", "gloo")  # MT_COMMON Literal
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")  # MC_TC Literal
 
 # path -> (type, default, choices, nullable, defining class "file: Class")
 FIELDS: dict[str, tuple] = {
@@ -103,6 +105,7 @@ FIELDS: dict[str, tuple] = {
     "ddp.bucket_size": (INT, None, None, True, f"{MC_DDP}: DistributedDataParallelConfig"),
     # --- optimizer: Megatron-Core OptimizerConfig ---
     "optimizer.use_distributed_optimizer": (BOOL, False, None, False, f"{MC_OPT}: OptimizerConfig"),
+    "optimizer.optimizer": (STR, "adam", None, False, f"{MC_OPT}: OptimizerConfig"),
     "optimizer.use_precision_aware_optimizer": (BOOL, False, None, False, f"{MC_OPT}: OptimizerConfig"),
     "optimizer.reuse_grad_buf_for_mxfp8_param_ag": (BOOL, False, None, False, f"{MC_OPT}: OptimizerConfig"),
     "optimizer.overlap_param_gather": (BOOL, False, None, False, f"{MC_OPT}: OptimizerConfig"),
@@ -141,7 +144,11 @@ FIELDS: dict[str, tuple] = {
     "model.init_model_with_meta_device": (BOOL, False, None, False, f"{B_GPT}: GPTModelProvider"),
     "model.num_layers": (INT, 0, None, False, f"{MC_TC}: TransformerConfig"),
     "model.recompute_granularity": (STR, None, RECOMPUTE_GRANULARITIES, True, f"{MC_TC}: TransformerConfig"),
+    "model.recompute_method": (STR, None, RECOMPUTE_METHODS, True, f"{MC_TC}: TransformerConfig"),
+    "model.recompute_num_layers": (INT, None, None, True, f"{MC_TC}: TransformerConfig"),
     "model.fine_grained_activation_offloading": (BOOL, False, None, False, f"{MC_TC}: TransformerConfig"),
+    "model.offload_modules": (LIST, [], None, True, f"{MC_TC}: TransformerConfig"),
+    "model.cuda_graph_impl": (STR, "none", CUDA_GRAPH_IMPLS, False, f"{MC_TC}: TransformerConfig"),
     "model.transformer_impl": (STR, "transformer_engine", TRANSFORMER_IMPLS, False, f"{MC_TC}: TransformerConfig"),
     "model.seq_length": (INT, 1024, None, False, f"{B_GPT}: GPTModelProvider"),
     # --- top-level ConfigContainer fields ---

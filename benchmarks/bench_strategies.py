@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Benchmark DDP, the distributed optimizer and Megatron FSDP on one machine, in one run.
+
+Why: "is Megatron FSDP worth it for my job?" is answered by numbers taken on the
+same machine, model and batch: step time, tokens/s and per-rank peak memory for
+each strategy, with the memory estimator's prediction beside each measurement so
+the estimator is checked against reality in the same table.
+
+How: every strategy is its own ``torchrun`` job of ``scripts/smoke_train.py`` (a
+fresh process, so peak-memory counters and the CUDA caching allocator start
+clean), on a Llama 3.2 1B-shaped model by default (16 layers, hidden 2048), where
+model state (bf16 weights, fp32 gradients, fp32 master weights and Adam moments)
+dominates memory. Step time is the median over the steps after the first two.
+
+Two phases, so the GPU is needed only for the first:
+
+* ``--run`` (on the GPU machine): runs the jobs and keeps each job's rank records
+  and log under ``--raw-dir``;
+* ``--assemble`` (anywhere): turns the raw records into
+  ``benchmarks/results/gpu_strategies_<tag>.json`` in the shape BENCHMARK.md is
+  generated from, adding ``mfsdp_lib.memory``'s prediction for each row. Without
+  ``--assemble``/``--run`` both phases run.
+
+    python3 benchmarks/bench_strategies.py --nproc-per-node 1 --tag 1xh200
+    python3 benchmarks/bench_strategies.py --assemble --raw-dir benchmarks/results/raw/gpu_strategies_1xh200
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+STRATEGIES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")
+GIB = 2**30
+COLUMNS = ["strategy", "GPUs", "step time (ms)", "tokens/s", "peak allocated GiB (max rank)",
+           "model state GiB (measured)", "model state + step transient GiB (estimate)", "total GiB (estimate)", "final loss"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[3:]))
+    p.add_argument("--run", action="store_true", help="only run the GPU jobs")
+    p.add_argument("--assemble", action="store_true", help="only build the result JSON from --raw-dir")
+    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--model", default="llama-1b")
+    p.add_argument("--seq-length", type=int, default=2048)
+    p.add_argument("--global-batch-size", type=int, default=8)
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--tag", default="1xh200", help="names the result file gpu_strategies_<tag>.json")
+    p.add_argument("--raw-dir", default=None, help="default benchmarks/results/raw/gpu_strategies_<tag>")
+    p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--machine", default=None, help="words for the machine (default: GPU name and count)")
+    p.add_argument("--timeout", type=int, default=420, help="seconds allowed per strategy job")
+    return p.parse_args(argv)
+
+
+def run_jobs(a, raw: Path, argv: list[str]) -> None:
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / "run.json").write_text(json.dumps({"command": shlex.join(["python3", "benchmarks/bench_strategies.py", *argv])}))
+    for strategy in a.strategies.split(","):
+        out = raw / strategy
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={a.nproc_per_node}",
+               str(SCRIPTS / "smoke_train.py"), "--strategy", strategy, "--model", a.model,
+               "--seq-length", str(a.seq_length), "--global-batch-size", str(a.global_batch_size),
+               "--micro-batch-size", str(a.micro_batch_size), "--iters", str(a.iters), "--out", str(out)]
+        t0 = time.time()
+        with open(out / "train.log", "w") as log:
+            try:
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        (out / "job.json").write_text(json.dumps({
+            "command": shlex.join(cmd), "exit_code": rc, "wall_s": round(time.time() - t0, 1),
+            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}))
+        print(f"[bench] {strategy}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
+
+
+def _predict(run_config: Path, strategy: str, world: int, seq_length: int, mbs: int) -> dict | None:
+    """The estimator's per-GPU prediction for this run (role memory's ``memory.report``)."""
+    try:
+        from mfsdp_lib import config_io, memory
+    except ImportError:
+        return None
+    try:
+        cfg = config_io.load_effective(str(run_config))
+        if config_io.get(cfg, "model.vocab_size") is None:
+            # to_yaml() ran before setup; Bridge then takes the tokenizer's size (setup.py,
+            # _validate_and_set_vocab_size), as the estimator must too.
+            tok = config_io.get(cfg, "tokenizer.vocab_size")
+            cfg = config_io.load_effective(str(run_config), [f"model.vocab_size={tok}"])
+        return memory.report(cfg, dp=world, strategies=(strategy,), seq_length=seq_length, micro_batch_size=mbs)
+    except Exception as exc:  # an estimator bug must not hide the measurements
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _row_prediction(pred: dict | None) -> tuple:
+    """(model state GiB, total GiB) of the one strategy row, or (None, None)."""
+    if not pred or "error" in pred:
+        return None, None
+    row = pred["strategies"][0]
+    # The measurement is taken right after the optimizer step, so the estimator's step
+    # transient (the fp32 gradient copy Megatron FSDP keeps until the next zero_grad) is
+    # alive then and belongs in the like-for-like figure.
+    state = row.get("after_step_gib")
+    if state is None and row.get("model_state_gib") is not None:
+        state = round(row["model_state_gib"] + (row.get("step_transient_gib") or 0.0), 3)
+    return state, row.get("total_gib")
+
+
+def assemble(a, raw: Path) -> Path:
+    rows, notes, raw_out = [], [], {}
+    machine, command = a.machine, None
+    for strategy in a.strategies.split(","):
+        out = raw / strategy
+        job = json.loads((out / "job.json").read_text()) if (out / "job.json").is_file() else {}
+        command = command or job.get("command")
+        ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+        if not ranks:
+            notes.append(f"{strategy}: no rank record (exit {job.get('exit_code')}); see raw/{raw.name}/{strategy}/train.log")
+            continue
+        r0 = next(r for r in ranks if r.get("rank") == 0)
+        if r0.get("error"):
+            notes.append(f"{strategy}: failed: {r0['error'][:300]}")
+        machine = machine or f"{len(ranks)}x {r0.get('device')}"
+        pred = _predict(out / "run_config.yaml", strategy, r0.get("world_size", 1), a.seq_length,
+                        a.micro_batch_size)
+        est_state, est_total = _row_prediction(pred)
+        step = r0.get("step_time_s_median")
+        rows.append([
+            strategy, r0.get("world_size"), None if step is None else round(step * 1e3, 1),
+            None if r0.get("tokens_per_s") is None else round(r0["tokens_per_s"]),
+            round(max(r.get("peak_allocated_bytes") or 0 for r in ranks) / GIB, 2),
+            None if r0.get("model_state_bytes") is None else round(max(r["model_state_bytes"] for r in ranks) / GIB, 2),
+            est_state, est_total, r0.get("final_loss"),
+        ])
+        raw_out[strategy] = {
+            "exit_code": job.get("exit_code"), "wall_s": job.get("wall_s"), "parameters": r0.get("parameters"),
+            "per_rank_peak_allocated_bytes": {str(r["rank"]): r.get("peak_allocated_bytes") for r in ranks},
+            "per_rank_peak_reserved_bytes": {str(r["rank"]): r.get("peak_reserved_bytes") for r in ranks},
+            "per_rank_model_state_bytes": {str(r["rank"]): r.get("model_state_bytes") for r in ranks},
+            "step_times_s": [s["time_s"] for s in r0.get("steps", [])],
+            "losses": [s["loss"] for s in r0.get("steps", [])],
+            "estimate": pred, "versions": r0.get("versions"),
+        }
+    if not any(r[6] is not None for r in rows):
+        notes.append("no memory estimate beside the measurements: mfsdp_lib.memory was not available when assembled")
+    notes += [
+        f"measured by the command above on the GPU machine; this file assembled with: python3 benchmarks/"
+        f"bench_strategies.py --assemble --raw-dir {os.path.relpath(raw, ROOT)} --tag {a.tag}",
+        f"model {a.model}, seq {a.seq_length}, GBS {a.global_batch_size}, MBS {a.micro_batch_size}, bf16, "
+        f"{a.iters} iterations per strategy; step time is the median of steps 3..{a.iters} (CUDA-synchronised)",
+        "model state (measured) = torch.cuda.memory_allocated() right after each optimizer step (last step shown), "
+        "when activations are freed; the estimate beside it is mfsdp_lib.memory's after_step_gib "
+        "(model state + step transient) for the same config (config_io.load_effective of the run's own to_yaml())",
+        "with 1 GPU the data-parallel size is 1: Megatron FSDP shards nothing, so its memory cannot beat DDP's here; "
+        "the run shows the cost of the FSDP code path, not its saving",
+    ]
+    stamp = _run_date(raw)
+    result = {
+        "benchmark": f"gpu_strategies_{a.tag}",
+        "title": f"DDP vs distributed optimizer vs Megatron FSDP ({a.model}, {machine})",
+        "date": stamp,
+        "machine": machine,
+        "command": _run_command(raw, a),
+        "columns": COLUMNS, "rows": rows, "notes": notes,
+        "raw": {"per_strategy": raw_out, "job_command_example": command, "raw_dir": os.path.relpath(raw, ROOT)},
+    }
+    dest = Path(a.results_dir) / f"gpu_strategies_{a.tag}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, dest)
+    return dest
+
+
+def _run_date(raw: Path) -> str:
+    """When the measuring phase finished: recorded in job.json, else the logs' last Bridge timestamp."""
+    import re
+
+    dates = []
+    for job in raw.rglob("job.json"):
+        finished = json.loads(job.read_text()).get("finished")
+        if finished:
+            dates.append(finished)
+    if dates:
+        return max(dates)
+    for log in raw.rglob("train.log"):
+        dates += re.findall(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration", log.read_text(errors="replace"))
+    if dates:  # Bridge logs UTC wall-clock time
+        return max(dates).replace(" ", "T") + "+00:00"
+    return _dt.datetime.fromtimestamp(max(p.stat().st_mtime for p in raw.rglob("job.json")),
+                                      _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _run_command(raw: Path, a) -> str:
+    """The command line of the measuring phase, as recorded when it ran."""
+    try:
+        return json.loads((raw / "run.json").read_text())["command"]
+    except (OSError, ValueError, KeyError):
+        return (f"python3 benchmarks/bench_strategies.py --nproc-per-node {a.nproc_per_node} --tag {a.tag} "
+                f"--model {a.model} --seq-length {a.seq_length} --iters {a.iters}")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parse_args(argv)
+    raw = Path(a.raw_dir or ROOT / "benchmarks" / "results" / "raw" / f"gpu_strategies_{a.tag}").resolve()
+    if not a.assemble:
+        run_jobs(a, raw, argv)
+    if not a.run:
+        dest = assemble(a, raw)
+        print(f"[bench] wrote {dest}")
+        for row in json.loads(dest.read_text())["rows"]:
+            print("  ", row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""``mfsdp.py enable`` end to end: every emit form passes ``check``; files are never clobbered."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+RUN_CONFIG = "fixtures/real-h200-run/checkpoint_metadata_only/iter_0000010/run_config.yaml"
+CLEAN_ENV = ["--env", "PATH=/usr/bin"]
+
+
+def test_yaml_output_passes_check_and_changes_only_what_it_says(cli, tmp_path, root):
+    out = tmp_path / "fsdp.yaml"
+    p = cli("enable", "-o", str(out), "--save-dir", "/results/ckpt", *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    assert "wrote" in p.stdout and "checkpoint.ckpt_format: torch_dist -> fsdp_dtensor" in p.stdout
+    before = (root / "scripts/data/llama3_8b_pretrain.yaml").read_text().splitlines()
+    after = out.read_text().splitlines()
+    assert len(before) == len(after)  # edited in place: same lines, same order
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(changed) == 7, changed  # 5 minimal + save + load
+    assert cli("check", str(out), *CLEAN_ENV).returncode == 0
+
+
+@pytest.mark.parametrize("emit", ["overrides", "python", "json", "yaml"])
+def test_every_emit_form(cli, emit):
+    p = cli("enable", "--emit", emit, *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    if emit == "overrides":
+        lines = p.stdout.splitlines()
+        assert "ddp.data_parallel_sharding_strategy=optim_grads_params" in lines
+        assert "change(s):" in p.stderr  # report on stderr, result alone on stdout
+        assert cli("check", *lines, *CLEAN_ENV).returncode == 0  # the overrides pass check on the recipe
+    elif emit == "python":
+        assert "cfg.checkpoint.ckpt_format = 'fsdp_dtensor'" in p.stdout
+        compile(p.stdout, "snippet", "exec")
+    elif emit == "json":
+        out = json.loads(p.stdout)
+        assert out["ok"] is True and out["overrides"]["ddp.use_megatron_fsdp"] is True
+        assert all({"path", "old", "new", "why"} <= set(c) for c in out["changes"])
+    else:
+        assert yaml.safe_load(p.stdout)["ddp"]["use_megatron_fsdp"] is True
+
+
+def test_real_run_config_needs_no_change(cli, shared_dir):
+    p = cli("enable", str(shared_dir / RUN_CONFIG), "--emit", "json", *CLEAN_ENV)
+    assert p.returncode == 0
+    assert json.loads(p.stdout)["changes"] == []
+
+
+def test_in_place_keeps_backup_and_user_overrides(cli, tmp_path):
+    cfg = tmp_path / "ovr.yaml"
+    original = "# mine\ntrain:\n  train_iters: 20\ncheckpoint:\n  save: /c\n"
+    cfg.write_text(original)
+    p = cli("enable", str(cfg), "train.global_batch_size=64", "--in-place", *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "ovr.yaml.bak").read_text() == original
+    new = cfg.read_text()
+    assert new.startswith("# mine\ntrain:\n  train_iters: 20\n  global_batch_size: 64\n")
+    data = yaml.safe_load(new)
+    assert data["checkpoint"] == {"save": "/c", "ckpt_format": "fsdp_dtensor"}
+    assert cli("check", str(cfg), *CLEAN_ENV).returncode == 0
+
+
+def test_never_overwrites_without_asking(cli, tmp_path):
+    out = tmp_path / "exists.yaml"
+    out.write_text("keep: me\n")
+    p = cli("enable", "-o", str(out))
+    assert p.returncode == 2 and "--force" in p.stderr and out.read_text() == "keep: me\n"
+    p = cli("enable", "-o", str(out), "--force", *CLEAN_ENV)
+    assert p.returncode == 0 and (tmp_path / "exists.yaml.bak").read_text() == "keep: me\n"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    cli("enable", str(cfg), *CLEAN_ENV)  # no --in-place: CONFIG untouched
+    assert cfg.read_text() == "ddp:\n  use_megatron_fsdp: false\n"
+
+
+def test_in_place_needs_config(cli):
+    p = cli("enable", "--in-place")
+    assert p.returncode == 2 and "needs a CONFIG" in p.stderr
+
+
+def test_unfixable_error_reported_exit_1(cli):
+    p = cli("enable", "model.cpu_offloading=true", "model.pipeline_model_parallel_size=2", "--emit", "overrides",
+            *CLEAN_ENV)
+    assert p.returncode == 1 and "MFSDP-CPU-OFFLOAD-PP" in p.stderr
+
+
+def test_recipe_without_bridge_one_line_exit_2(cli):
+    p = cli("enable", "--recipe", "llama3_8b_pretrain_config")
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "Megatron-Bridge" in p.stderr
+
+
+def test_help_teaches(cli):
+    p = cli("enable", "--help")
+    assert p.returncode == 0 and "examples:" in p.stdout and "--emit overrides" in p.stdout

@@ -1,0 +1,187 @@
+"""config_io: layering, OmegaConf-like coercion, and one-line input errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mfsdp_lib import config_io
+from mfsdp_lib.findings import InputError
+
+RUN_CONFIG = "fixtures/real-h200-run/checkpoint_metadata_only/iter_0000010/run_config.yaml"
+
+
+def _write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_embedded_default_is_the_recipe():
+    cfg = config_io.load_effective(None)
+    assert cfg["ddp"]["use_megatron_fsdp"] is False
+    assert cfg["checkpoint"]["ckpt_format"] == "torch_dist"
+    assert cfg["model"]["context_parallel_size"] == 2
+    assert cfg["mixed_precision"] == "bf16_mixed"
+    assert cfg["env_vars"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_partial_file_layers_over_defaults(tmp_path):
+    path = _write(tmp_path, "ddp:\n  use_megatron_fsdp: true\n")
+    cfg = config_io.load_effective(path)
+    assert cfg["ddp"]["use_megatron_fsdp"] is True
+    assert cfg["ddp"]["data_parallel_sharding_strategy"] == "no_shard"  # Bridge default
+    assert cfg["checkpoint"]["save"] is None and cfg["dist"]["use_gloo_process_groups"] is True
+
+
+def test_overrides_win_over_file(tmp_path):
+    path = _write(tmp_path, "checkpoint:\n  ckpt_format: torch_dist\n")
+    cfg = config_io.load_effective(path, ["checkpoint.ckpt_format=fsdp_dtensor", "checkpoint.save=/tmp/x"])
+    assert cfg["checkpoint"]["ckpt_format"] == "fsdp_dtensor" and cfg["checkpoint"]["save"] == "/tmp/x"
+
+
+def test_real_run_config_loads(shared_dir):
+    cfg = config_io.load_effective(str(shared_dir / RUN_CONFIG))
+    assert cfg["ddp"]["use_megatron_fsdp"] is True
+    assert cfg["ddp"]["data_parallel_sharding_strategy"] == "optim_grads_params"
+    assert cfg["checkpoint"]["ckpt_format"] == "fsdp_dtensor"
+    assert isinstance(cfg["mixed_precision"], dict) and cfg["mixed_precision"]["bf16"] is True
+
+
+@pytest.mark.parametrize("raw,expected", [("True", True), ("yes", True), ("on", True), ("3", True), ("0", False),
+                                          ("false", False), ("No", False), (1, True), (0, False), (True, True)])
+def test_bool_coercion_like_omegaconf(raw, expected):
+    assert config_io.coerce("ddp.use_megatron_fsdp", raw) is expected
+
+
+@pytest.mark.parametrize("raw", ["maybe", 2.5, [1], {"a": 1}, ""])
+def test_bool_rejects(raw):
+    with pytest.raises(InputError, match="ddp.use_megatron_fsdp"):
+        config_io.coerce("ddp.use_megatron_fsdp", raw)
+
+
+def test_int_coercion():
+    assert config_io.coerce("model.num_layers", "4") == 4
+    assert config_io.coerce("model.num_layers", 4) == 4
+    for bad in (2.5, "2.5", True, "four"):
+        with pytest.raises(InputError, match="expected an int"):
+            config_io.coerce("model.num_layers", bad)
+
+
+def test_nullable_and_not():
+    assert config_io.coerce("checkpoint.save", None) is None
+    with pytest.raises(InputError, match="null is not allowed"):
+        config_io.coerce("ddp.use_megatron_fsdp", None)
+
+
+def test_enum_misspelling_did_you_mean():
+    with pytest.raises(InputError) as exc:
+        config_io.load_effective(None, ["ddp.data_parallel_sharding_strategy=optim_grad_params"])
+    msg = str(exc.value)
+    assert "did you mean 'optim_grads_params'" in msg and "\n" not in msg
+
+
+def test_unknown_section_and_key(tmp_path):
+    with pytest.raises(InputError, match="unknown section 'dpp'.*did you mean 'ddp'"):
+        config_io.load_effective(_write(tmp_path, "dpp:\n  use_megatron_fsdp: true\n"))
+    with pytest.raises(InputError, match="unknown key 'ddp.use_megatron_fdsp'.*did you mean 'use_megatron_fsdp'"):
+        config_io.load_effective(None, ["ddp.use_megatron_fdsp=true"])
+    # megatron_fsdp_version is not a field of Megatron-Core 0.19.2's DDP config
+    with pytest.raises(InputError, match="unknown key 'ddp.megatron_fsdp_version'"):
+        config_io.load_effective(None, ["ddp.megatron_fsdp_version=2"])
+
+
+def test_other_model_class_keys_not_rejected(tmp_path):
+    """A section of another class (another _target_) has its own fields; only ours are checked."""
+    path = _write(tmp_path, "model:\n  _target_: some.OtherProvider\n  q_lora_rank: 512\n  cpu_offloading: yes\n")
+    cfg = config_io.load_effective(path)
+    assert cfg["model"]["q_lora_rank"] == 512 and cfg["model"]["cpu_offloading"] is True
+
+
+def test_yaml_syntax_error_has_line(tmp_path):
+    with pytest.raises(InputError, match=r"line 3"):
+        config_io.load_effective(_write(tmp_path, "ddp:\n  a: 1\n b: [\n"))
+
+
+@pytest.mark.parametrize("text,match", [("- a\n- b\n", "top level must be a mapping"),
+                                        ("42\n", "top level must be a mapping"),
+                                        ("ddp: 3\n", "must be a mapping"),
+                                        ("ddp: null\n", "is null"),
+                                        ("env_vars:\n  A: [1]\n", "must be a scalar"),
+                                        ("mixed_precision: bf16_mix\n", "did you mean 'bf16_mixed'")])
+def test_bad_shapes(tmp_path, text, match):
+    with pytest.raises(InputError, match=match):
+        config_io.load_effective(_write(tmp_path, text))
+
+
+def test_empty_file_is_all_defaults(tmp_path):
+    cfg = config_io.load_effective(_write(tmp_path, ""))
+    assert cfg["ddp"]["use_megatron_fsdp"] is False and cfg["checkpoint"]["save"] is None
+
+
+def test_missing_unreadable_binary(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        config_io.load_effective(str(tmp_path / "nope.yaml"))
+    with pytest.raises(InputError, match="is a directory"):
+        config_io.load_effective(str(tmp_path))
+    b = tmp_path / "b.yaml"
+    b.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(InputError, match="not UTF-8"):
+        config_io.load_effective(str(b))
+
+
+@pytest.mark.parametrize("item", ["noequals", "=3", "ddp..x=1", "1ddp.x=2", "ddp.x y=1"])
+def test_malformed_override(item):
+    with pytest.raises(InputError):
+        config_io.parse_override(item)
+
+
+def test_parse_value_hydra_like():
+    assert config_io.parse_value("null") is None
+    assert config_io.parse_value("TRUE") is True
+    assert config_io.parse_value("12") == 12 and config_io.parse_value("1e-4") == 1e-4
+    assert config_io.parse_value("'12'") == "12"
+    assert config_io.parse_value("/a/b:c") == "/a/b:c"
+    assert config_io.parse_value("[1,x]") == [1, "x"]
+
+
+def test_parse_env():
+    assert config_io.parse_env(["A=1", "B=", "C=x=y"]) == {"A": "1", "B": "", "C": "x=y"}
+    for bad in (["A"], ["=1"], ["1A=2"]):
+        with pytest.raises(InputError):
+            config_io.parse_env(bad)
+
+
+def test_env_vars_override_and_mixed_precision_field(tmp_path):
+    cfg = config_io.load_effective(None, ["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=1"])
+    assert cfg["env_vars"]["CUDA_DEVICE_MAX_CONNECTIONS"] == 1
+    with pytest.raises(InputError, match="env_vars"):
+        config_io.load_effective(None, ["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=null"])
+    # a preset name has no fields to override (Bridge holds it as a string)
+    with pytest.raises(InputError, match="preset 'bf16_mixed'"):
+        config_io.load_effective(None, ["mixed_precision.fp8_param_gather=true"])
+    # a mapping does
+    path = _write(tmp_path, "mixed_precision:\n  bf16: true\n")
+    cfg = config_io.load_effective(path, ["mixed_precision.fp8_param_gather=true"])
+    assert cfg["mixed_precision"] == {"bf16": True, "fp8_param_gather": True}
+
+
+def test_get():
+    cfg = {"a": {"b": 1}}
+    assert config_io.get(cfg, "a.b") == 1
+    assert config_io.get(cfg, "a.c", "d") == "d" and config_io.get(cfg, "x.y") is None
+
+
+def test_write_atomic_and_backup(tmp_path):
+    target = tmp_path / "out.yaml"
+    assert config_io.write_atomic(str(target), "a: 1\n") is None
+    os.chmod(target, 0o640)
+    bak = config_io.write_atomic(str(target), "a: 2\n", backup=True)
+    assert target.read_text() == "a: 2\n" and open(bak).read() == "a: 1\n"
+    assert (os.stat(target).st_mode & 0o777) == 0o640
+    bak2 = config_io.write_atomic(str(target), "a: 3\n", backup=True)
+    assert bak2 != bak and open(bak2).read() == "a: 2\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.yaml", "out.yaml.bak", "out.yaml.bak.1"]
+    with pytest.raises(InputError, match="does not exist"):
+        config_io.write_atomic(str(tmp_path / "no" / "x.yaml"), "")

@@ -1,0 +1,168 @@
+"""enable.plan / yaml_edit / apply_to_object: the result passes the rules, and nothing else moves."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from mfsdp_lib import config_io, enable, rules
+from mfsdp_lib.findings import InputError
+
+FIXUP = "fixtures/bridge-0.6.2-recipes/llama3_8b_pretrain_fsdp_fixup.yaml"
+
+
+def _errors(cfg, env=None):
+    return [f.rule for f in rules.evaluate(cfg, env or {}) if f.severity == "error"]
+
+
+def test_minimal_overrides_are_the_five():
+    assert enable.MINIMAL_OVERRIDES == {
+        "dist.use_megatron_fsdp": True, "ddp.use_megatron_fsdp": True,
+        "ddp.data_parallel_sharding_strategy": "optim_grads_params", "ddp.average_in_collective": False,
+        "checkpoint.ckpt_format": "fsdp_dtensor"}
+
+
+def test_plan_on_recipe_reproduces_the_real_fixup(shared_dir):
+    """enable on the recipe with --save-dir gives exactly the fix-up the real Bridge validated."""
+    cfg = config_io.load_effective(None)
+    changes = enable.plan(cfg, save_dir="/workspace/fsdp_ckpts")
+    result = enable.apply(cfg, changes)
+    fixup = config_io.load_effective(str(shared_dir / FIXUP), ["model.context_parallel_size=2"])
+    assert result == fixup
+    assert _errors(result) == []
+
+
+def test_changes_say_from_what_and_why():
+    cfg = config_io.load_effective(None)
+    by_path = {c.path: c for c in enable.plan(cfg)}
+    c = by_path["checkpoint.ckpt_format"]
+    assert (c.old, c.new) == ("torch_dist", "fsdp_dtensor") and "fsdp_dtensor" in c.why
+    assert by_path["checkpoint.load"].new is None and by_path["checkpoint.load"].old.endswith("checkpoints")
+    assert all(c.why for c in by_path.values())
+
+
+def test_plan_is_idempotent():
+    cfg = config_io.load_effective(None)
+    once = enable.apply(cfg, enable.plan(cfg))
+    assert [c.path for c in enable.plan(once)] == []
+
+
+def test_load_kept_when_already_fsdp_dtensor(shared_dir):
+    cfg = config_io.load_effective(str(shared_dir / FIXUP), ["checkpoint.load=/ckpt/fsdp"])
+    assert "checkpoint.load" not in {c.path for c in enable.plan(cfg)}
+
+
+@pytest.mark.parametrize("overrides,expected_path", [
+    (["checkpoint.also_save_hf_checkpoint=true"], "checkpoint.also_save_hf_checkpoint"),
+    (["dist.use_torch_fsdp2=true"], "dist.use_torch_fsdp2"),
+    (["dist.use_tp_pp_dp_mapping=true"], "dist.use_tp_pp_dp_mapping"),
+    (["ddp.fsdp_manual_registration=true"], "ddp.fsdp_manual_registration"),
+    (["ddp.nccl_ub=true"], "ddp.fsdp_double_buffer"),
+    (["train.check_weight_hash_across_dp_replicas_interval=10"], "train.check_weight_hash_across_dp_replicas_interval"),
+    (["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=1"], "env_vars.CUDA_DEVICE_MAX_CONNECTIONS"),
+    (["checkpoint.async_save=true", "checkpoint.use_persistent_ckpt_worker=false"],
+     "checkpoint.use_persistent_ckpt_worker"),  # fixed by the fix-point pass over the rule table
+])
+def test_plan_fixes_what_follows(overrides, expected_path):
+    cfg = config_io.load_effective(None, overrides)
+    changes = enable.plan(cfg)
+    assert expected_path in {c.path for c in changes}
+    assert _errors(enable.apply(cfg, changes)) == []
+
+
+def test_strategy_and_perf():
+    cfg = config_io.load_effective(None)
+    changes = {c.path: c.new for c in enable.plan(cfg, strategy="optim_grads", perf=True)}
+    assert changes["ddp.data_parallel_sharding_strategy"] == "optim_grads"
+    assert changes["model.init_model_with_meta_device"] is True
+    with pytest.raises(InputError):
+        enable.plan(cfg, strategy="optim_grad_params")
+
+
+def test_model_decisions_are_left_to_the_user():
+    """CPU offloading with PP>1: which to give up is the user's call; enable changes neither and the error stays."""
+    cfg = config_io.load_effective(None, ["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2"])
+    changes = enable.plan(cfg)
+    assert not {c.path for c in changes} & {"model.cpu_offloading", "model.pipeline_model_parallel_size"}
+    assert "MFSDP-CPU-OFFLOAD-PP" in _errors(enable.apply(cfg, changes))
+
+
+def test_yaml_edit_keeps_comments_and_order():
+    text = ("# my run\nddp:\n  use_megatron_fsdp: false   # off for now\n  bucket_size: 100\n"
+            "checkpoint:\n  save: /ckpt\n  load: /ckpt\n\ntrain:\n  train_iters: 10\n")
+    data = config_io.parse_yaml(text, "t")
+    cfg = config_io.merge_file(config_io._defaults(), data, "t")
+    changes = enable.plan(cfg)
+    new, in_place = enable.yaml_edit(text, data, changes)
+    assert in_place
+    assert new.startswith("# my run\nddp:\n  use_megatron_fsdp: true   # off for now\n  bucket_size: 100\n")
+    assert "train:\n  train_iters: 10\n" in new
+    parsed = yaml.safe_load(new)
+    assert list(parsed) == ["ddp", "checkpoint", "train", "dist", "optimizer"]  # new sections appended, order kept
+    assert list(parsed["ddp"])[:2] == ["use_megatron_fsdp", "bucket_size"]  # new keys go after existing ones
+    assert parsed["checkpoint"] == {"save": "/ckpt", "load": None, "ckpt_format": "fsdp_dtensor"}
+    assert parsed["dist"] == {"use_megatron_fsdp": True}
+
+
+def test_yaml_edit_falls_back_to_redump_for_flow_style():
+    text = "ddp: {use_megatron_fsdp: false}\n"
+    data = config_io.parse_yaml(text, "t")
+    changes = [enable.Change("ddp.use_megatron_fsdp", False, True, "x")]
+    new, in_place = enable.yaml_edit(text, data, changes)
+    assert not in_place and yaml.safe_load(new) == {"ddp": {"use_megatron_fsdp": True}}
+
+
+def test_yaml_edit_null_section_and_quoting():
+    text = "comm_overlap: null\ncheckpoint:\n  save: null\n"
+    data = config_io.parse_yaml(text, "t")
+    changes = [enable.Change("comm_overlap.defer_embedding_wgrad_compute", None, False, "x"),
+               enable.Change("checkpoint.save", None, "/a b/#c: d", "x")]
+    new, in_place = enable.yaml_edit(text, data, changes)
+    assert in_place
+    assert yaml.safe_load(new) == {"comm_overlap": {"defer_embedding_wgrad_compute": False},
+                                   "checkpoint": {"save": "/a b/#c: d"}}
+
+
+def test_renderers():
+    changes = [enable.Change("ddp.use_megatron_fsdp", False, True, "x"),
+               enable.Change("checkpoint.load", "/a", None, "x"),
+               enable.Change("checkpoint.save", None, "/my ckpt", "x"),
+               enable.Change("env_vars.CUDA_DEVICE_MAX_CONNECTIONS", 1, 32, "x")]
+    assert enable.render_overrides(changes) == ("ddp.use_megatron_fsdp=true\ncheckpoint.load=null\n"
+                                                "checkpoint.save='/my ckpt'\nenv_vars.CUDA_DEVICE_MAX_CONNECTIONS=32\n")
+    py = enable.render_python(changes)
+    assert "cfg.ddp.use_megatron_fsdp = True\n" in py and "cfg.checkpoint.load = None\n" in py
+    assert "cfg.env_vars['CUDA_DEVICE_MAX_CONNECTIONS'] = 32\n" in py
+    # the overrides round-trip through our own parser
+    for line in enable.render_overrides(changes).splitlines():
+        p, v = config_io.parse_override(line)
+        assert {c.path: c.new for c in changes}[p] == v
+
+
+class _Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def test_apply_to_object():
+    cfg = _Obj(ddp=_Obj(use_megatron_fsdp=False), checkpoint=_Obj(ckpt_format="torch_dist"), env_vars={})
+    enable.apply_to_object(cfg, {"ddp.use_megatron_fsdp": True, "checkpoint.ckpt_format": "fsdp_dtensor",
+                                 "env_vars.CUDA_DEVICE_MAX_CONNECTIONS": 32})
+    assert cfg.ddp.use_megatron_fsdp is True and cfg.checkpoint.ckpt_format == "fsdp_dtensor"
+    assert cfg.env_vars == {"CUDA_DEVICE_MAX_CONNECTIONS": 32}
+    with pytest.raises(InputError, match="no attribute 'use_megatron_fdsp'"):
+        enable.apply_to_object(cfg, {"ddp.use_megatron_fdsp": True})
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=30))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_values)
+def test_rendered_values_round_trip(value):
+    """What enable prints (YAML scalar, Hydra value) parses back to the very value it changed."""
+    assert yaml.safe_load(enable.yaml_scalar(value)) == value
+    assert config_io.parse_value(enable.hydra_value(value)) == value
