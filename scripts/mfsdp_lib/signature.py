@@ -340,6 +340,10 @@ def verify(root: pathlib.Path, trust_root: str, signature: str | None = None) ->
         if type(exc).__name__ == "X509StoreContextError":
             raise VerificationError(f"the signing certificate does not chain to the root {root_p} ({text})",
                                     [f"{sig_path.name}: untrusted certificate chain"]) from None
+        if type(exc).__name__ == "InvalidSignature":
+            raise VerificationError("the DSSE signature does not match the signed statement (the bundle's "
+                                    "payload or signature was edited after signing)",
+                                    [f"{sig_path.name}: DSSE signature invalid"]) from None
         raise VerificationError(f"the bundle does not verify: {type(exc).__name__}: {text}",
                                 [f"{sig_path.name}: signature check failed"]) from None
     # Past this point the DSSE signature held (model-signing checks it before hashing), so the statement is
