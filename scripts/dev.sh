@@ -25,7 +25,8 @@ NODE_PREFIX="$ROOT/.cache/node"
 # engines.node >= 22.20.0. Checked to install and run on Node 20.20.
 SKILLS_CLI_VERSION="1.5.18"
 NODE_MIN_MAJOR=18  # engines.node of skills 1.5.18
-TEST_EXTRAS="test,sign,validate"
+DEMO_EXTRAS="run"
+TEST_EXTRAS="run,test,sign,validate"
 
 # Installer telemetry off everywhere (the skills CLI reads either variable).
 export DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
@@ -97,7 +98,7 @@ setup_node() {
 }
 
 cmd_demo() {
-    setup_python ""
+    setup_python "$DEMO_EXTRAS"
     local py="$VENV/bin/python" out="$ROOT/.cache/demo" rc=0
     mkdir -p "$out"
     echo "== 1. check: the bundled Llama 3 8B pretrain config as Bridge builds it =="
@@ -127,7 +128,7 @@ cmd_test() {
 }
 
 cmd_sign() {
-    setup_python "sign"
+    setup_python "run,sign"
     local s="${MFSDP_SIGNING_DIR:-$ROOT/../shared/signing}"
     [ -f "$s/leaf.key.pem" ] || die "no signing key at $s/leaf.key.pem (set MFSDP_SIGNING_DIR)"
     "$VENV/bin/python" scripts/skill_signature.py sign --key "$s/leaf.key.pem" --cert "$s/leaf.crt.pem" \
@@ -136,7 +137,7 @@ cmd_sign() {
 }
 
 cmd_benchmark_md() {
-    setup_python ""
+    setup_python "$DEMO_EXTRAS"
     "$VENV/bin/python" benchmarks/make_report.py "$@"
 }
 
