@@ -129,8 +129,9 @@ cmd_test() {
 
 cmd_sign() {
     setup_python "run,sign"
-    local s="${MFSDP_SIGNING_DIR:-$ROOT/../shared/signing}"
-    [ -f "$s/leaf.key.pem" ] || die "no signing key at $s/leaf.key.pem (set MFSDP_SIGNING_DIR)"
+    # The maintainers' key lives beside the checkout in ../shared/signing and never enters the repo.
+    local s="${MFSDP_SIGNING_DIR:-${MFSDP_SHARED_DIR:-$ROOT/../shared}/signing}"
+    [ -f "$s/leaf.key.pem" ] || die "no signing key at $s/leaf.key.pem (set MFSDP_SIGNING_DIR=folder with leaf.key.pem)"
     "$VENV/bin/python" scripts/skill_signature.py sign --key "$s/leaf.key.pem" --cert "$s/leaf.crt.pem" \
         --chain "$s/ica.crt.pem" --chain "$s/root.crt.pem" "$ROOT"
     "$VENV/bin/python" scripts/skill_signature.py verify --root "$s/root.crt.pem" "$ROOT"

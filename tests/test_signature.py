@@ -287,3 +287,9 @@ def test_committed_signature_matches_the_committed_files():
         sig.verify(ROOT, SHIPPED_ROOT)
     except sig.VerificationError as exc:
         pytest.fail(f"skill.oms.sig does not match the files: {exc}: {'; '.join(exc.problems)}. {resign}")
+
+
+def test_symlinked_file_is_refused_with_its_name(signed_copy, keys):
+    (signed_copy / "scripts" / "link.py").symlink_to(signed_copy / "scripts" / "mfsdp.py")
+    proc = run_tool("verify", "--root", keys["root"], signed_copy)
+    assert proc.returncode == 2 and "scripts/link.py: is a symbolic link" in proc.stderr

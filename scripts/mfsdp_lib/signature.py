@@ -137,8 +137,12 @@ def signed_files(root: pathlib.Path) -> list[str]:
         rel_dir = pathlib.Path(dirpath).relative_to(root).as_posix()
         for name in filenames:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if not _file_is_excluded(rel):
-                out.append(rel)
+            if _file_is_excluded(rel):
+                continue
+            if (pathlib.Path(dirpath) / name).is_symlink():
+                # The installer copies a link's target, so its digest would depend on where it points.
+                raise InputError(f"{rel}: is a symbolic link; the skill must hold real files")
+            out.append(rel)
         # A symlinked folder is listed among dirnames but not followed: sign it as what it is, an error.
         for d in dirnames:
             if (pathlib.Path(dirpath) / d).is_symlink():
