@@ -94,7 +94,9 @@ setup_node() {
         npm install --prefix "$NODE_PREFIX" --no-audit --no-fund --save-exact --loglevel=error \
             "skills@$SKILLS_CLI_VERSION" >/dev/null
     fi
-    export MFSDP_SKILLS_CLI="$NODE_PREFIX/node_modules/.bin/skills"
+    # Tests find the pinned CLI through either variable, or as `skills` on PATH.
+    export MFSDP_SKILLS_CLI="$NODE_PREFIX/node_modules/.bin/skills" SKILLS_CLI="$NODE_PREFIX/node_modules/.bin/skills"
+    export PATH="$NODE_PREFIX/node_modules/.bin:$PATH"
 }
 
 cmd_demo() {

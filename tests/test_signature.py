@@ -200,7 +200,9 @@ def test_every_gitignored_name_is_outside_the_signed_set():
             sample = f"sub/{name.replace('*', 'x')}/file.txt"
         else:
             sample = f"sub/{name.replace('*', 'x')}"
-        assert not sig.is_signed_path(sample), f".gitignore has {pat!r} but {sample} would be signed"
+        assert not sig.is_signed_path(sample), (
+            f".gitignore has {pat!r} but {sample} would be signed: add the name to BUILD_PRODUCT_DIRS or "
+            f"BUILD_PRODUCT_SUFFIXES in scripts/mfsdp_lib/signature.py (names match at any depth)")
 
 
 def test_every_build_product_name_is_gitignored():
