@@ -22,7 +22,8 @@ cd "$ROOT"
 VENV="$ROOT/.venv"
 NODE_PREFIX="$ROOT/.cache/node"
 # The newest `skills` release whose package.json allows Node 20: 1.5.19 and later declare
-# engines.node >= 22.20.0. Checked to install and run on Node 20.20.
+# engines.node >= 22.20.0 (1.5.26 still happens to run a local add on Node 20, with npm's EBADENGINE
+# warning; 1.7.4 fails to start there). Checked to install and run on Node 20.20.
 SKILLS_CLI_VERSION="1.5.18"
 NODE_MIN_MAJOR=18  # engines.node of skills 1.5.18
 DEMO_EXTRAS="run"
