@@ -40,18 +40,17 @@ def test_dev_sh_subcommands_exist():
     assert proc.returncode == 2 and "bash scripts/dev.sh test" in proc.stderr
 
 
-def test_extras_named_in_dev_sh_exist_and_are_pinned():
+def test_extras_used_by_dev_sh_exist_and_are_pinned():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    named = set()
-    for var in ("DEMO_EXTRAS", "TEST_EXTRAS"):
-        m = re.search(rf'^{var}="([^"]*)"', DEV, re.M)
-        assert m, var
-        named |= set(filter(None, m.group(1).split(",")))
-    for literal in re.findall(r'setup_python "([a-z,]+)"', DEV):
+    assert re.search(r'^TEST_EXTRAS="all"$', DEV, re.M)
+    skipped = set(re.search(r'^NOT_FOR_TESTS="([^"]*)"', DEV, re.M).group(1).split(","))
+    named = set(extras) - skipped
+    for literal in re.findall(r'setup_python "([a-z,]+)"', DEV) + [re.search(r'^DEMO_EXTRAS="([^"]*)"', DEV,
+                                                                               re.M).group(1)]:
         named |= set(literal.split(","))
-    assert named <= set(extras), named - set(extras)
-    for name in named:
+    assert {"run", "test", "sign", "validate"} <= named <= set(extras), named - set(extras)
+    for name in named | skipped:
         for req in extras[name]:
             assert "==" in req, f"extra {name}: {req} is not pinned"
 
