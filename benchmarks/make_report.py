@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Generate BENCHMARK.md from the result files under benchmarks/results/.
+
+Every figure in BENCHMARK.md comes from a JSON file that a command in this repository wrote, in the
+project's one result shape::
+
+    {"benchmark": id, "title", "date" (ISO), "machine" (words), "command" (the exact command line),
+     "columns": [...], "rows": [[...], ...], "notes": [...], "raw": {...}}
+
+so nobody types a number into BENCHMARK.md by hand, and each table carries the date, machine and
+command that produced it. Each file becomes one section (title, date, machine, command, table, notes).
+
+The measurements this skill is expected to have are listed in ``EXPECTED`` (with the command that
+would make each). One that no result file provides appears under "Not measured yet", so a missing
+2-GPU run or a missing real-model eval is stated plainly instead of silently absent. Eval results
+from the scripted CI model server (``raw.scripted_model``) are shown, labelled by their own notes, but
+never count as a real model's eval run.
+
+The output is a pure function of the result files (no generation timestamp), so a test can check that
+the committed BENCHMARK.md is current:
+
+    python3 benchmarks/make_report.py            # rewrite BENCHMARK.md
+    python3 benchmarks/make_report.py --check    # exit 1 when BENCHMARK.md is stale
+    bash scripts/dev.sh benchmark-md             # the same, from the skill root
+
+Standard library only; exit codes: 0 ok, 1 stale (--check), 2 unusable result file (named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+OUTPUT = ROOT / "BENCHMARK.md"
+REQUIRED = ("benchmark", "title", "date", "machine", "command", "columns", "rows")
+REGENERATE = "bash scripts/dev.sh benchmark-md"
+
+
+@dataclass(frozen=True)
+class Expected:
+    key: str
+    title: str
+    matches: Callable[[dict], bool]
+    how: str  # the command (or issue) that would measure it
+
+
+def _bid(r: dict) -> str:
+    return str(r.get("benchmark", ""))
+
+
+def _real_eval(agent: str) -> Callable[[dict], bool]:
+    def match(r: dict) -> bool:
+        raw = r.get("raw") or {}
+        return (_bid(r) == f"evals_{agent}" and raw.get("scripted_model") is False)
+    return match
+
+
+# What the skill's claims rest on. Order = order of the report. Ids are those the measuring scripts write.
+EXPECTED = (
+    Expected("check-speed", "Speed of `mfsdp.py check` on the embedded default, against a bare `python3 -c pass`",
+             lambda r: bool(re.match(r"(bench_)?check", _bid(r))),
+             "the `check` speed benchmark script in benchmarks/ (target: at most 5 times the bare interpreter start)"),
+    Expected("gpu-1", "DDP vs distributed optimizer vs Megatron FSDP on 1 GPU",
+             lambda r: _bid(r).startswith("gpu_strategies_1x"),
+             "`python3 benchmarks/bench_strategies.py --nproc-per-node 1 ...` on one H200"),
+    Expected("gpu-2", "DDP vs distributed optimizer vs Megatron FSDP on 2 GPUs (data-parallel size 2, where "
+             "Megatron FSDP actually shards)",
+             lambda r: _bid(r).startswith("gpu_strategies_2x"),
+             "`python3 benchmarks/bench_strategies.py --nproc-per-node 2 ...` on two H200s"),
+    Expected("evals-claude-code", "Skill evals with a real model in Claude Code (with and without the skill)",
+             _real_eval("claude-code"),
+             "`python3 -m evals run --agent claude-code` with a model API key, then `python3 -m evals report`"),
+    Expected("evals-codex", "Skill evals with a real model in Codex (with and without the skill)",
+             _real_eval("codex"),
+             "`python3 -m evals run --agent codex` with a model API key, then `python3 -m evals report`"),
+)
+
+
+class ReportError(Exception):
+    """A result file cannot be used; the message names it."""
+
+
+def load_results(results_dir: Path) -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []:
+        rel = path.name
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ReportError(f"{rel}: not readable JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ReportError(f"{rel}: the top level is not an object")
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise ReportError(f"{rel}: missing {', '.join(missing)} (shape: {', '.join(REQUIRED)}, notes, raw)")
+        cols, rows = data["columns"], data["rows"]
+        if not isinstance(cols, list) or not isinstance(rows, list):
+            raise ReportError(f"{rel}: columns and rows must be lists")
+        for i, row in enumerate(rows):
+            if not isinstance(row, list) or len(row) != len(cols):
+                raise ReportError(f"{rel}: row {i + 1} has {len(row) if isinstance(row, list) else 'no'} cells, "
+                                  f"columns has {len(cols)}")
+        notes = data.get("notes", [])
+        if not isinstance(notes, list):
+            raise ReportError(f"{rel}: notes must be a list of strings")
+        out.append((rel, data))
+    return out
+
+
+def fmt(value) -> str:
+    """One table cell: numbers shortened for reading, None as a dash, pipes escaped."""
+    if value is None:
+        text = "—"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            text = str(value)
+        elif abs(value) >= 1000:
+            text = f"{value:,.1f}".rstrip("0").rstrip(".")
+        elif value == int(value):
+            text = f"{value:.1f}"
+        elif abs(value) < 1:
+            text = f"{value:.3g}"  # three significant digits: small seconds and ratios never round to zero
+        else:
+            text = f"{value:.3f}".rstrip("0").rstrip(".")
+    elif isinstance(value, int):
+        text = f"{value:,}" if abs(value) >= 10000 else str(value)
+    else:
+        text = str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _order(item: tuple[str, dict]) -> tuple:
+    rel, data = item
+    for i, exp in enumerate(EXPECTED):
+        if exp.matches(data):
+            return (i, _bid(data), rel)
+    return (len(EXPECTED), _bid(data), rel)
+
+
+def render(results: list[tuple[str, dict]]) -> str:
+    results = sorted(results, key=_order)
+    missing = [e for e in EXPECTED if not any(e.matches(d) for _, d in results)]
+    lines = [
+        "# Benchmarks: nemo-mbridge-perf-megatron-fsdp",
+        "",
+        "<!-- Generated by benchmarks/make_report.py from benchmarks/results/*.json; do not edit by hand. -->",
+        f"<!-- Regenerate: {REGENERATE} -->",
+        "",
+        "Every table below was produced by the command shown with it, on the machine and date shown; the "
+        "JSON it came from is in `benchmarks/results/`. Measurements that have not been made are listed at "
+        "the end, as not measured.",
+        "",
+        "## Contents",
+        "",
+    ]
+    for rel, data in results:
+        lines.append(f"- {fmt(data['title'])} ({fmt(data['date'])}, `{rel}`)")
+    if missing:
+        lines.append(f"- Not measured yet: {len(missing)} item(s)")
+    if not results:
+        lines.append("- No result files yet.")
+    for rel, data in results:
+        lines += ["", f"## {fmt(data['title'])}", ""]
+        lines += [
+            f"- Date: {fmt(data['date'])}",
+            f"- Machine: {fmt(data['machine'])}",
+            f"- Result file: `benchmarks/results/{rel}` (benchmark `{fmt(data['benchmark'])}`)",
+            "- Command:",
+            "",
+            "```",
+            str(data["command"]),
+            "```",
+            "",
+        ]
+        cols = data["columns"]
+        if data["rows"]:
+            lines.append("| " + " | ".join(fmt(c) for c in cols) + " |")
+            lines.append("|" + "|".join("---" for _ in cols) + "|")
+            for row in data["rows"]:
+                lines.append("| " + " | ".join(fmt(v) for v in row) + " |")
+        else:
+            lines.append("(the run produced no rows)")
+        notes = [n for n in data.get("notes", []) if str(n).strip()]
+        if notes:
+            lines += ["", "Notes:", ""]
+            lines += [f"- {str(n).strip()}" for n in notes]
+    lines += ["", "## Not measured yet", ""]
+    if missing:
+        lines.append("No result file exists for these, so this report makes no claim about them:")
+        lines.append("")
+        for e in missing:
+            lines.append(f"- **{e.title}**: not measured. Would be measured by {e.how}.")
+    else:
+        lines.append("Every expected measurement has a result file.")
+    return "\n".join(lines) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make_report.py", description=__doc__.split("\n\n")[0],
+                                epilog=f"Usually run as: {REGENERATE}")
+    p.add_argument("--results", type=Path, default=RESULTS, help="folder of result JSON files")
+    p.add_argument("--output", type=Path, default=OUTPUT, help="file to write (default: BENCHMARK.md)")
+    p.add_argument("--check", action="store_true", help="do not write; exit 1 when the output is stale")
+    a = p.parse_args(argv)
+    try:
+        text = render(load_results(a.results))
+    except ReportError as exc:
+        sys.stderr.write(f"make_report.py: error: {exc}\n")
+        return 2
+    if a.check:
+        current = a.output.read_text(encoding="utf-8") if a.output.is_file() else ""
+        if current != text:
+            sys.stderr.write(f"make_report.py: {a.output.name} is stale; regenerate with: {REGENERATE}\n")
+            return 1
+        print(f"{a.output.name} is current")
+        return 0
+    write_atomic(a.output, text)
+    print(f"wrote {a.output} from {len(load_results(a.results))} result file(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""skill_signature: sign and verify the whole skill folder (skill.oms.sig).
+
+The skill ships executable scripts, so its signature covers every file that
+``npx skills add`` installs, not only the documents; an added, removed or
+changed file fails ``verify`` with its name. The bundle has the shape of
+NVIDIA's signed skills (OpenSSF Model Signing: Sigstore bundle v0.3, x509
+chain, DSSE over an in-toto statement), so ``verify`` also checks NVIDIA's.
+Which files are signed, and why build products such as ``.venv`` are not, is
+explained in ``scripts/mfsdp_lib/signature.py``.
+
+Needs ``model-signing`` and ``pyopenssl`` (``bash scripts/dev.sh test`` installs
+them into ``.venv``); ``files`` needs the standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.realpath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from mfsdp_lib.findings import EXIT_FINDINGS, EXIT_INPUT, InputError  # noqa: E402
+
+PROG = "skill_signature.py"
+EXIT_INTERNAL = 3
+
+DESCRIPTION = """\
+Sign or verify skill.oms.sig over every file of the skill.
+
+examples:
+  # maintainers: re-sign after any change (same as: bash scripts/dev.sh sign)
+  skill_signature.py sign --key ../shared/signing/leaf.key.pem --cert ../shared/signing/leaf.crt.pem \\
+      --chain ../shared/signing/ica.crt.pem --chain ../shared/signing/root.crt.pem
+  # users: verify an installed copy against the root you trust
+  skill_signature.py verify --root signing/root.crt.pem .claude/skills/nemo-mbridge-perf-megatron-fsdp
+  # list the files the signature covers
+  skill_signature.py files
+
+exit codes: 0 verified/signed, 1 verification failed (each failing file is named), 2 unusable input.
+"""
+
+
+def _default_root() -> str:
+    # The copy of the maintainers' root shipped in the skill. Convenient, not independent: whoever can
+    # replace the skill can replace it too, so pass a root you obtained separately when it matters.
+    return os.path.join(os.path.dirname(_HERE), "signing", "root.crt.pem")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    s = sub.add_parser("sign", help="write DIR/skill.oms.sig over every file of the skill",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, description=DESCRIPTION)
+    s.add_argument("dir", nargs="?", metavar="DIR", help="skill folder (default: this skill)")
+    s.add_argument("--key", required=True, help="private key (PEM) of the signing certificate")
+    s.add_argument("--cert", required=True, help="signing (leaf) certificate, PEM")
+    s.add_argument("--chain", action="append", default=[], metavar="PEM",
+                   help="chain certificate, repeat in order: intermediate, then root")
+    s.add_argument("--output", metavar="PATH", help="write the bundle here instead of DIR/skill.oms.sig")
+    s.add_argument("--allow-untracked", action="store_true",
+                   help="sign even when the folder and git's tracked files disagree (not for releases)")
+    v = sub.add_parser("verify", help="check DIR against its skill.oms.sig and a trusted root",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, description=DESCRIPTION)
+    v.add_argument("dir", nargs="?", metavar="DIR", help="skill folder (default: this skill)")
+    v.add_argument("--root", default=None, metavar="PEM",
+                   help="trusted root certificate (default: signing/root.crt.pem shipped with this skill)")
+    v.add_argument("--signature", metavar="PATH", help="bundle to check (default: DIR/skill.oms.sig)")
+    f = sub.add_parser("files", help="list the files the signature covers")
+    f.add_argument("dir", nargs="?", metavar="DIR", help="skill folder (default: this skill)")
+    return p
+
+
+def run(args) -> int:
+    from mfsdp_lib import signature as sig
+
+    root = sig.skill_root(args.dir)
+    if args.command == "files":
+        for name in sig.signed_files(root):
+            print(name)
+        return 0
+    if args.command == "sign":
+        out, files = sig.sign(root, args.key, args.cert, args.chain, args.output, args.allow_untracked)
+        print(f"signed {len(files)} files of {root} as '{sig.SKILL_NAME}' -> {out}")
+        return 0
+    trust = args.root or _default_root()
+    try:
+        ok = sig.verify(root, trust, args.signature)
+    except sig.VerificationError as exc:
+        sys.stdout.flush()
+        sys.stderr.write(f"{PROG} verify: FAILED for {root}: {exc}\n")
+        for problem in exc.problems:
+            sys.stderr.write(f"  {problem}\n")
+        return EXIT_FINDINGS
+    chain = " <- ".join(ok.chain) if ok.chain else ok.signer
+    print(f"verified: {len(ok.files)} files of {root} match skill.oms.sig (subject '{ok.subject}', "
+          f"signed by '{ok.signer}', chain {chain}, root {trust})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return EXIT_INPUT
+    try:
+        return run(args)
+    except InputError as exc:
+        sys.stderr.write(f"{PROG} {args.command}: error: {exc}\n")
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug in the skill: one line, traceback only on request
+        if os.environ.get("MFSDP_DEBUG") == "1":
+            raise
+        sys.stderr.write(f"{PROG} {args.command}: internal error: {type(exc).__name__}: {exc} "
+                         f"(rerun with MFSDP_DEBUG=1 for the traceback)\n")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())
