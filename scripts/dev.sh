@@ -31,6 +31,7 @@ DEMO_EXTRAS="run"
 # (or a new extra) reaches the test suite and CI without touching this file.
 TEST_EXTRAS="all"
 NOT_FOR_TESTS="gpu"  # torch/Megatron-Bridge come from NVIDIA's container on GPU machines; GPU tests skip here
+NO_DEPS_EXTRAS="agents"  # wheels used only for the binaries they carry: their Python dependencies are not needed
 
 # Installer telemetry off everywhere (the skills CLI reads either variable).
 export DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
@@ -58,7 +59,7 @@ setup_python() {  # $1 = comma-separated extras, or "all" ("" = runtime dependen
     fi
     local reqs
     # pyproject.toml is the single source of versions; tomllib is 3.11+, pip vendors tomli for 3.10.
-    reqs="$("$VENV/bin/python" - "$extras" "$NOT_FOR_TESTS" <<'PY'
+    reqs="$("$VENV/bin/python" - "$extras" "$NOT_FOR_TESTS" "$NO_DEPS_EXTRAS" <<'PY'
 import sys
 try:
     import tomllib
@@ -69,15 +70,26 @@ with open("pyproject.toml", "rb") as fh:
 reqs = list(project["dependencies"])
 extras = project["optional-dependencies"]
 wanted = sys.argv[1].split(",") if sys.argv[1] != "all" else [e for e in extras if e not in sys.argv[2].split(",")]
+no_deps = sys.argv[3].split(",")
 for extra in filter(None, wanted):
-    reqs += extras[extra]
+    # A "nodeps:" prefix asks the shell below to install that requirement with --no-deps.
+    reqs += [("nodeps:" + r) if extra in no_deps else r for r in extras[extra]]
 print("\n".join(reqs))
 PY
 )"
     say "installing into .venv: $(echo "$reqs" | tr '\n' ' ')"
-    local -a args=()
-    while IFS= read -r line; do [ -n "$line" ] && args+=("$line"); done <<< "$reqs"
+    local -a args=() nodeps=()
+    while IFS= read -r line; do
+        case "$line" in
+            "") ;;
+            nodeps:*) nodeps+=("${line#nodeps:}") ;;
+            *) args+=("$line") ;;
+        esac
+    done <<< "$reqs"
     "$VENV/bin/python" -m pip install -q "${args[@]}"
+    if [ "${#nodeps[@]}" -gt 0 ]; then
+        "$VENV/bin/python" -m pip install -q --no-deps "${nodeps[@]}"
+    fi
     echo "$want" > "$stamp"
 }
 
