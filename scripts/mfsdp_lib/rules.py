@@ -452,7 +452,8 @@ RULES: list[Rule] = [
                     f"({_envfmt(e, MAX_CONN)}): overlap will be poor."),
          "comm_overlap.tp_comm_overlap=false (or run on Blackwell, where the two do not conflict)",
          f"{_FSDP_CFG}: assert 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'; "
-         "megatron/core/distributed/distributed_data_parallel.py (comment on CUDA_DEVICE_MAX_CONNECTIONS=1 ordering)"),
+         "megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py: env_vars '# CUDA stream scheduling for this "
+         "model and parallel layout.' with CUDA_DEVICE_MAX_CONNECTIONS 1 on H100 (the B200/GB200 perf recipes use 32)"),
     Rule("MFSDP-NCCL-UB-EXPANDABLE-SEGMENTS", "warning", "validate", ("env.PYTORCH_CUDA_ALLOC_CONF", "ddp.nccl_ub"),
          lambda e: bool(e.get("ddp.nccl_ub"))
          and "expandable_segments:True" in e.env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","),
