@@ -25,6 +25,12 @@ def test_real_run_config_accepted(cli, shared_dir):
     assert all(f["severity"] != "error" for f in out["findings"])
 
 
+def test_checkpoint_folder_means_its_run_config(cli, shared_dir):
+    folder = shared_dir / RUN_CONFIG.rsplit("/", 1)[0]
+    p = cli("check", str(folder), *CLEAN_ENV, "--format", "json")
+    assert p.returncode == 0 and _json(p)["config"].endswith("run_config.yaml")
+
+
 def test_real_fixup_valid_and_two_flags_rejected_as_bridge_did(cli, shared_dir):
     """Bridge validated the fix-up and raised the checkpoint-format assert on the two-flag version."""
     fixup = cli("check", str(shared_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml"), *CLEAN_ENV)

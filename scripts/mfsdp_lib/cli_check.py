@@ -22,8 +22,8 @@ from .findings import InputError, exit_code, render_json, render_text
 DESCRIPTION = """\
 Check a Megatron-Bridge config against every Megatron FSDP rule at once.
 
-CONFIG is a run_config.yaml (as Bridge writes into each checkpoint), a partial
-override file (ddp:, checkpoint:, ... sections) or nothing (the embedded Llama 3 8B
+CONFIG is a run_config.yaml (as Bridge writes into each checkpoint; a checkpoint's
+iter_* folder stands for the run_config.yaml in it), a partial override file (ddp:, checkpoint:, ... sections) or nothing (the embedded Llama 3 8B
 pretrain recipe of Bridge 0.6.2). KEY=VALUE arguments are Hydra-style overrides
 (section.key=value) applied on top, coerced like Bridge's OmegaConf loading.
 
@@ -75,6 +75,8 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
 
 def run(args) -> int:
     path, overrides = split_items(args.items)
+    if path:
+        path = config_io.resolve_config_path(path)
     cfg = config_io.load_effective(path, overrides)
     env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
     found = rules.evaluate(cfg, env, args.gpu_arch)

@@ -108,6 +108,8 @@ def run(args) -> int:
             path and os.path.abspath(args.output) == os.path.abspath(path) and args.in_place):
         raise config_io._err(f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o")
 
+    if path:
+        path = config_io.resolve_config_path(path)
     data, name = config_io.load_file_data(path)
     text = config_io.read_text(path) if path else open(config_io.EMBEDDED_DEFAULT, encoding="utf-8").read()
     env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)

@@ -425,7 +425,22 @@ def load_file_data(path: str | None) -> tuple[dict, str]:
     """(parsed mapping, display name) of CONFIG, or of the embedded default when None."""
     if path is None:
         return embedded_default(), EMBEDDED_NAME
+    path = resolve_config_path(path)
     return load_yaml(path), path
+
+
+# A checkpoint iteration folder holds the config Bridge wrote as this file.
+RUN_CONFIG_NAME = "run_config.yaml"
+
+
+def resolve_config_path(path: str) -> str:
+    """A checkpoint folder (``iter_0000010/``) stands for the ``run_config.yaml`` inside it."""
+    try:
+        if os.path.isdir(path) and os.path.isfile(os.path.join(path, RUN_CONFIG_NAME)):
+            return os.path.join(path, RUN_CONFIG_NAME)
+    except ValueError:  # NUL in the path: read_text reports it
+        pass
+    return path
 
 
 def load_effective(path: str | None, overrides: Sequence[str] = ()) -> dict:
