@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         "notes": [
             f"Verdicts recorded {doc.get('date')} with megatron-bridge {doc.get('bridge_version')}.",
             "Documented exceptions: Bridge accepts the config but the job fails after validate() (stage "
-            "'runtime': FSDP2 with the ddp flag, NCCL UB without double buffer, HSDP sharding), or a misspelt "
+            "'runtime': FSDP2 with the ddp flag, HSDP outer sharding without full sharding), or a misspelt "
             "enum that Bridge stores unchecked and check refuses as input.",
         ],
         "raw": {"summary": s, "records": records},

@@ -11,7 +11,7 @@ config's ``env_vars`` applied with setdefault, as Bridge does). Here we require:
   when Bridge's message is one our table quotes, that very rule must be among ours;
 * every case Bridge accepted gives no error, except the documented exceptions: rules of
   stage ``runtime`` (Bridge accepts the config, the job fails at model wrapping: FSDP2
-  with the ddp flag, NCCL UB without double buffer, HSDP sharding) and unknown enum
+  with the ddp flag, HSDP outer sharding without full sharding) and unknown enum
   values (``optim_grad_params``: Bridge stores any string unchecked; we refuse it).
 """
 

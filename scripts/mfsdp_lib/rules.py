@@ -16,6 +16,9 @@ Each rule has:
                 test holds us to Bridge's verdict on these);
                 ``runtime``  - Bridge accepts the config, the job fails later (model wrap,
                 first step); documented exceptions in the differential test;
+                a rule is ``runtime`` only when the failing assert is on the path every
+                such job takes (read the code before and after it: Megatron FSDP, for one,
+                forces ``fsdp_double_buffer`` itself before its NCCL-UB assert);
                 ``rewrite``  - Bridge silently changes the value; we say so;
                 ``input``    - a value Bridge accepts silently but is wrong (misspelt enum);
                 ``advice``   - a performance / robustness recommendation;
@@ -411,11 +414,6 @@ RULES: list[Rule] = [
          "dist.use_torch_fsdp2=false and dist.use_megatron_fsdp=true",
          f"{_VALIDATE}: 'if self.dist.use_megatron_fsdp and self.dist.use_torch_fsdp2' precedes "
          "_validate_and_apply_megatron_fsdp_configs (which sets dist.use_megatron_fsdp=True)"),
-    Rule("MFSDP-NCCL-UB-DOUBLE-BUFFER", "error", "runtime", ("ddp.fsdp_double_buffer", "ddp.nccl_ub"),
-         lambda e: e.fsdp and bool(e.get("ddp.nccl_ub")) and not e.get("ddp.fsdp_double_buffer"),
-         lambda e: "ddp.nccl_ub=true with ddp.fsdp_double_buffer=false: Megatron FSDP asserts when it builds its buffers.",
-         "ddp.fsdp_double_buffer=true",
-         f"{_MFSDP_BUF}: assert 'NCCL UB is only supported with FSDP double buffer.'"),
     Rule("MFSDP-HSDP-OUTER-NEEDS-FULL-SHARD", "error", "runtime",
          ("ddp.data_parallel_sharding_strategy", "ddp.outer_dp_sharding_strategy"),
          lambda e: (e.fsdp and e.get("ddp.outer_dp_sharding_strategy") != "no_shard"
@@ -427,6 +425,18 @@ RULES: list[Rule] = [
          "ddp.data_parallel_sharding_strategy=optim_grads_params (or ddp.outer_dp_sharding_strategy=no_shard)",
          f"{_MFSDP_BUF}: NotImplementedError '[Megatron-FSDP] Optimizer fully-sharded HFSDP is only supported "
          "with full-sharding on DP-Shard.'"),
+    Rule("MFSDP-HSDP-OUTER-WITHOUT-HSDP", "error", "runtime",
+         ("ddp.outer_dp_sharding_strategy", "ddp.num_distributed_optimizer_instances"),
+         lambda e: (e.fsdp and e.get("ddp.outer_dp_sharding_strategy") != "no_shard"
+                    and not _int_gt(e.get("ddp.num_distributed_optimizer_instances"), 1)),
+         lambda e: (f"{_v(e, 'ddp.outer_dp_sharding_strategy')} with "
+                    f"{_v(e, 'ddp.num_distributed_optimizer_instances')}: hybrid FSDP is off, so the outer "
+                    "strategy has no group to shard over."),
+         "ddp.outer_dp_sharding_strategy=no_shard (or num_distributed_optimizer_instances > 1 for HSDP)",
+         "megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
+         "'the first param all-gather hits a None HSDP helper buffer'; "
+         "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py: "
+         "'enable_hsdp = self.ddp_config.num_distributed_optimizer_instances > 1'"),
     # ------------------------------------------------------------------ warnings
     Rule("MFSDP-FSDP2-EXPERIMENTAL", "warning", "runtime", ("dist.use_torch_fsdp2",),
          lambda e: bool(e.get("dist.use_torch_fsdp2")) and not e.fsdp,
@@ -511,6 +521,14 @@ RULES: list[Rule] = [
          lambda e: "ddp.nccl_ub=true: Bridge sets ddp.fsdp_manual_registration=true (registration is slow otherwise).",
          "ddp.fsdp_manual_registration=true",
          f"{_FSDP_CFG}: '# Without manual registration, UBR is really slow.'"),
+    Rule("MFSDP-NCCL-UB-DOUBLE-BUFFER", "info", "rewrite", ("ddp.fsdp_double_buffer", "ddp.nccl_ub"),
+         lambda e: (e.fsdp and bool(e.get("ddp.nccl_ub")) and not e.get("ddp.fsdp_double_buffer")
+                    and not e.get("ddp.megatron_fsdp_max_pool_double_buffer")),
+         lambda e: ("ddp.nccl_ub=true: Megatron FSDP turns ddp.fsdp_double_buffer on (user-buffer registration needs "
+                    "persistent buffers), which costs memory the estimate should include."),
+         "ddp.fsdp_double_buffer=true",
+         f"{_MFSDP_BUF}: ParamAndGradBuffer.__init__ '# Since the user buffer registration requires (non-dynamic) "
+         "persistent memory,' then 'self.ddp_config.fsdp_double_buffer = True'"),
     Rule("MFSDP-META-DEVICE-INIT", "info", "advice", ("model.init_model_with_meta_device",),
          lambda e: e.fsdp and not e.get("model.init_model_with_meta_device"),
          lambda e: "model.init_model_with_meta_device=false: the full model is materialised on each GPU before sharding.",
