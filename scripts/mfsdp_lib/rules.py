@@ -410,10 +410,11 @@ RULES: list[Rule] = [
          lambda e: (not e.get("dist.use_megatron_fsdp") and bool(e.get("ddp.use_megatron_fsdp"))
                     and bool(e.get("dist.use_torch_fsdp2"))),
          lambda e: ("ddp.use_megatron_fsdp=true with dist.use_torch_fsdp2=true: Bridge's exclusivity check reads "
-                    "only dist.use_megatron_fsdp, then turns it on; the model is wrapped twice."),
+                    "only dist.use_megatron_fsdp, then turns it on; wrapping the model then fails."),
          "dist.use_torch_fsdp2=false and dist.use_megatron_fsdp=true",
-         f"{_VALIDATE}: 'if self.dist.use_megatron_fsdp and self.dist.use_torch_fsdp2' precedes "
-         "_validate_and_apply_megatron_fsdp_configs (which sets dist.use_megatron_fsdp=True)"),
+         "megatron/training/models/dist_utils.py: _ddp_wrap: ValueError 'Using use_megatron_fsdp and "
+         f"use_torch_fsdp2 at the same time is not supported.'; {_VALIDATE} checks only dist.use_megatron_fsdp "
+         "before _validate_and_apply_megatron_fsdp_configs sets it"),
     Rule("MFSDP-HSDP-OUTER-NEEDS-FULL-SHARD", "error", "runtime",
          ("ddp.data_parallel_sharding_strategy", "ddp.outer_dp_sharding_strategy"),
          lambda e: (e.fsdp and e.get("ddp.outer_dp_sharding_strategy") != "no_shard"
