@@ -441,8 +441,8 @@ RULES: list[Rule] = [
     # ------------------------------------------------------------------ warnings
     Rule("MFSDP-FSDP2-EXPERIMENTAL", "warning", "runtime", ("dist.use_torch_fsdp2",),
          lambda e: bool(e.get("dist.use_torch_fsdp2")) and not e.fsdp,
-         lambda e: ("dist.use_torch_fsdp2=true: PyTorch FSDP2 is experimental in Bridge; validate() accepts it but "
-                    "the job is not expected to train. This skill covers Megatron FSDP."),
+         lambda e: ("dist.use_torch_fsdp2=true: PyTorch FSDP2 is not in a stable release stage in Megatron; "
+                    "validate() accepts it, problems show only once the job runs. This skill covers Megatron FSDP."),
          "dist.use_torch_fsdp2=false, then mfsdp.py enable",
          f"{S.MT_COMMON}: DistributedInitConfig.use_torch_fsdp2 docstring 'It is still not in a stable release "
          "stage, and may therefore contain bugs or other potential issues.'"),
