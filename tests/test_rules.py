@@ -210,19 +210,21 @@ _QUOTE = re.compile(r"""(?:assert|ValueError|NotImplementedError|TypeError|docst
 
 @pytest.mark.parametrize("rule", rules.RULES, ids=lambda r: r.id)
 def test_source_anchor_exists_in_wheels(bridge_src, mcore_src, rule):
-    files = re.findall(r"(megatron/[\w/]+\.py)", rule.source)
-    assert files, f"{rule.id}: no source file cited"
+    # a part cited from the Bridge repository but not shipped in the wheel cannot be checked offline
+    wheel_part = rule.source.split(rules.GITHUB_ONLY)[0]
+    files = re.findall(r"(megatron/[\w/]+\.py)", wheel_part)
+    assert files, f"{rule.id}: no source file in the wheels cited"
     paths = [wheel_file(bridge_src, mcore_src, f) for f in files]
     for p in paths:
         assert p.is_file(), f"{rule.id}: {p} not in the wheels"
     # every quoted text is in one of the cited files (assert messages, code, comments)
-    quotes = [q for _, q in re.findall(r"""(['"])(.{12,}?)\1""", rule.source)]
+    quotes = [q for _, q in re.findall(r"""(['"])(.{12,}?)\1""", wheel_part)]
     assert quotes or rule.stage in ("advice",), f"{rule.id}: cite the assert/raise message"
     for q in quotes:
         q = q.replace("{num_layers}", "")
         assert any(text_in_source(p, q) for p in paths), f"{rule.id}: {q!r} not found in {files}"
     # the symbol after the file name exists there
-    for f, sym in re.findall(r"(megatron/[\w/]+\.py): ([A-Za-z_][\w.]*)", rule.source):
+    for f, sym in re.findall(r"(megatron/[\w/]+\.py): ([A-Za-z_][\w.]*)", wheel_part):
         name = sym.split(".")[-1]
         text = wheel_file(bridge_src, mcore_src, f).read_text()
         assert re.search(rf"\b{re.escape(name)}\b", text), f"{rule.id}: {sym} not in {f}"

@@ -58,6 +58,9 @@ _WHY = {
 }
 
 # Extra settings Bridge's performance recipes apply next to Megatron FSDP (``--perf``).
+# Not included: model.gradient_accumulation_fusion=True, which the perf harness sets but which
+# Megatron-Core's FSDP adapter only allows with Transformer Engine >= 2.10 and Bridge's nemotronh
+# recipe turns off with BF16 main gradients: it depends on the install, so it is left to the user.
 PERF_OVERRIDES: dict[str, tuple] = {
     "ddp.keep_fp8_transpose_cache": (False, "the FP8 transpose cache costs memory per parameter; Bridge's perf "
                                             "recipes turn it off with Megatron FSDP"),

@@ -165,6 +165,10 @@ def _envfmt(e: Eff, name: str) -> str:
     return f"{name}={e.env[name]!r}" if name in e.env else f"{name} unset"
 
 
+# Prefix of a source that is in the Megatron-Bridge repository but not in the wheel (the
+# performance harness under scripts/): cited as found there, not checked offline.
+GITHUB_ONLY = "Megatron-Bridge repository, not in the wheel:"
+
 # Source anchors reused by several rules.
 _FSDP_CFG = f"{S.B_CFG}: ConfigContainer._validate_and_apply_megatron_fsdp_configs"
 _VALIDATE = f"{S.B_CFG}: ConfigContainer.validate"
@@ -477,13 +481,16 @@ RULES: list[Rule] = [
          lambda e: e.fsdp and bool(e.get("ddp.keep_fp8_transpose_cache")),
          lambda e: "ddp.keep_fp8_transpose_cache=true keeps an FP8 transpose per parameter: more memory under FSDP.",
          "ddp.keep_fp8_transpose_cache=false",
-         "megatron/bridge/perf_recipes/llama/gb200/llama3.py and nemotronh/common.py: "
-         "cfg.ddp.keep_fp8_transpose_cache = False next to use_megatron_fsdp"),
+         "megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
+         "'cfg.ddp.keep_fp8_transpose_cache = False' next to 'cfg.ddp.use_megatron_fsdp = True'; "
+         f"{GITHUB_ONLY} scripts/performance/utils/overrides.py: _set_megatron_fsdp_overrides (the same)"),
     Rule("MFSDP-DEFER-EMBEDDING-WGRAD", "warning", "advice", ("comm_overlap.defer_embedding_wgrad_compute",),
          lambda e: e.fsdp and _co(e, "defer_embedding_wgrad_compute"),
          lambda e: "comm_overlap.defer_embedding_wgrad_compute=true: Bridge's performance harness turns it off for Megatron FSDP.",
          "comm_overlap.defer_embedding_wgrad_compute=false",
-         f"{S.B_CO}: CommOverlapConfig.defer_embedding_wgrad_compute (perf harness: off with --use_megatron_fsdp)"),
+         f"{S.B_CO}: CommOverlapConfig.defer_embedding_wgrad_compute; {GITHUB_ONLY} "
+         "scripts/performance/utils/overrides.py: _set_megatron_fsdp_overrides: 'Disabling deferring embedding "
+         "wgrad compute because it cannot work with FSDP together.'"),
     Rule("MFSDP-CUSTOM-FSDP-DEPRECATED", "warning", "advice", ("ddp.use_custom_fsdp",),
          lambda e: bool(e.get("ddp.use_custom_fsdp")),
          lambda e: "ddp.use_custom_fsdp=true is deprecated and ignored by Bridge's checks.",
