@@ -77,7 +77,9 @@ def test_gpu_arch_advice(cli):
     args = ["dist.use_megatron_fsdp=true", "checkpoint.ckpt_format=fsdp_dtensor", "model.tp_comm_overlap=true"]
     assert "MFSDP-ENV-MAX-CONN-TP-OVERLAP" in cli("check", *args, *CLEAN_ENV, "--gpu-arch", "hopper").stdout
     assert "MFSDP-ENV-MAX-CONN-TP-OVERLAP" not in cli("check", *args, *CLEAN_ENV, "--gpu-arch", "blackwell").stdout
-    assert cli("check", "--gpu-arch", "pascal").returncode == 2
+    assert "MFSDP-ENV-MAX-CONN-TP-OVERLAP" in cli("check", *args, *CLEAN_ENV, "--gpu-arch", "H200").stdout
+    p = cli("check", "--gpu-arch", "pascal")
+    assert p.returncode == 2 and "unknown GPU architecture" in p.stderr
 
 
 @pytest.mark.parametrize("args,needle", [

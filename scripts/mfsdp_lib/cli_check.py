@@ -50,9 +50,20 @@ def configure(parser) -> None:
                         help="optional config file, then section.key=value overrides")
     parser.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
                         help="environment of the training job (repeatable); default: this process's environment")
-    parser.add_argument("--gpu-arch", choices=rules.KNOWN_ARCHS, default=None,
-                        help="GPU architecture of the job (enables architecture-specific advice)")
+    parser.add_argument("--gpu-arch", type=_arch, default=None, metavar="ARCH",
+                        help=f"GPU architecture of the job ({', '.join(rules.KNOWN_ARCHS)}, or a product name "
+                             "such as h100, gb200); enables architecture-specific advice")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+
+
+def _arch(text: str) -> str:
+    import argparse
+
+    arch = rules.normalize_arch(text)
+    if arch is None:
+        raise argparse.ArgumentTypeError(f"unknown GPU architecture {text!r}; use one of "
+                                         f"{', '.join(rules.KNOWN_ARCHS)} or a product name (h100, b200, ...)")
+    return arch
 
 
 def split_items(items: list[str]) -> tuple[str | None, list[str]]:

@@ -45,6 +45,22 @@ from .findings import Finding
 # (kernel launch order on a single hardware queue); from Blackwell on it does not.
 PRE_BLACKWELL_ARCHS = ("volta", "ampere", "ada", "hopper")
 KNOWN_ARCHS = PRE_BLACKWELL_ARCHS + ("blackwell",)
+# Product names people actually type, mapped to their architecture.
+ARCH_ALIASES = {
+    "v100": "volta", "a100": "ampere", "a10": "ampere", "a30": "ampere", "a40": "ampere",
+    "l4": "ada", "l40": "ada", "l40s": "ada", "h100": "hopper", "h200": "hopper", "h800": "hopper",
+    "h20": "hopper", "gh200": "hopper", "b200": "blackwell", "b300": "blackwell", "gb200": "blackwell",
+    "gb300": "blackwell",
+}
+
+
+def normalize_arch(name: str | None) -> str | None:
+    """'H100' -> 'hopper'; an architecture name passes through; None for unknown or empty."""
+    if not name:
+        return None
+    key = str(name).strip().lower()
+    key = ARCH_ALIASES.get(key, key)
+    return key if key in KNOWN_ARCHS else None
 
 # Checkpoint formats that survive without Gloo process groups / with async save.
 DIST_CKPT_FORMATS = ("torch_dist", "fsdp_dtensor")
@@ -67,7 +83,7 @@ class Eff:
 
     def __init__(self, cfg: Mapping, env: Mapping[str, str], gpu_arch: str | None):
         self.cfg = cfg
-        self.gpu_arch = (gpu_arch or "").lower() or None
+        self.gpu_arch = normalize_arch(gpu_arch)
         merged = dict(env)
         env_vars = cfg.get("env_vars")
         if isinstance(env_vars, Mapping):
