@@ -228,3 +228,10 @@ def test_source_anchor_exists_in_wheels(bridge_src, mcore_src, rule):
         name = sym.split(".")[-1]
         text = wheel_file(bridge_src, mcore_src, f).read_text()
         assert re.search(rf"\b{re.escape(name)}\b", text), f"{rule.id}: {sym} not in {f}"
+
+
+@pytest.mark.parametrize("name,arch", [("H100", "hopper"), ("hopper", "hopper"), ("sm_90", "hopper"), ("9.0", "hopper"),
+                                       ("sm_100", "blackwell"), ("gb200", "blackwell"), ("sm_89", "ada"),
+                                       ("sm_80", "ampere"), ("pascal", None), ("sm_60", None), ("", None)])
+def test_normalize_arch(name, arch):
+    assert rules.normalize_arch(name) == arch

@@ -36,6 +36,7 @@ interpreter start-ups, so there is no framework here.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping
 
 from . import schema as S
@@ -60,7 +61,15 @@ def normalize_arch(name: str | None) -> str | None:
         return None
     key = str(name).strip().lower()
     key = ARCH_ALIASES.get(key, key)
+    m = re.match(r"^(?:sm_?)?(\d{2,3})$|^(\d+)\.(\d)$", key)  # sm_90, sm90, 90, 9.0: compute capability
+    if m:
+        cc = int(m.group(1)) if m.group(1) else int(m.group(2)) * 10 + int(m.group(3))
+        key = next((arch for low, arch in _CC_ARCHS if cc >= low), "")
     return key if key in KNOWN_ARCHS else None
+
+
+# (lowest compute capability x10, architecture), newest first: torch.cuda.get_device_capability().
+_CC_ARCHS = ((100, "blackwell"), (90, "hopper"), (89, "ada"), (80, "ampere"), (70, "volta"))
 
 # Checkpoint formats that survive without Gloo process groups / with async save.
 DIST_CKPT_FORMATS = ("torch_dist", "fsdp_dtensor")
