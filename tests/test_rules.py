@@ -112,6 +112,8 @@ CASES = {
                                 (["ddp.average_in_collective=true", "ddp.disable_symmetric_registration=true"], {})),
     "MFSDP-NO-SHARD": ((["ddp.data_parallel_sharding_strategy=no_shard"], {}),
                        (["ddp.data_parallel_sharding_strategy=optim"], {})),
+    "MFSDP-SHARDING-WITHOUT-FSDP": ((OFF + ["ddp.data_parallel_sharding_strategy=optim"], {}),
+                                    (["ddp.data_parallel_sharding_strategy=optim"], {})),
     "MFSDP-ENV-MAX-CONN-TP-OVERLAP": ((["model.tp_comm_overlap=true"], {"@arch": "hopper"}),
                                       (["model.tp_comm_overlap=true"], {"@arch": "blackwell"})),
     "MFSDP-NCCL-UB-EXPANDABLE-SEGMENTS": ((["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true"], {}),  # recipe env_vars

@@ -485,6 +485,14 @@ RULES: list[Rule] = [
          lambda e: "Megatron FSDP with data_parallel_sharding_strategy=no_shard shards nothing (no memory saving).",
          "ddp.data_parallel_sharding_strategy=optim_grads_params",
          f"{S.MC_DDP}: DistributedDataParallelConfig.data_parallel_sharding_strategy (default 'no_shard')"),
+    Rule("MFSDP-SHARDING-WITHOUT-FSDP", "warning", "advice", ("ddp.data_parallel_sharding_strategy", "ddp.use_megatron_fsdp"),
+         lambda e: not e.fsdp and e.get("ddp.data_parallel_sharding_strategy") not in ("no_shard", None),
+         lambda e: (f"{_v(e, 'ddp.data_parallel_sharding_strategy')} is ignored: Megatron FSDP is off "
+                    "(only Megatron FSDP reads the sharding strategy)."),
+         "dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true (mfsdp.py enable), or drop the strategy",
+         f"{S.B_CFG}: ConfigContainer._validate_and_apply_megatron_fsdp_configs and "
+         "megatron/core/optimizer/__init__.py: 'if ddp_config.use_megatron_fsdp:' (the only readers, "
+         "with megatron_fsdp itself)"),
     Rule("MFSDP-ENV-MAX-CONN-TP-OVERLAP", "warning", "advice", ("env." + MAX_CONN, "model.tp_comm_overlap"),
          lambda e: (e.fsdp and e.gpu_arch in PRE_BLACKWELL_ARCHS and e.env.get(MAX_CONN) != "1"
                     and (bool(e.get("model.tp_comm_overlap")) or _co(e, "tp_comm_overlap"))),
