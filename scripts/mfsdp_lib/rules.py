@@ -42,8 +42,9 @@ from typing import Callable, Mapping
 from . import schema as S
 from .findings import Finding
 
-# GPU architectures where TP/CP communication overlap relies on CUDA_DEVICE_MAX_CONNECTIONS=1
-# (kernel launch order on a single hardware queue); from Blackwell on it does not.
+# GPU architectures whose tuned Bridge recipes ask for CUDA_DEVICE_MAX_CONNECTIONS=1 with
+# communication overlap (Bridge's H100 perf recipes: "CUDA stream scheduling for this model and
+# parallel layout"); its B200/GB200 recipes use 32. Megatron FSDP forbids 1, hence the advice rule.
 PRE_BLACKWELL_ARCHS = ("volta", "ampere", "ada", "hopper")
 KNOWN_ARCHS = PRE_BLACKWELL_ARCHS + ("blackwell",)
 # Product names people actually type, mapped to their architecture.
@@ -143,7 +144,8 @@ def raw_get(cfg: Mapping, path: str):
     node = cfg
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return S.default(path)
+            d = S.default(path)
+            return None if d == S.FACTORY else d  # computed at construction: unknown here
         node = node[part]
     return node
 
