@@ -96,6 +96,11 @@ def test_recipe_without_bridge_one_line_exit_2(cli):
     assert len(p.stderr.strip().splitlines()) == 1 and "Megatron-Bridge" in p.stderr
 
 
+def test_recipe_refuses_config(cli, tmp_path):
+    p = cli("enable", "--recipe", "llama3_8b_pretrain_config", str(tmp_path / "x.yaml"))
+    assert p.returncode == 2 and "not CONFIG" in p.stderr
+
+
 def test_help_teaches(cli):
     p = cli("enable", "--help")
     assert p.returncode == 0 and "examples:" in p.stdout and "--emit overrides" in p.stdout
