@@ -189,7 +189,9 @@ def test_enum_rule_on_a_raw_dict():
 def test_env_vars_setdefault_semantics():
     """The config's env_vars apply only where the environment does not set the name (Bridge: setdefault)."""
     cfg = config_io.load_effective(None, BASE + [f"env_vars.{rules.MAX_CONN}=1"])
-    assert "MFSDP-ENV-MAX-CONNECTIONS" in [f.rule for f in rules.evaluate(cfg, {})]
+    f = [f for f in rules.evaluate(cfg, {}) if f.rule == "MFSDP-ENV-MAX-CONNECTIONS"][0]
+    assert f.path == f"env_vars.{rules.MAX_CONN}" and f.fix == f"env_vars.{rules.MAX_CONN}=32"
+    assert "from the config's env_vars" in f.message
     assert "MFSDP-ENV-MAX-CONNECTIONS" not in [f.rule for f in rules.evaluate(cfg, {rules.MAX_CONN: "8"})]
     cfg = config_io.load_effective(None, BASE + [f"env_vars.{rules.MAX_CONN}=8"])
     assert "MFSDP-ENV-MAX-CONNECTIONS" in [f.rule for f in rules.evaluate(cfg, {rules.MAX_CONN: "1"})]

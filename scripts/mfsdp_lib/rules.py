@@ -89,16 +89,19 @@ class Eff:
       and ``origin(path)`` reports the ``mixed_precision.*`` key as the one to change.
     """
 
-    __slots__ = ("cfg", "env", "gpu_arch", "mp", "_mp_paths")
+    __slots__ = ("cfg", "env", "env_from_config", "gpu_arch", "mp", "_mp_paths")
 
     def __init__(self, cfg: Mapping, env: Mapping[str, str], gpu_arch: str | None):
         self.cfg = cfg
         self.gpu_arch = normalize_arch(gpu_arch)
         merged = dict(env)
+        self.env_from_config = set()  # names whose value came from the config's env_vars
         env_vars = cfg.get("env_vars")
         if isinstance(env_vars, Mapping):
             for name, value in env_vars.items():
-                merged.setdefault(str(name), _env_str(value))
+                if str(name) not in merged:
+                    merged[str(name)] = _env_str(value)
+                    self.env_from_config.add(str(name))
         self.env = merged
         self.mp = resolve_mixed_precision(cfg.get("mixed_precision"))
         self._mp_paths = {}
@@ -189,7 +192,10 @@ def fmt(value) -> str:
 
 
 def _envfmt(e: Eff, name: str) -> str:
-    return f"{name}={e.env[name]!r}" if name in e.env else f"{name} unset"
+    if name not in e.env:
+        return f"{name} unset"
+    where = "the config's env_vars" if name in e.env_from_config else "the environment"
+    return f"{name}={e.env[name]!r} (from {where})"
 
 
 # Prefix of a source that is in the Megatron-Bridge repository but not in the wheel (the
@@ -225,9 +231,12 @@ RULES: list[Rule] = [
          "checkpoint.ckpt_format=torch_dist, or enable Megatron FSDP (mfsdp.py enable)",
          f"{_VALIDATE}: assert 'fsdp_dtensor checkpoint format only supports Megatron FSDP'"),
     Rule("MFSDP-ENV-MAX-CONNECTIONS", "error", "validate", ("env." + MAX_CONN,),
-         lambda e: e.fsdp and e.env.get(MAX_CONN) == "1",
-         lambda e: f"{MAX_CONN}='1' (from the environment or env_vars); Megatron FSDP needs it unset or > 1.",
-         f"unset {MAX_CONN} (or export {MAX_CONN}=32), and remove env_vars.{MAX_CONN}=1 from the config",
+         lambda e: e.fsdp and e.env.get(MAX_CONN) == "1" and [
+             (f"env_vars.{MAX_CONN}", f"{_envfmt(e, MAX_CONN)}; Megatron FSDP needs it unset or > 1.",
+              f"env_vars.{MAX_CONN}=32") if MAX_CONN in e.env_from_config else
+             (f"env.{MAX_CONN}", f"{_envfmt(e, MAX_CONN)}; Megatron FSDP needs it unset or > 1.",
+              f"unset {MAX_CONN} in the job's environment (or set it to 32)")],
+         None, None,
          f"{_FSDP_CFG}: assert 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'"),
     Rule("MFSDP-MANUAL-REG-NEEDS-NCCL-UB", "error", "validate", ("ddp.fsdp_manual_registration", "ddp.nccl_ub"),
          lambda e: e.fsdp and not e.get("ddp.nccl_ub") and bool(e.get("ddp.fsdp_manual_registration")),
