@@ -116,3 +116,15 @@ def test_help_teaches(cli):
     p = cli("check", "--help")
     assert p.returncode == 0 and "examples:" in p.stdout and "mfsdp.py check run_config.yaml" in p.stdout
     assert "exit codes" in p.stdout
+
+
+def test_without_pyyaml_one_line_exit_2(root):
+    """A Python without PyYAML gets the install command, not a traceback."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['yaml'] = None; sys.path.insert(0, 'scripts'); import mfsdp; "
+            "sys.exit(mfsdp.main(['check']))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and "pip install PyYAML" in p.stderr and "Traceback" not in p.stderr
