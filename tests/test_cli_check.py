@@ -25,6 +25,12 @@ def test_real_run_config_accepted(cli, shared_dir):
     assert all(f["severity"] != "error" for f in out["findings"])
 
 
+def test_checkpoint_folder_means_its_run_config(cli, shared_dir):
+    folder = shared_dir / RUN_CONFIG.rsplit("/", 1)[0]
+    p = cli("check", str(folder), *CLEAN_ENV, "--format", "json")
+    assert p.returncode == 0 and _json(p)["config"].endswith("run_config.yaml")
+
+
 def test_real_fixup_valid_and_two_flags_rejected_as_bridge_did(cli, shared_dir):
     """Bridge validated the fix-up and raised the checkpoint-format assert on the two-flag version."""
     fixup = cli("check", str(shared_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml"), *CLEAN_ENV)
@@ -71,7 +77,9 @@ def test_gpu_arch_advice(cli):
     args = ["dist.use_megatron_fsdp=true", "checkpoint.ckpt_format=fsdp_dtensor", "model.tp_comm_overlap=true"]
     assert "MFSDP-ENV-MAX-CONN-TP-OVERLAP" in cli("check", *args, *CLEAN_ENV, "--gpu-arch", "hopper").stdout
     assert "MFSDP-ENV-MAX-CONN-TP-OVERLAP" not in cli("check", *args, *CLEAN_ENV, "--gpu-arch", "blackwell").stdout
-    assert cli("check", "--gpu-arch", "pascal").returncode == 2
+    assert "MFSDP-ENV-MAX-CONN-TP-OVERLAP" in cli("check", *args, *CLEAN_ENV, "--gpu-arch", "H200").stdout
+    p = cli("check", "--gpu-arch", "pascal")
+    assert p.returncode == 2 and "unknown GPU architecture" in p.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -108,3 +116,15 @@ def test_help_teaches(cli):
     p = cli("check", "--help")
     assert p.returncode == 0 and "examples:" in p.stdout and "mfsdp.py check run_config.yaml" in p.stdout
     assert "exit codes" in p.stdout
+
+
+def test_without_pyyaml_one_line_exit_2(root):
+    """A Python without PyYAML gets the install command, not a traceback."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['yaml'] = None; sys.path.insert(0, 'scripts'); import mfsdp; "
+            "sys.exit(mfsdp.main(['check']))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and "pip install PyYAML" in p.stderr and "Traceback" not in p.stderr

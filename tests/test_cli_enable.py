@@ -48,6 +48,8 @@ def test_real_run_config_needs_no_change(cli, shared_dir):
     p = cli("enable", str(shared_dir / RUN_CONFIG), "--emit", "json", *CLEAN_ENV)
     assert p.returncode == 0
     assert json.loads(p.stdout)["changes"] == []
+    p = cli("enable", str(shared_dir / RUN_CONFIG), *CLEAN_ENV)  # nothing to change: the file comes back as is
+    assert p.returncode == 0 and p.stdout == (shared_dir / RUN_CONFIG).read_text()
 
 
 def test_in_place_keeps_backup_and_user_overrides(cli, tmp_path):
@@ -92,6 +94,11 @@ def test_recipe_without_bridge_one_line_exit_2(cli):
     p = cli("enable", "--recipe", "llama3_8b_pretrain_config")
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "Megatron-Bridge" in p.stderr
+
+
+def test_recipe_refuses_config(cli, tmp_path):
+    p = cli("enable", "--recipe", "llama3_8b_pretrain_config", str(tmp_path / "x.yaml"))
+    assert p.returncode == 2 and "not CONFIG" in p.stderr
 
 
 def test_help_teaches(cli):

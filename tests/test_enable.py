@@ -57,7 +57,6 @@ def test_load_kept_when_already_fsdp_dtensor(shared_dir):
     (["dist.use_torch_fsdp2=true"], "dist.use_torch_fsdp2"),
     (["dist.use_tp_pp_dp_mapping=true"], "dist.use_tp_pp_dp_mapping"),
     (["ddp.fsdp_manual_registration=true"], "ddp.fsdp_manual_registration"),
-    (["ddp.nccl_ub=true"], "ddp.fsdp_double_buffer"),
     (["train.check_weight_hash_across_dp_replicas_interval=10"], "train.check_weight_hash_across_dp_replicas_interval"),
     (["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=1"], "env_vars.CUDA_DEVICE_MAX_CONNECTIONS"),
     (["checkpoint.async_save=true", "checkpoint.use_persistent_ckpt_worker=false"],

@@ -22,8 +22,8 @@ from .findings import InputError, exit_code, render_json, render_text
 DESCRIPTION = """\
 Check a Megatron-Bridge config against every Megatron FSDP rule at once.
 
-CONFIG is a run_config.yaml (as Bridge writes into each checkpoint), a partial
-override file (ddp:, checkpoint:, ... sections) or nothing (the embedded Llama 3 8B
+CONFIG is a run_config.yaml (as Bridge writes into each checkpoint; a checkpoint's
+iter_* folder stands for the run_config.yaml in it), a partial override file (ddp:, checkpoint:, ... sections) or nothing (the embedded Llama 3 8B
 pretrain recipe of Bridge 0.6.2). KEY=VALUE arguments are Hydra-style overrides
 (section.key=value) applied on top, coerced like Bridge's OmegaConf loading.
 
@@ -50,9 +50,20 @@ def configure(parser) -> None:
                         help="optional config file, then section.key=value overrides")
     parser.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
                         help="environment of the training job (repeatable); default: this process's environment")
-    parser.add_argument("--gpu-arch", choices=rules.KNOWN_ARCHS, default=None,
-                        help="GPU architecture of the job (enables architecture-specific advice)")
+    parser.add_argument("--gpu-arch", type=_arch, default=None, metavar="ARCH",
+                        help=f"GPU architecture of the job ({', '.join(rules.KNOWN_ARCHS)}, or a product name "
+                             "such as h100, gb200); enables architecture-specific advice")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+
+
+def _arch(text: str) -> str:
+    import argparse
+
+    arch = rules.normalize_arch(text)
+    if arch is None:
+        raise argparse.ArgumentTypeError(f"unknown GPU architecture {text!r}; use one of "
+                                         f"{', '.join(rules.KNOWN_ARCHS)} or a product name (h100, b200, ...)")
+    return arch
 
 
 def split_items(items: list[str]) -> tuple[str | None, list[str]]:
@@ -75,6 +86,8 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
 
 def run(args) -> int:
     path, overrides = split_items(args.items)
+    if path:
+        path = config_io.resolve_config_path(path)
     cfg = config_io.load_effective(path, overrides)
     env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
     found = rules.evaluate(cfg, env, args.gpu_arch)

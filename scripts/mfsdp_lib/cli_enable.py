@@ -108,6 +108,8 @@ def run(args) -> int:
             path and os.path.abspath(args.output) == os.path.abspath(path) and args.in_place):
         raise config_io._err(f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o")
 
+    if path:
+        path = config_io.resolve_config_path(path)
     data, name = config_io.load_file_data(path)
     text = config_io.read_text(path) if path else open(config_io.EMBEDDED_DEFAULT, encoding="utf-8").read()
     env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
@@ -188,6 +190,12 @@ def _find_recipe(name: str):
 
 
 def _run_live(args) -> int:
+    if args.items and "=" not in args.items[0]:
+        raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG "
+                             f"({args.items[0]})")
+    for flag in ("in_place", "output"):
+        if getattr(args, flag):
+            raise config_io._err("--recipe prints the overrides and the live verdict; -o/--in-place do not apply")
     version = _bridge_installed()
     if version is None:
         raise config_io._err("--recipe needs Megatron-Bridge installed (an NVIDIA NeMo container); "
@@ -199,7 +207,9 @@ def _run_live(args) -> int:
     except Exception as exc:  # installed but not importable (no CUDA / TE)
         raise config_io._err(f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-    _, overrides = split_items(args.items)
+    path, overrides = split_items(args.items)
+    if path is not None:
+        raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({path})")
     cfg_obj = _find_recipe(args.recipe)()
     user = {}
     for item in overrides:

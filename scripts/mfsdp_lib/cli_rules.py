@@ -38,9 +38,9 @@ def configure(parser) -> None:
 
 
 def _fix_text(r) -> str:
-    if callable(r.fix):
-        return "computed from the config (a key=value)"
-    return r.fix or "see message"
+    if callable(r.fix) or r.fix is None:
+        return "computed per finding from the values found (a key=value)"
+    return r.fix
 
 
 def rule_dicts() -> list[dict]:

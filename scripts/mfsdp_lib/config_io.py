@@ -31,17 +31,22 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Mapping, Sequence
-
-import yaml
 
 from . import schema as S
 from .findings import InputError
 
-try:  # libyaml: several times faster than the pure-Python loader on an 800-line dump
-    _Loader = yaml.CSafeLoader
-except AttributeError:  # PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
+try:
+    import yaml
+except ImportError:  # reported as one line when a YAML file must be read (see _need_yaml)
+    yaml = None
+    _Loader = None
+else:
+    try:  # libyaml: several times faster than the pure-Python loader on an 800-line dump
+        _Loader = yaml.CSafeLoader
+    except AttributeError:  # PyYAML built without libyaml
+        _Loader = yaml.SafeLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EMBEDDED_DEFAULT = os.path.join(os.path.dirname(HERE), "data", "llama3_8b_pretrain.yaml")
@@ -99,8 +104,15 @@ def read_text(path: str) -> str:
         raise _err(f"{path}: not UTF-8 text (byte {exc.start}); is this a YAML file?") from None
 
 
+def _need_yaml() -> None:
+    if yaml is None:
+        raise _err("PyYAML is not installed for this Python; install it with: "
+                   f"{os.path.basename(sys.executable) or 'python3'} -m pip install PyYAML")
+
+
 def parse_yaml(text: str, name: str) -> dict:
     """Parse YAML text into a mapping; InputError with the line for syntax errors."""
+    _need_yaml()
     if "\x00" in text:
         raise _err(f"{name}: contains NUL bytes; not a YAML file")
     try:
@@ -132,6 +144,7 @@ def load_yaml(path: str) -> dict:
 def embedded_default() -> dict:
     """The embedded Llama 3 8B recipe dump (parsed once per process)."""
     global _embedded_cache
+    _need_yaml()
     if _embedded_cache is None:
         with open(EMBEDDED_DEFAULT, "r", encoding="utf-8") as fh:
             _embedded_cache = yaml.load(fh.read(), Loader=_Loader)
@@ -425,7 +438,22 @@ def load_file_data(path: str | None) -> tuple[dict, str]:
     """(parsed mapping, display name) of CONFIG, or of the embedded default when None."""
     if path is None:
         return embedded_default(), EMBEDDED_NAME
+    path = resolve_config_path(path)
     return load_yaml(path), path
+
+
+# A checkpoint iteration folder holds the config Bridge wrote as this file.
+RUN_CONFIG_NAME = "run_config.yaml"
+
+
+def resolve_config_path(path: str) -> str:
+    """A checkpoint folder (``iter_0000010/``) stands for the ``run_config.yaml`` inside it."""
+    try:
+        if os.path.isdir(path) and os.path.isfile(os.path.join(path, RUN_CONFIG_NAME)):
+            return os.path.join(path, RUN_CONFIG_NAME)
+    except ValueError:  # NUL in the path: read_text reports it
+        pass
+    return path
 
 
 def load_effective(path: str | None, overrides: Sequence[str] = ()) -> dict:

@@ -58,6 +58,9 @@ _WHY = {
 }
 
 # Extra settings Bridge's performance recipes apply next to Megatron FSDP (``--perf``).
+# Not included: model.gradient_accumulation_fusion=True, which the perf harness sets but which
+# Megatron-Core's FSDP adapter only allows with Transformer Engine >= 2.10 and Bridge's nemotronh
+# recipe turns off with BF16 main gradients: it depends on the install, so it is left to the user.
 PERF_OVERRIDES: dict[str, tuple] = {
     "ddp.keep_fp8_transpose_cache": (False, "the FP8 transpose cache costs memory per parameter; Bridge's perf "
                                             "recipes turn it off with Megatron FSDP"),
@@ -144,8 +147,6 @@ def plan(cfg: Mapping, strategy: str = "optim_grads_params", save_dir: str | Non
         change("dist.use_tp_pp_dp_mapping", False, "not supported with Megatron FSDP (Bridge asserts)")
     if config_io.get(work, "ddp.fsdp_manual_registration") and not config_io.get(work, "ddp.nccl_ub"):
         change("ddp.fsdp_manual_registration", False, "it requires ddp.nccl_ub=true (Bridge asserts)")
-    if config_io.get(work, "ddp.nccl_ub") and not config_io.get(work, "ddp.fsdp_double_buffer"):
-        change("ddp.fsdp_double_buffer", True, "NCCL user buffers need Megatron FSDP's double buffer (it asserts)")
     if strategy == "optim_grads_params" and config_io.get(work, "train.check_weight_hash_across_dp_replicas_interval") is not None:
         change("train.check_weight_hash_across_dp_replicas_interval", None,
                "with full sharding there are no weight replicas to hash (Bridge asserts)")

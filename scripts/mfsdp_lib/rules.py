@@ -16,6 +16,9 @@ Each rule has:
                 test holds us to Bridge's verdict on these);
                 ``runtime``  - Bridge accepts the config, the job fails later (model wrap,
                 first step); documented exceptions in the differential test;
+                a rule is ``runtime`` only when the failing assert is on the path every
+                such job takes (read the code before and after it: Megatron FSDP, for one,
+                forces ``fsdp_double_buffer`` itself before its NCCL-UB assert);
                 ``rewrite``  - Bridge silently changes the value; we say so;
                 ``input``    - a value Bridge accepts silently but is wrong (misspelt enum);
                 ``advice``   - a performance / robustness recommendation;
@@ -33,15 +36,41 @@ interpreter start-ups, so there is no framework here.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping
 
 from . import schema as S
 from .findings import Finding
 
-# GPU architectures where TP/CP communication overlap relies on CUDA_DEVICE_MAX_CONNECTIONS=1
-# (kernel launch order on a single hardware queue); from Blackwell on it does not.
+# GPU architectures whose tuned Bridge recipes ask for CUDA_DEVICE_MAX_CONNECTIONS=1 with
+# communication overlap (Bridge's H100 perf recipes: "CUDA stream scheduling for this model and
+# parallel layout"); its B200/GB200 recipes use 32. Megatron FSDP forbids 1, hence the advice rule.
 PRE_BLACKWELL_ARCHS = ("volta", "ampere", "ada", "hopper")
 KNOWN_ARCHS = PRE_BLACKWELL_ARCHS + ("blackwell",)
+# Product names people actually type, mapped to their architecture.
+ARCH_ALIASES = {
+    "v100": "volta", "a100": "ampere", "a10": "ampere", "a30": "ampere", "a40": "ampere",
+    "l4": "ada", "l40": "ada", "l40s": "ada", "h100": "hopper", "h200": "hopper", "h800": "hopper",
+    "h20": "hopper", "gh200": "hopper", "b200": "blackwell", "b300": "blackwell", "gb200": "blackwell",
+    "gb300": "blackwell",
+}
+
+
+def normalize_arch(name: str | None) -> str | None:
+    """'H100' -> 'hopper'; an architecture name passes through; None for unknown or empty."""
+    if not name:
+        return None
+    key = str(name).strip().lower()
+    key = ARCH_ALIASES.get(key, key)
+    m = re.match(r"^(?:sm_?)?(\d{2,3})$|^(\d+)\.(\d)$", key)  # sm_90, sm90, 90, 9.0: compute capability
+    if m:
+        cc = int(m.group(1)) if m.group(1) else int(m.group(2)) * 10 + int(m.group(3))
+        key = next((arch for low, arch in _CC_ARCHS if cc >= low), "")
+    return key if key in KNOWN_ARCHS else None
+
+
+# (lowest compute capability x10, architecture), newest first: torch.cuda.get_device_capability().
+_CC_ARCHS = ((100, "blackwell"), (90, "hopper"), (89, "ada"), (80, "ampere"), (70, "volta"))
 
 # Checkpoint formats that survive without Gloo process groups / with async save.
 DIST_CKPT_FORMATS = ("torch_dist", "fsdp_dtensor")
@@ -60,16 +89,19 @@ class Eff:
       and ``origin(path)`` reports the ``mixed_precision.*`` key as the one to change.
     """
 
-    __slots__ = ("cfg", "env", "gpu_arch", "mp", "_mp_paths")
+    __slots__ = ("cfg", "env", "env_from_config", "gpu_arch", "mp", "_mp_paths")
 
     def __init__(self, cfg: Mapping, env: Mapping[str, str], gpu_arch: str | None):
         self.cfg = cfg
-        self.gpu_arch = (gpu_arch or "").lower() or None
+        self.gpu_arch = normalize_arch(gpu_arch)
         merged = dict(env)
+        self.env_from_config = set()  # names whose value came from the config's env_vars
         env_vars = cfg.get("env_vars")
         if isinstance(env_vars, Mapping):
             for name, value in env_vars.items():
-                merged.setdefault(str(name), _env_str(value))
+                if str(name) not in merged:
+                    merged[str(name)] = _env_str(value)
+                    self.env_from_config.add(str(name))
         self.env = merged
         self.mp = resolve_mixed_precision(cfg.get("mixed_precision"))
         self._mp_paths = {}
@@ -115,7 +147,8 @@ def raw_get(cfg: Mapping, path: str):
     node = cfg
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return S.default(path)
+            d = S.default(path)
+            return None if d == S.FACTORY else d  # computed at construction: unknown here
         node = node[part]
     return node
 
@@ -159,8 +192,15 @@ def fmt(value) -> str:
 
 
 def _envfmt(e: Eff, name: str) -> str:
-    return f"{name}={e.env[name]!r}" if name in e.env else f"{name} unset"
+    if name not in e.env:
+        return f"{name} unset"
+    where = "the config's env_vars" if name in e.env_from_config else "the environment"
+    return f"{name}={e.env[name]!r} (from {where})"
 
+
+# Prefix of a source that is in the Megatron-Bridge repository but not in the wheel (the
+# performance harness under scripts/): cited as found there, not checked offline.
+GITHUB_ONLY = "Megatron-Bridge repository, not in the wheel:"
 
 # Source anchors reused by several rules.
 _FSDP_CFG = f"{S.B_CFG}: ConfigContainer._validate_and_apply_megatron_fsdp_configs"
@@ -191,9 +231,12 @@ RULES: list[Rule] = [
          "checkpoint.ckpt_format=torch_dist, or enable Megatron FSDP (mfsdp.py enable)",
          f"{_VALIDATE}: assert 'fsdp_dtensor checkpoint format only supports Megatron FSDP'"),
     Rule("MFSDP-ENV-MAX-CONNECTIONS", "error", "validate", ("env." + MAX_CONN,),
-         lambda e: e.fsdp and e.env.get(MAX_CONN) == "1",
-         lambda e: f"{MAX_CONN}='1' (from the environment or env_vars); Megatron FSDP needs it unset or > 1.",
-         f"unset {MAX_CONN} (or export {MAX_CONN}=32), and remove env_vars.{MAX_CONN}=1 from the config",
+         lambda e: e.fsdp and e.env.get(MAX_CONN) == "1" and [
+             (f"env_vars.{MAX_CONN}", f"{_envfmt(e, MAX_CONN)}; Megatron FSDP needs it unset or > 1.",
+              f"env_vars.{MAX_CONN}=32") if MAX_CONN in e.env_from_config else
+             (f"env.{MAX_CONN}", f"{_envfmt(e, MAX_CONN)}; Megatron FSDP needs it unset or > 1.",
+              f"unset {MAX_CONN} in the job's environment (or set it to 32)")],
+         None, None,
          f"{_FSDP_CFG}: assert 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'"),
     Rule("MFSDP-MANUAL-REG-NEEDS-NCCL-UB", "error", "validate", ("ddp.fsdp_manual_registration", "ddp.nccl_ub"),
          lambda e: e.fsdp and not e.get("ddp.nccl_ub") and bool(e.get("ddp.fsdp_manual_registration")),
@@ -407,15 +450,11 @@ RULES: list[Rule] = [
          lambda e: (not e.get("dist.use_megatron_fsdp") and bool(e.get("ddp.use_megatron_fsdp"))
                     and bool(e.get("dist.use_torch_fsdp2"))),
          lambda e: ("ddp.use_megatron_fsdp=true with dist.use_torch_fsdp2=true: Bridge's exclusivity check reads "
-                    "only dist.use_megatron_fsdp, then turns it on; the model is wrapped twice."),
+                    "only dist.use_megatron_fsdp, then turns it on; wrapping the model then fails."),
          "dist.use_torch_fsdp2=false and dist.use_megatron_fsdp=true",
-         f"{_VALIDATE}: 'if self.dist.use_megatron_fsdp and self.dist.use_torch_fsdp2' precedes "
-         "_validate_and_apply_megatron_fsdp_configs (which sets dist.use_megatron_fsdp=True)"),
-    Rule("MFSDP-NCCL-UB-DOUBLE-BUFFER", "error", "runtime", ("ddp.fsdp_double_buffer", "ddp.nccl_ub"),
-         lambda e: e.fsdp and bool(e.get("ddp.nccl_ub")) and not e.get("ddp.fsdp_double_buffer"),
-         lambda e: "ddp.nccl_ub=true with ddp.fsdp_double_buffer=false: Megatron FSDP asserts when it builds its buffers.",
-         "ddp.fsdp_double_buffer=true",
-         f"{_MFSDP_BUF}: assert 'NCCL UB is only supported with FSDP double buffer.'"),
+         "megatron/training/models/dist_utils.py: _ddp_wrap: ValueError 'Using use_megatron_fsdp and "
+         f"use_torch_fsdp2 at the same time is not supported.'; {_VALIDATE} checks only dist.use_megatron_fsdp "
+         "before _validate_and_apply_megatron_fsdp_configs sets it"),
     Rule("MFSDP-HSDP-OUTER-NEEDS-FULL-SHARD", "error", "runtime",
          ("ddp.data_parallel_sharding_strategy", "ddp.outer_dp_sharding_strategy"),
          lambda e: (e.fsdp and e.get("ddp.outer_dp_sharding_strategy") != "no_shard"
@@ -427,11 +466,23 @@ RULES: list[Rule] = [
          "ddp.data_parallel_sharding_strategy=optim_grads_params (or ddp.outer_dp_sharding_strategy=no_shard)",
          f"{_MFSDP_BUF}: NotImplementedError '[Megatron-FSDP] Optimizer fully-sharded HFSDP is only supported "
          "with full-sharding on DP-Shard.'"),
+    Rule("MFSDP-HSDP-OUTER-WITHOUT-HSDP", "error", "runtime",
+         ("ddp.outer_dp_sharding_strategy", "ddp.num_distributed_optimizer_instances"),
+         lambda e: (e.fsdp and e.get("ddp.outer_dp_sharding_strategy") != "no_shard"
+                    and not _int_gt(e.get("ddp.num_distributed_optimizer_instances"), 1)),
+         lambda e: (f"{_v(e, 'ddp.outer_dp_sharding_strategy')} with "
+                    f"{_v(e, 'ddp.num_distributed_optimizer_instances')}: hybrid FSDP is off, so the outer "
+                    "strategy has no group to shard over."),
+         "ddp.outer_dp_sharding_strategy=no_shard (or num_distributed_optimizer_instances > 1 for HSDP)",
+         "megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
+         "'the first param all-gather hits a None HSDP helper buffer'; "
+         "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py: "
+         "'enable_hsdp = self.ddp_config.num_distributed_optimizer_instances > 1'"),
     # ------------------------------------------------------------------ warnings
     Rule("MFSDP-FSDP2-EXPERIMENTAL", "warning", "runtime", ("dist.use_torch_fsdp2",),
          lambda e: bool(e.get("dist.use_torch_fsdp2")) and not e.fsdp,
-         lambda e: ("dist.use_torch_fsdp2=true: PyTorch FSDP2 is experimental in Bridge; validate() accepts it but "
-                    "the job is not expected to train. This skill covers Megatron FSDP."),
+         lambda e: ("dist.use_torch_fsdp2=true: PyTorch FSDP2 is not in a stable release stage in Megatron; "
+                    "validate() accepts it, problems show only once the job runs. This skill covers Megatron FSDP."),
          "dist.use_torch_fsdp2=false, then mfsdp.py enable",
          f"{S.MT_COMMON}: DistributedInitConfig.use_torch_fsdp2 docstring 'It is still not in a stable release "
          "stage, and may therefore contain bugs or other potential issues.'"),
@@ -445,6 +496,14 @@ RULES: list[Rule] = [
          lambda e: "Megatron FSDP with data_parallel_sharding_strategy=no_shard shards nothing (no memory saving).",
          "ddp.data_parallel_sharding_strategy=optim_grads_params",
          f"{S.MC_DDP}: DistributedDataParallelConfig.data_parallel_sharding_strategy (default 'no_shard')"),
+    Rule("MFSDP-SHARDING-WITHOUT-FSDP", "warning", "advice", ("ddp.data_parallel_sharding_strategy", "ddp.use_megatron_fsdp"),
+         lambda e: not e.fsdp and e.get("ddp.data_parallel_sharding_strategy") not in ("no_shard", None),
+         lambda e: (f"{_v(e, 'ddp.data_parallel_sharding_strategy')} is ignored: Megatron FSDP is off "
+                    "(only Megatron FSDP reads the sharding strategy)."),
+         "dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true (mfsdp.py enable), or drop the strategy",
+         f"{S.B_CFG}: ConfigContainer._validate_and_apply_megatron_fsdp_configs and "
+         "megatron/core/optimizer/__init__.py: 'if ddp_config.use_megatron_fsdp:' (the only readers, "
+         "with megatron_fsdp itself)"),
     Rule("MFSDP-ENV-MAX-CONN-TP-OVERLAP", "warning", "advice", ("env." + MAX_CONN, "model.tp_comm_overlap"),
          lambda e: (e.fsdp and e.gpu_arch in PRE_BLACKWELL_ARCHS and e.env.get(MAX_CONN) != "1"
                     and (bool(e.get("model.tp_comm_overlap")) or _co(e, "tp_comm_overlap"))),
@@ -452,7 +511,8 @@ RULES: list[Rule] = [
                     f"({_envfmt(e, MAX_CONN)}): overlap will be poor."),
          "comm_overlap.tp_comm_overlap=false (or run on Blackwell, where the two do not conflict)",
          f"{_FSDP_CFG}: assert 'FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.'; "
-         "megatron/core/distributed/distributed_data_parallel.py (comment on CUDA_DEVICE_MAX_CONNECTIONS=1 ordering)"),
+         "megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py: env_vars '# CUDA stream scheduling for this "
+         "model and parallel layout.' with CUDA_DEVICE_MAX_CONNECTIONS 1 on H100 (the B200/GB200 perf recipes use 32)"),
     Rule("MFSDP-NCCL-UB-EXPANDABLE-SEGMENTS", "warning", "validate", ("env.PYTORCH_CUDA_ALLOC_CONF", "ddp.nccl_ub"),
          lambda e: bool(e.get("ddp.nccl_ub"))
          and "expandable_segments:True" in e.env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","),
@@ -465,13 +525,16 @@ RULES: list[Rule] = [
          lambda e: e.fsdp and bool(e.get("ddp.keep_fp8_transpose_cache")),
          lambda e: "ddp.keep_fp8_transpose_cache=true keeps an FP8 transpose per parameter: more memory under FSDP.",
          "ddp.keep_fp8_transpose_cache=false",
-         "megatron/bridge/perf_recipes/llama/gb200/llama3.py and nemotronh/common.py: "
-         "cfg.ddp.keep_fp8_transpose_cache = False next to use_megatron_fsdp"),
+         "megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
+         "'cfg.ddp.keep_fp8_transpose_cache = False' next to 'cfg.ddp.use_megatron_fsdp = True'; "
+         f"{GITHUB_ONLY} scripts/performance/utils/overrides.py: _set_megatron_fsdp_overrides (the same)"),
     Rule("MFSDP-DEFER-EMBEDDING-WGRAD", "warning", "advice", ("comm_overlap.defer_embedding_wgrad_compute",),
          lambda e: e.fsdp and _co(e, "defer_embedding_wgrad_compute"),
          lambda e: "comm_overlap.defer_embedding_wgrad_compute=true: Bridge's performance harness turns it off for Megatron FSDP.",
          "comm_overlap.defer_embedding_wgrad_compute=false",
-         f"{S.B_CO}: CommOverlapConfig.defer_embedding_wgrad_compute (perf harness: off with --use_megatron_fsdp)"),
+         f"{S.B_CO}: CommOverlapConfig.defer_embedding_wgrad_compute; {GITHUB_ONLY} "
+         "scripts/performance/utils/overrides.py: _set_megatron_fsdp_overrides: 'Disabling deferring embedding "
+         "wgrad compute because it cannot work with FSDP together.'"),
     Rule("MFSDP-CUSTOM-FSDP-DEPRECATED", "warning", "advice", ("ddp.use_custom_fsdp",),
          lambda e: bool(e.get("ddp.use_custom_fsdp")),
          lambda e: "ddp.use_custom_fsdp=true is deprecated and ignored by Bridge's checks.",
@@ -510,6 +573,14 @@ RULES: list[Rule] = [
          lambda e: "ddp.nccl_ub=true: Bridge sets ddp.fsdp_manual_registration=true (registration is slow otherwise).",
          "ddp.fsdp_manual_registration=true",
          f"{_FSDP_CFG}: '# Without manual registration, UBR is really slow.'"),
+    Rule("MFSDP-NCCL-UB-DOUBLE-BUFFER", "info", "rewrite", ("ddp.fsdp_double_buffer", "ddp.nccl_ub"),
+         lambda e: (e.fsdp and bool(e.get("ddp.nccl_ub")) and not e.get("ddp.fsdp_double_buffer")
+                    and not e.get("ddp.megatron_fsdp_max_pool_double_buffer")),
+         lambda e: ("ddp.nccl_ub=true: Megatron FSDP turns ddp.fsdp_double_buffer on (user-buffer registration needs "
+                    "persistent buffers), which costs memory the estimate should include."),
+         "ddp.fsdp_double_buffer=true",
+         f"{_MFSDP_BUF}: ParamAndGradBuffer.__init__ '# Since the user buffer registration requires (non-dynamic) "
+         "persistent memory,' then 'self.ddp_config.fsdp_double_buffer = True'"),
     Rule("MFSDP-META-DEVICE-INIT", "info", "advice", ("model.init_model_with_meta_device",),
          lambda e: e.fsdp and not e.get("model.init_model_with_meta_device"),
          lambda e: "model.init_model_with_meta_device=false: the full model is materialised on each GPU before sharding.",

@@ -97,6 +97,7 @@ FIELDS: dict[str, tuple] = {
     "ddp.nccl_ub": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.fsdp_manual_registration": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.fsdp_double_buffer": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
+    "ddp.megatron_fsdp_max_pool_double_buffer": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.keep_fp8_transpose_cache": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.megatron_fsdp_use_decoupled_grad": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.overlap_grad_reduce": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
