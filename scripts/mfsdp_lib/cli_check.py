@@ -17,7 +17,7 @@ import os
 
 from . import config_io, rules
 from . import schema as S
-from .findings import InputError, exit_code, render_json, render_text
+from .findings import exit_code, render_json, render_text
 
 DESCRIPTION = """\
 Check a Megatron-Bridge config against every Megatron FSDP rule at once.

@@ -24,7 +24,7 @@ import sys
 
 from . import config_io, enable, rules
 from .cli_check import split_items
-from .findings import Finding, InputError, has_errors, render_text, sort_findings
+from .findings import Finding, has_errors, render_text, sort_findings
 
 DESCRIPTION = """\
 Apply the Megatron FSDP overrides to a Megatron-Bridge config and say what changed.
