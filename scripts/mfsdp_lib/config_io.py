@@ -220,6 +220,11 @@ def _article(typ: str) -> str:
     return f"an {typ}" if typ[0] in "aeiou" else f"a {typ}"
 
 
+def _unknown_hint(section: str, key: str, known) -> str:
+    why = S.NOT_IN_THIS_RELEASE.get(f"{section}.{key}")
+    return f": {why}" if why else _did_you_mean(key, known)
+
+
 def _did_you_mean(word: str, choices) -> str:
     import difflib
 
@@ -358,7 +363,7 @@ def validate_section(section: str, value, where: str):
         if not isinstance(key, str):
             raise _err(f"{loc}{section}: key {key!r} is not a field name")
         if known is not None and key not in known:
-            raise _err(f"{loc}unknown key '{section}.{key}'{_did_you_mean(key, known)}")
+            raise _err(f"{loc}unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
         out[key] = coerce(f"{section}.{key}", v, where)
     return out
 
@@ -410,7 +415,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
     key = parts[1]
     known = _known_keys(section, node)
     if known is not None and key not in known:
-        raise _err(f"{where} {path}: unknown key '{section}.{key}'{_did_you_mean(key, known)}")
+        raise _err(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
     node[key] = coerce(path, value, f"{where} {path}".strip())
     cfg[section] = node
 
