@@ -128,3 +128,16 @@ def test_without_pyyaml_one_line_exit_2(root):
     p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "pip install PyYAML" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_base_layers_a_partial_file_on_the_recipe(cli, tmp_path):
+    """A partial --config-file is judged as the launcher applies it: over the recipe (--base)."""
+    ovr = tmp_path / "ovr.yaml"
+    ovr.write_text("ddp:\n  use_megatron_fsdp: true\n")
+    assert cli("check", str(ovr), *CLEAN_ENV).returncode == 0  # over bare dataclass defaults: no save/load
+    p = cli("check", str(ovr), "--base", "embedded", *CLEAN_ENV, "--format", "json")
+    assert p.returncode == 1 and "MFSDP-CKPT-FORMAT" in {f["rule"] for f in _json(p)["findings"]}
+    # options and KEY=VALUE items may be interleaved
+    p = cli("check", str(ovr), "--base", "embedded", "checkpoint.save=null", *CLEAN_ENV, "checkpoint.load=null")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert cli("check", str(ovr), "--base", str(tmp_path / "missing.yaml")).returncode == 2

@@ -8,8 +8,9 @@ Bridge configs reach users in three shapes, and ``check``/``enable`` accept all 
 * Hydra-style ``section.key=value`` overrides from the command line.
 
 The effective config is layered the way Bridge layers them: the Bridge 0.6.x defaults
-of every field the rules read (``schema.FIELDS``), then the file (the embedded Llama 3
-8B recipe dump when no file is given), then the overrides.
+of every field the rules read (``schema.FIELDS``), optionally a full BASE config (what a
+recipe launcher applies a partial ``--config-file`` to), then the file (the embedded
+Llama 3 8B recipe dump when no file is given), then the overrides.
 
 Values are coerced the way OmegaConf's typed nodes coerce them, because that is what a
 user expects from Bridge's YAML: ``"True"``, ``"yes"`` and ``3`` become a bool, ``"4"``
@@ -461,10 +462,30 @@ def resolve_config_path(path: str) -> str:
     return path
 
 
-def load_effective(path: str | None, overrides: Sequence[str] = ()) -> dict:
-    """Bridge defaults ⊕ CONFIG (embedded recipe when None) ⊕ ``section.key=value`` overrides."""
+# ``base`` value meaning "the embedded Llama 3 8B recipe" (``--base embedded``).
+EMBEDDED_BASE = "embedded"
+
+
+def base_config(base: str | None) -> dict:
+    """Bridge defaults, with a full BASE config merged over them when given.
+
+    BASE is what a partial override file is layered on at launch time: Bridge's recipe
+    launchers apply ``--config-file overrides.yaml`` to a recipe, not to bare dataclass
+    defaults. ``"embedded"`` is the embedded Llama 3 8B recipe.
+    """
+    cfg = _defaults()
+    if base is None:
+        return cfg
+    if base == EMBEDDED_BASE:
+        return merge_file(cfg, embedded_default(), EMBEDDED_NAME)
+    base = resolve_config_path(base)
+    return merge_file(cfg, load_yaml(base), base)
+
+
+def load_effective(path: str | None, overrides: Sequence[str] = (), base: str | None = None) -> dict:
+    """Bridge defaults [⊕ BASE] ⊕ CONFIG (embedded recipe when None) ⊕ ``section.key=value`` overrides."""
     data, name = load_file_data(path)
-    cfg = merge_file(_defaults(), data, name)
+    cfg = merge_file(base_config(base), data, name)
     apply_overrides(cfg, overrides)
     return cfg
 
