@@ -141,3 +141,21 @@ def test_base_layers_a_partial_file_on_the_recipe(cli, tmp_path):
     p = cli("check", str(ovr), "--base", "embedded", "checkpoint.save=null", *CLEAN_ENV, "checkpoint.load=null")
     assert p.returncode == 0, p.stdout + p.stderr
     assert cli("check", str(ovr), "--base", str(tmp_path / "missing.yaml")).returncode == 2
+
+
+def _trained_run_configs(root):
+    """run_config.yaml files that real Bridge jobs trained with (role gpu's runs on an H200)."""
+    return sorted(list((root / "benchmarks" / "results" / "raw").glob("**/run_config.yaml"))
+                  + list((root / "tests" / "fixtures" / "gpu-run").glob("**/run_config.yaml")))
+
+
+def test_every_config_that_really_trained_passes(root):
+    from mfsdp_lib import config_io, rules
+
+    paths = _trained_run_configs(root)
+    if not paths:
+        pytest.skip("no run_config.yaml from real GPU runs in this checkout (role gpu adds them)")
+    for p in paths:
+        found = rules.evaluate(config_io.load_effective(str(p)), {"PATH": "/usr/bin"})
+        errors = [f.rule for f in found if f.severity == "error"]
+        assert not errors, f"{p.relative_to(root)} trained on a GPU, yet check reports {errors}"
