@@ -280,7 +280,9 @@ def hydra_value(value) -> str:
 
 
 def render_overrides(changes: list[Change]) -> str:
-    return "".join(f"{c.path}={hydra_value(c.new)}\n" for c in changes)
+    """Hydra lines; a key new to ``env_vars`` gets Hydra's '+' (Bridge parses overrides in struct mode)."""
+    return "".join(f"{'+' if c.path.startswith('env_vars.') and c.old is None else ''}{c.path}="
+                   f"{hydra_value(c.new)}\n" for c in changes)
 
 
 def render_python(changes: list[Change]) -> str:
