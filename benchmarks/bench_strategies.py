@@ -43,7 +43,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 STRATEGIES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")
 GIB = 2**30
-COLUMNS = ["strategy", "GPUs", "step time (ms)", "tokens/s", "peak allocated GiB (max rank)",
+COLUMNS = ["strategy", "GPUs", "step time (ms)", "step time in repeat runs (ms)", "tokens/s", "peak allocated GiB (max rank)",
            "model state GiB (measured)", "model state + step transient GiB (estimate)", "total GiB (estimate)", "final loss"]
 
 
@@ -64,6 +64,9 @@ def parse_args(argv=None):
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--machine", default=None, help="words for the machine (default: GPU name and count)")
     p.add_argument("--timeout", type=int, default=420, help="seconds allowed per strategy job")
+    p.add_argument("--repeat-raw-dir", action="append", default=[],
+                   help="raw folder of an earlier run of the same benchmark (repeatable): its median step "
+                        "times are shown beside this run's, so run-to-run spread is visible")
     return p.parse_args(argv)
 
 
@@ -140,8 +143,9 @@ def assemble(a, raw: Path) -> Path:
                         a.micro_batch_size)
         est_state, est_total = _row_prediction(pred)
         step = r0.get("step_time_s_median")
+        repeats = [_repeat_step_ms(Path(d), strategy) for d in a.repeat_raw_dir]
         rows.append([
-            strategy, r0.get("world_size"), None if step is None else round(step * 1e3, 1),
+            strategy, r0.get("world_size"), None if step is None else round(step * 1e3, 1), repeats,
             None if r0.get("tokens_per_s") is None else round(r0["tokens_per_s"]),
             round(max(r.get("peak_allocated_bytes") or 0 for r in ranks) / GIB, 2),
             None if r0.get("model_state_bytes") is None else round(max(r["model_state_bytes"] for r in ranks) / GIB, 2),
@@ -156,11 +160,28 @@ def assemble(a, raw: Path) -> Path:
             "losses": [s["loss"] for s in r0.get("steps", [])],
             "estimate": pred, "versions": r0.get("versions"),
         }
-    if not any(r[6] is not None for r in rows):
+    if a.repeat_raw_dir:
+        spread, same_mem = 0.0, True
+        for row in rows:
+            times = [t for t in [row[2], *row[3]] if t]
+            if times:
+                spread = max(spread, max(times) / min(times) - 1)
+            for d in a.repeat_raw_dir:
+                rec = Path(d) / row[0] / "rank0.json"
+                if rec.is_file():
+                    same_mem &= json.loads(rec.read_text()).get("peak_allocated_bytes") == \
+                        raw_out[row[0]]["per_rank_peak_allocated_bytes"].get("0")
+        notes.append("repeat runs of the same benchmark on the same kind of machine: "
+                     + "; ".join(f"{os.path.relpath(Path(d).resolve(), ROOT)} ({_run_command(Path(d), a)})"
+                                 for d in a.repeat_raw_dir)
+                     + f". The median step time of one strategy differed by up to {spread:.0%} between runs, "
+                     + ("while peak memory was identical to the byte" if same_mem else "and peak memory differed")
+                     + ": compare step times within one run only")
+    if not any(r[7] is not None for r in rows):
         notes.append("no memory estimate beside the measurements: mfsdp_lib.memory was not available when assembled")
     notes += [
-        f"measured by the command above on the GPU machine; this file assembled with: python3 benchmarks/"
-        f"bench_strategies.py --assemble --raw-dir {os.path.relpath(raw, ROOT)} --tag {a.tag}",
+        "measured by the command above on the GPU machine; this file assembled with: python3 "
+        "benchmarks/bench_strategies.py " + shlex.join(a.argv),
         f"model {a.model}, seq {a.seq_length}, GBS {a.global_batch_size}, MBS {a.micro_batch_size}, bf16, "
         f"{a.iters} iterations per strategy; step time is the median of steps 3..{a.iters} (CUDA-synchronised)",
         "model state (measured) = torch.cuda.memory_allocated() right after each optimizer step (last step shown), "
@@ -177,7 +198,8 @@ def assemble(a, raw: Path) -> Path:
         "machine": machine,
         "command": _run_command(raw, a),
         "columns": COLUMNS, "rows": rows, "notes": notes,
-        "raw": {"per_strategy": raw_out, "job_command_example": command, "raw_dir": os.path.relpath(raw, ROOT)},
+        "raw": {"per_strategy": raw_out, "job_command_example": command, "raw_dir": os.path.relpath(raw, ROOT),
+                "repeat_raw_dirs": [os.path.relpath(Path(d).resolve(), ROOT) for d in a.repeat_raw_dir]},
     }
     dest = Path(a.results_dir) / f"gpu_strategies_{a.tag}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -185,6 +207,14 @@ def assemble(a, raw: Path) -> Path:
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, dest)
     return dest
+
+
+def _repeat_step_ms(raw: Path, strategy: str) -> float | None:
+    rec = raw / strategy / "rank0.json"
+    if not rec.is_file():
+        return None
+    step = json.loads(rec.read_text()).get("step_time_s_median")
+    return None if step is None else round(step * 1e3, 1)
 
 
 def _run_date(raw: Path) -> str:
@@ -218,6 +248,7 @@ def _run_command(raw: Path, a) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_args(argv)
+    a.argv = argv
     raw = Path(a.raw_dir or ROOT / "benchmarks" / "results" / "raw" / f"gpu_strategies_{a.tag}").resolve()
     if not a.assemble:
         run_jobs(a, raw, argv)

@@ -30,6 +30,14 @@ PYTEST_SUMMARY = re.compile(r"=+ (.*\b(passed|failed|error)\b.*) in [\d.]+s")
 BRIDGE_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration")
 
 
+def _shape(model: str | None) -> str:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import smoke_train
+
+    shape = smoke_train.MODEL_SHAPES.get(model or "")
+    return "(" + ", ".join(f"{k} {v}" for k, v in shape.items()) + ")" if shape else ""
+
+
 def _row(name: str, result: str, rec: dict, fmt: str | None) -> list:
     sr = rec.get("save_resume") or {}
     step = rec.get("step_time_s_median")
@@ -63,9 +71,10 @@ def main(argv=None) -> int:
         _row("mfsdp.py smoke --save-resume --format json", "pass" if summary.get("pass") else "fail", smrec, fmt),
     ]
     notes = [
-        "model: 2-layer Llama 3 shape (hidden 768, FFN 2688, 16 heads, 8 KV groups; Bridge's own Megatron FSDP "
-        "functional-test shape), NullTokenizer, mock data, seq 512, GBS 8, MBS 1, bf16, 10 iterations, "
-        "Megatron FSDP optim_grads_params, ckpt_format fsdp_dtensor",
+        f"model {smrec.get('model')} {_shape(smrec.get('model'))}, NullTokenizer, mock data, seq "
+        f"{smrec.get('seq_length')}, GBS {smrec.get('global_batch_size')}, MBS {smrec.get('micro_batch_size')}, bf16, "
+        f"{smrec.get('iters')} iterations, strategy {smrec.get('strategy')}, checkpoint format "
+        f"{(smrec.get('config') or {}).get('overrides', {}).get('checkpoint.ckpt_format')}",
         "save/resume: the checkpoint saved at iteration 10 was loaded into a fresh model; forward-only loss on the "
         "same next batch before save and after load, compared within bf16 tolerance (rtol 1.6e-2)",
         f"Bridge accepted the config (runtime_config_update/validate): {smrec.get('bridge_validate')}; our check: "
@@ -80,8 +89,9 @@ def main(argv=None) -> int:
     calls = raw / "device_calls.json"
     if calls.is_file():
         dc = json.loads(calls.read_text())
+        n = sum(isinstance(c.get("call"), int) for c in dc["calls"])
         notes.append(f"device time: {dc['total_device_s']} s of the lent {dc['kind']} for the whole session "
-                     f"({len(dc['calls'])} calls from a bare machine, the strategy benchmark included); "
+                     f"({n} calls, the set-up from a bare machine and the strategy benchmarks included); "
                      "per call in raw/" + raw.name + "/device_calls.json")
     date = max(stamps).replace(" ", "T") + "+00:00" if stamps else None
     result = {

@@ -90,46 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --------------------------------------------------------------------------- config
 
-def _apply_overrides(cfg, overrides: dict) -> str:
-    """Set dotted attributes through role config's library; say which path was used."""
-    try:
-        from mfsdp_lib import enable
-    except ImportError:
-        enable = None
-    if enable is not None and hasattr(enable, "apply_to_object"):
-        enable.apply_to_object(cfg, overrides)
-        return "mfsdp_lib.enable.apply_to_object"
-    # FALLBACK (only while role config's enable module is not merged): plain setattr
-    # on dotted paths. Replaced by the library as soon as it is present.
-    for dotted, value in overrides.items():
-        obj = cfg
-        *parents, leaf = dotted.split(".")
-        for name in parents:
-            obj = getattr(obj, name)
-        setattr(obj, leaf, value)
-    return "local fallback (mfsdp_lib.enable missing)"
-
-
 def minimal_fsdp_overrides(strategy: str) -> tuple[dict, str]:
     """The overrides ``mfsdp.py enable`` applies, with the sharding strategy chosen."""
-    try:
-        from mfsdp_lib.enable import MINIMAL_OVERRIDES
-        source = "mfsdp_lib.enable.MINIMAL_OVERRIDES"
-        overrides = dict(MINIMAL_OVERRIDES)
-    except ImportError:
-        # FALLBACK (only while role config's enable module is not merged): the settings
-        # Bridge 0.6.2's ConfigContainer._validate_and_apply_megatron_fsdp_configs forces
-        # or asserts, as in Bridge's Megatron FSDP functional test.
-        source = "local fallback (mfsdp_lib.enable missing)"
-        overrides = {
-            "dist.use_megatron_fsdp": True,
-            "ddp.use_megatron_fsdp": True,
-            "ddp.use_distributed_optimizer": True,
-            "optimizer.use_distributed_optimizer": True,
-            "checkpoint.ckpt_format": "fsdp_dtensor",
-        }
+    from mfsdp_lib.enable import MINIMAL_OVERRIDES
+
+    overrides = dict(MINIMAL_OVERRIDES)
     overrides["ddp.data_parallel_sharding_strategy"] = strategy
-    return overrides, source
+    return overrides, "mfsdp_lib.enable.MINIMAL_OVERRIDES"
 
 
 def strategy_overrides(strategy: str) -> tuple[dict, str]:
@@ -196,10 +163,12 @@ def build_config(args, save_dir: str | None = None, load_dir: str | None = None)
                                     fully_parallel_save=True, async_save=False),
         rng=RNGConfig(seed=1234),
     )
+    from mfsdp_lib.enable import apply_to_object
+
     overrides, source = strategy_overrides(args.strategy)
-    applied_by = _apply_overrides(cfg, overrides)
+    apply_to_object(cfg, overrides)
     return cfg, {"overrides": {k: _jsonable(v) for k, v in overrides.items()}, "overrides_source": source,
-                 "applied_by": applied_by}
+                 "applied_by": "mfsdp_lib.enable.apply_to_object"}
 
 
 def _jsonable(v):

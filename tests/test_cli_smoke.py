@@ -134,8 +134,8 @@ def test_step_summary_skips_warmup_and_flags_nan():
 
 # ----------------------------------------------------------------- checkpoint markers
 
-def test_checkpoint_format_fsdp_dtensor_on_real_metadata(shared_dir, tmp_path):
-    real = shared_dir / "fixtures" / "real-h200-run" / "checkpoint_metadata_only"
+def test_checkpoint_format_fsdp_dtensor_on_real_metadata(tmp_path):
+    real = Path(__file__).parent / "fixtures" / "gpu-run" / "checkpoints"  # this repo's own H200 smoke run
     ck = tmp_path / "ck"
     shutil.copytree(real, ck)
     it = ck / "iter_0000010"

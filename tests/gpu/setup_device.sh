@@ -4,7 +4,7 @@
 # usage: tests/gpu/setup_device.sh WHEEL_DIR TE_CORE
 #   WHEEL_DIR  folder of wheels: megatron-bridge 0.6.2, megatron-core 0.19.2, megatron-fsdp 0.6.1,
 #              transformer_engine 2.20.2 (meta), transformer_engine_torch 2.20.2 (built for this torch),
-#              and their pure dependencies (see tests/gpu/README.md for the list and how to make it)
+#              and their pure dependencies (tests/gpu/device-wheels.txt; tests/gpu/README.md says how to make it)
 #   TE_CORE    transformer_engine_cu13 2.20.2 wheel, or a folder holding it split into parts
 #              (te.part.0, te.part.1, ...: a 276 MB wheel does not fit one transfer of the device tool)
 # env: PY (default: python3, the interpreter that has torch), TE_SHA256 (expected digest of TE_CORE),
