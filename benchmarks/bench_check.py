@@ -31,6 +31,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from mfsdp_lib import config_io  # noqa: E402  (atomic write of the result)
+
 RESULT = ROOT / "benchmarks" / "results" / "check_speed.json"
 TARGET_RATIO = 5.0  # issue 2: check on the embedded default within 5x a bare interpreter start
 WARMUP = 3  # first runs pay for .pyc compilation and a cold page cache: not what an agent sees
@@ -134,9 +138,7 @@ def main(argv=None) -> int:
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, out)
+    config_io.write_atomic(str(out), json.dumps(doc, indent=2) + "\n")
     print(f"bare {s_bare['median_ms']} ms, check {s_check['median_ms']} ms, ratio {ratio:.2f} "
           f"(target <= {TARGET_RATIO:g}); no bytecode cache {s_nc['median_ms']} ms, ratio {ratio_nc:.2f} -> {out}")
     return 0

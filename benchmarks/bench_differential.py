@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import platform
 import shlex
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mfsdp_lib import differential  # noqa: E402
+from mfsdp_lib import config_io, differential  # noqa: E402
 
 VERDICTS = ROOT / "tests" / "fixtures" / "differential" / "verdicts.json"
 RESULT = ROOT / "benchmarks" / "results" / "differential_agreement.json"
@@ -74,9 +73,7 @@ def main(argv=None) -> int:
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc_out, indent=1) + "\n")
-    os.replace(tmp, out)
+    config_io.write_atomic(str(out), json.dumps(doc_out, indent=1) + "\n")
     print(f"{s['we_rejected_too']}/{s['bridge_rejected']} rejections reproduced ({s['exact_rule']} same rule), "
           f"{s['we_accepted_too']}+{s['documented_exceptions']}/{s['bridge_accepted']} acceptances, "
           f"{s['disagreements']} disagreements -> {out}")

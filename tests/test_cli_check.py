@@ -128,3 +128,34 @@ def test_without_pyyaml_one_line_exit_2(root):
     p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "pip install PyYAML" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_base_layers_a_partial_file_on_the_recipe(cli, tmp_path):
+    """A partial --config-file is judged as the launcher applies it: over the recipe (--base)."""
+    ovr = tmp_path / "ovr.yaml"
+    ovr.write_text("ddp:\n  use_megatron_fsdp: true\n")
+    assert cli("check", str(ovr), *CLEAN_ENV).returncode == 0  # over bare dataclass defaults: no save/load
+    p = cli("check", str(ovr), "--base", "embedded", *CLEAN_ENV, "--format", "json")
+    assert p.returncode == 1 and "MFSDP-CKPT-FORMAT" in {f["rule"] for f in _json(p)["findings"]}
+    # options and KEY=VALUE items may be interleaved
+    p = cli("check", str(ovr), "--base", "embedded", "checkpoint.save=null", *CLEAN_ENV, "checkpoint.load=null")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert cli("check", str(ovr), "--base", str(tmp_path / "missing.yaml")).returncode == 2
+
+
+def _trained_run_configs(root):
+    """run_config.yaml files that real Bridge jobs trained with (role gpu's runs on an H200)."""
+    return sorted(list((root / "benchmarks" / "results" / "raw").glob("**/run_config.yaml"))
+                  + list((root / "tests" / "fixtures" / "gpu-run").glob("**/run_config.yaml")))
+
+
+def test_every_config_that_really_trained_passes(root):
+    from mfsdp_lib import config_io, rules
+
+    paths = _trained_run_configs(root)
+    if not paths:
+        pytest.skip("no run_config.yaml from real GPU runs in this checkout (role gpu adds them)")
+    for p in paths:
+        found = rules.evaluate(config_io.load_effective(str(p)), {"PATH": "/usr/bin"})
+        errors = [f.rule for f in found if f.severity == "error"]
+        assert not errors, f"{p.relative_to(root)} trained on a GPU, yet check reports {errors}"

@@ -104,3 +104,16 @@ def test_recipe_refuses_config(cli, tmp_path):
 def test_help_teaches(cli):
     p = cli("enable", "--help")
     assert p.returncode == 0 and "examples:" in p.stdout and "--emit overrides" in p.stdout
+
+
+def test_partial_file_with_base_gets_what_the_recipe_needs(cli, tmp_path):
+    ovr = tmp_path / "ovr.yaml"
+    ovr.write_text("train:\n  train_iters: 20\n")
+    out = tmp_path / "fsdp_ovr.yaml"
+    p = cli("enable", str(ovr), "--base", "embedded", "-o", str(out), *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    data = yaml.safe_load(out.read_text())
+    assert data["train"] == {"train_iters": 20}
+    assert data["checkpoint"] == {"ckpt_format": "fsdp_dtensor", "load": None}  # the recipe loads from a dir
+    assert "model" not in data and "optimizer" not in data  # only what differs from the base is written
+    assert cli("check", str(out), "--base", "embedded", *CLEAN_ENV).returncode == 0

@@ -88,7 +88,7 @@ def test_unknown_section_and_key(tmp_path):
     with pytest.raises(InputError, match="unknown key 'ddp.use_megatron_fdsp'.*did you mean 'use_megatron_fsdp'"):
         config_io.load_effective(None, ["ddp.use_megatron_fdsp=true"])
     # megatron_fsdp_version is not a field of Megatron-Core 0.19.2's DDP config
-    with pytest.raises(InputError, match="unknown key 'ddp.megatron_fsdp_version'"):
+    with pytest.raises(InputError, match="unknown key 'ddp.megatron_fsdp_version': Megatron-FSDP v2 is not"):
         config_io.load_effective(None, ["ddp.megatron_fsdp_version=2"])
 
 

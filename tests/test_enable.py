@@ -129,6 +129,8 @@ def test_renderers():
                enable.Change("env_vars.CUDA_DEVICE_MAX_CONNECTIONS", 1, 32, "x")]
     assert enable.render_overrides(changes) == ("ddp.use_megatron_fsdp=true\ncheckpoint.load=null\n"
                                                 "checkpoint.save='/my ckpt'\nenv_vars.CUDA_DEVICE_MAX_CONNECTIONS=32\n")
+    new_env = [enable.Change("env_vars.NVTE_CPU_OFFLOAD_V1", None, 1, "x")]
+    assert enable.render_overrides(new_env) == "+env_vars.NVTE_CPU_OFFLOAD_V1=1\n"  # Hydra: adding a key
     py = enable.render_python(changes)
     assert "cfg.ddp.use_megatron_fsdp = True\n" in py and "cfg.checkpoint.load = None\n" in py
     assert "cfg.env_vars['CUDA_DEVICE_MAX_CONNECTIONS'] = 32\n" in py

@@ -17,7 +17,7 @@ import os
 
 from . import config_io, rules
 from . import schema as S
-from .findings import InputError, exit_code, render_json, render_text
+from .findings import exit_code, render_json, render_text
 
 DESCRIPTION = """\
 Check a Megatron-Bridge config against every Megatron FSDP rule at once.
@@ -39,6 +39,8 @@ examples:
   mfsdp.py check run_config.yaml --format json     # a checkpoint's config, machine-readable
   mfsdp.py check my.yaml --env CUDA_DEVICE_MAX_CONNECTIONS=1 --gpu-arch hopper
         # judge against the launcher's environment instead of this shell's
+  mfsdp.py check fsdp_overrides.yaml --base embedded
+        # a partial --config-file as the recipe launcher will see it (over the recipe)
 
 exit codes: 0 no error-severity finding, 1 at least one error, 2 unusable input
 (missing file, YAML syntax error, unknown section/key, wrong type, unknown enum value
@@ -54,6 +56,24 @@ def configure(parser) -> None:
                         help=f"GPU architecture of the job ({', '.join(rules.KNOWN_ARCHS)}, or a product name "
                              "such as h100, gb200); enables architecture-specific advice")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    add_base_argument(parser)
+    allow_intermixed(parser)
+
+
+def allow_intermixed(parser) -> None:
+    """Let KEY=VALUE items follow options (``check a.yaml --base embedded ddp.x=1``).
+
+    Plain argparse stops filling a ``nargs="*"`` positional at the first option; the
+    intermixed parser (standard library, Python 3.7+) collects the items wherever they are.
+    """
+    parser.parse_args = parser.parse_intermixed_args
+
+
+def add_base_argument(parser) -> None:
+    parser.add_argument("--base", metavar="BASE",
+                        help="full config that a partial CONFIG is layered on, as a recipe launcher does with "
+                             "--config-file: a run_config.yaml, or 'embedded' for the embedded Llama 3 8B "
+                             "recipe (default: Bridge's dataclass defaults)")
 
 
 def _arch(text: str) -> str:
@@ -88,7 +108,7 @@ def run(args) -> int:
     path, overrides = split_items(args.items)
     if path:
         path = config_io.resolve_config_path(path)
-    cfg = config_io.load_effective(path, overrides)
+    cfg = config_io.load_effective(path, overrides, base=args.base)
     env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
     found = rules.evaluate(cfg, env, args.gpu_arch)
     name = path or config_io.EMBEDDED_NAME

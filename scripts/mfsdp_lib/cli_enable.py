@@ -23,8 +23,8 @@ import os
 import sys
 
 from . import config_io, enable, rules
-from .cli_check import split_items
-from .findings import Finding, InputError, has_errors, render_text, sort_findings
+from .cli_check import add_base_argument, allow_intermixed, split_items
+from .findings import Finding, has_errors, render_text, sort_findings
 
 DESCRIPTION = """\
 Apply the Megatron FSDP overrides to a Megatron-Bridge config and say what changed.
@@ -45,6 +45,8 @@ examples:
   mfsdp.py enable run_config.yaml -o fsdp_run_config.yaml
         # full YAML, edited in place (comments and key order kept), written atomically
   mfsdp.py enable my_overrides.yaml --in-place   # rewrites it, keeping my_overrides.yaml.bak
+  mfsdp.py enable my_overrides.yaml --base embedded -o fsdp_overrides.yaml
+        # a partial --config-file for the recipe launcher: adds what the recipe needs too
   mfsdp.py enable --emit python                  # cfg.ddp.use_megatron_fsdp = True ...
   mfsdp.py enable --strategy optim_grads --perf --emit json
   mfsdp.py enable --recipe llama3_8b_pretrain_config   # live: real recipe + real validate()
@@ -71,6 +73,8 @@ def configure(parser) -> None:
                         help="environment of the job, for the final check (default: this process's)")
     parser.add_argument("--recipe", metavar="NAME",
                         help="live mode: build Bridge's recipe NAME (needs megatron-bridge installed)")
+    add_base_argument(parser)
+    allow_intermixed(parser)
 
 
 def _bridge_installed() -> str | None:
@@ -115,7 +119,7 @@ def run(args) -> int:
     env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
 
     # The user's KEY=VALUE overrides are changes too (they must appear in the emitted config).
-    base = config_io.merge_file(config_io._defaults(), data, name)
+    base = config_io.merge_file(config_io.base_config(args.base), data, name)
     user_changes = []
     eff = enable._deep_copy(base)
     for item in overrides:
@@ -133,7 +137,8 @@ def run(args) -> int:
     if args.emit == "yaml":
         body, in_place_edit = enable.yaml_edit(text, data, changes)
         # the written text, re-read through the loader, must give the same verdict
-        reread = config_io.merge_file(config_io._defaults(), config_io.parse_yaml(body, "result"), "result")
+        reread = config_io.merge_file(config_io.base_config(args.base), config_io.parse_yaml(body, "result"),
+                                      "result")
         findings = rules.evaluate(reread, env, None)
         ok = not has_errors(findings)
     elif args.emit == "python":

@@ -9,7 +9,6 @@ any difference.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from . import config_io, rules
@@ -105,7 +104,6 @@ def run(args) -> int:
         wanted = set(args.ids)
         unknown = wanted - {d["rule"] for d in table}
         if unknown:
-            from .findings import InputError
             import difflib
 
             u = sorted(unknown)[0]

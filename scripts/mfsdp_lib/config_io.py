@@ -8,8 +8,9 @@ Bridge configs reach users in three shapes, and ``check``/``enable`` accept all 
 * Hydra-style ``section.key=value`` overrides from the command line.
 
 The effective config is layered the way Bridge layers them: the Bridge 0.6.x defaults
-of every field the rules read (``schema.FIELDS``), then the file (the embedded Llama 3
-8B recipe dump when no file is given), then the overrides.
+of every field the rules read (``schema.FIELDS``), optionally a full BASE config (what a
+recipe launcher applies a partial ``--config-file`` to), then the file (the embedded
+Llama 3 8B recipe dump when no file is given), then the overrides.
 
 Values are coerced the way OmegaConf's typed nodes coerce them, because that is what a
 user expects from Bridge's YAML: ``"True"``, ``"yes"`` and ``3`` become a bool, ``"4"``
@@ -220,6 +221,11 @@ def _article(typ: str) -> str:
     return f"an {typ}" if typ[0] in "aeiou" else f"a {typ}"
 
 
+def _unknown_hint(section: str, key: str, known) -> str:
+    why = S.NOT_IN_THIS_RELEASE.get(f"{section}.{key}")
+    return f": {why}" if why else _did_you_mean(key, known)
+
+
 def _did_you_mean(word: str, choices) -> str:
     import difflib
 
@@ -358,7 +364,7 @@ def validate_section(section: str, value, where: str):
         if not isinstance(key, str):
             raise _err(f"{loc}{section}: key {key!r} is not a field name")
         if known is not None and key not in known:
-            raise _err(f"{loc}unknown key '{section}.{key}'{_did_you_mean(key, known)}")
+            raise _err(f"{loc}unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
         out[key] = coerce(f"{section}.{key}", v, where)
     return out
 
@@ -410,7 +416,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
     key = parts[1]
     known = _known_keys(section, node)
     if known is not None and key not in known:
-        raise _err(f"{where} {path}: unknown key '{section}.{key}'{_did_you_mean(key, known)}")
+        raise _err(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
     node[key] = coerce(path, value, f"{where} {path}".strip())
     cfg[section] = node
 
@@ -456,10 +462,30 @@ def resolve_config_path(path: str) -> str:
     return path
 
 
-def load_effective(path: str | None, overrides: Sequence[str] = ()) -> dict:
-    """Bridge defaults ⊕ CONFIG (embedded recipe when None) ⊕ ``section.key=value`` overrides."""
+# ``base`` value meaning "the embedded Llama 3 8B recipe" (``--base embedded``).
+EMBEDDED_BASE = "embedded"
+
+
+def base_config(base: str | None) -> dict:
+    """Bridge defaults, with a full BASE config merged over them when given.
+
+    BASE is what a partial override file is layered on at launch time: Bridge's recipe
+    launchers apply ``--config-file overrides.yaml`` to a recipe, not to bare dataclass
+    defaults. ``"embedded"`` is the embedded Llama 3 8B recipe.
+    """
+    cfg = _defaults()
+    if base is None:
+        return cfg
+    if base == EMBEDDED_BASE:
+        return merge_file(cfg, embedded_default(), EMBEDDED_NAME)
+    base = resolve_config_path(base)
+    return merge_file(cfg, load_yaml(base), base)
+
+
+def load_effective(path: str | None, overrides: Sequence[str] = (), base: str | None = None) -> dict:
+    """Bridge defaults [⊕ BASE] ⊕ CONFIG (embedded recipe when None) ⊕ ``section.key=value`` overrides."""
     data, name = load_file_data(path)
-    cfg = merge_file(_defaults(), data, name)
+    cfg = merge_file(base_config(base), data, name)
     apply_overrides(cfg, overrides)
     return cfg
 

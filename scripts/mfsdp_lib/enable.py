@@ -206,11 +206,11 @@ def apply(cfg: Mapping, changes: list[Change]) -> dict:
 
 
 def _deep_copy(obj):
-    if isinstance(obj, dict):
-        return {k: _deep_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_deep_copy(v) for v in obj]
-    return obj
+    # copy.deepcopy keeps shared sub-objects shared (its memo), so a YAML file with
+    # aliases (&a / *a), even an alias bomb, copies in linear time.
+    import copy
+
+    return copy.deepcopy(obj)
 
 
 def apply_to_object(obj, overrides: Mapping[str, object]) -> None:
@@ -280,7 +280,9 @@ def hydra_value(value) -> str:
 
 
 def render_overrides(changes: list[Change]) -> str:
-    return "".join(f"{c.path}={hydra_value(c.new)}\n" for c in changes)
+    """Hydra lines; a key new to ``env_vars`` gets Hydra's '+' (Bridge parses overrides in struct mode)."""
+    return "".join(f"{'+' if c.path.startswith('env_vars.') and c.old is None else ''}{c.path}="
+                   f"{hydra_value(c.new)}\n" for c in changes)
 
 
 def render_python(changes: list[Change]) -> str:

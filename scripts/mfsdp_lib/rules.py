@@ -299,8 +299,9 @@ RULES: list[Rule] = [
     Rule("MFSDP-CKPT-NO-GLOO", "error", "validate", ("checkpoint.ckpt_format", "dist.use_gloo_process_groups"),
          lambda e: (not e.get("dist.use_gloo_process_groups") and e.dist_opt
                     and e.get("checkpoint.ckpt_format") not in DIST_CKPT_FORMATS),
-         lambda e: (f"dist.use_gloo_process_groups=false with the distributed optimizer (forced by Megatron FSDP) "
-                    f"and ckpt_format {fmt(e.get('checkpoint.ckpt_format'))}."),
+         lambda e: (f"dist.use_gloo_process_groups=false with the distributed optimizer"
+                    f"{' (forced by Megatron FSDP)' if e.fsdp else ''} and ckpt_format "
+                    f"{fmt(e.get('checkpoint.ckpt_format'))}: legacy checkpointing needs Gloo."),
          "checkpoint.ckpt_format=fsdp_dtensor (Megatron FSDP) or torch_dist",
          f"{_VALIDATE}: assert \"Legacy checkpointing requires ckpt_format='torch_dist' or 'fsdp_dtensor'\""),
     Rule("MFSDP-MXFP8-REUSE-NEEDS-FP8-GATHER", "error", "validate",

@@ -171,6 +171,16 @@ FIELDS: dict[str, tuple] = {
     "mixed_precision.reuse_grad_buf_for_mxfp8_param_ag": (BOOL, False, None, False, f"{B_MP}: MixedPrecisionConfig"),
 }
 
+# Keys people copy from newer documentation that this release does not have: a plain
+# did-you-mean would point at an unrelated key, so say what is going on instead.
+# (Checked by test_schema.py: the name appears nowhere in the pinned Megatron-Core / Bridge.)
+NOT_IN_THIS_RELEASE = {
+    "ddp.megatron_fsdp_version": (
+        "Megatron-FSDP v2 is not selectable in Megatron-Core 0.19.2 / Bridge 0.6.2 (DistributedDataParallelConfig "
+        "has no megatron_fsdp_version, and neither imports the megatron_fsdp.experimental package); "
+        "remove the key"),
+}
+
 # Sections that exist in a ConfigContainer (top-level keys of run_config.yaml). A key
 # outside this set is an unknown section. Source: B_CFG ConfigContainer fields.
 CONTAINER_KEYS = (
