@@ -42,7 +42,7 @@ import struct
 import zipfile
 from dataclasses import dataclass, field
 
-from .findings import Finding, InputError
+from .findings import Finding, InputError, oserror_to_input
 
 # --- file names Bridge / Megatron-Core / PyTorch DCP write (checkpoint_utils.py, dist_checkpointing) ---
 TRACKER_TRAIN_STATE = "latest_train_state.pt"  # f"{TRACKER_PREFIX}_{TRAIN_STATE_FILE}"; Bridge reads it first
@@ -590,12 +590,8 @@ class IterationInfo:
 def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
-    except PermissionError:
-        raise InputError(f"{path}: permission denied (cannot list the folder)") from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InputError(f"{path}: symbolic link loop") from None
-        raise InputError(f"{path}: cannot list the folder ({exc.strerror or exc})") from None
+        raise oserror_to_input(path, exc, "cannot list the folder") from None
 
 
 def _isdir(path: str) -> bool:
@@ -739,16 +735,8 @@ def _classify(path: str, entries: list[str]) -> str | None:
 def _resolve_path(path: str) -> str:
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise InputError(f"{path}: broken symbolic link") from None
-        raise InputError(f"{path}: no such file or folder") from None
-    except PermissionError:
-        raise InputError(f"{path}: permission denied") from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InputError(f"{path}: symbolic link loop") from None
-        raise InputError(f"{path}: {exc.strerror or exc}") from None
+        raise oserror_to_input(path, exc) from None
     if not stat.S_ISDIR(st.st_mode):
         base = os.path.basename(os.path.normpath(path))
         hint = ""

@@ -33,6 +33,27 @@ class InputError(Exception):
     """
 
 
+def oserror_to_input(path: str, exc: OSError, doing: str = "") -> InputError:
+    """One line for a file-system error on the user's PATH (shared by every command that reads files).
+
+    ``doing`` says what was attempted ("cannot list the folder"); the message names the cause in words a
+    user acts on (missing, broken link, loop, permission) rather than an errno.
+    """
+    import errno
+    import os
+
+    if isinstance(exc, FileNotFoundError):
+        if os.path.islink(path):
+            return InputError(f"{path}: broken symbolic link")
+        return InputError(f"{path}: no such file or folder")
+    if isinstance(exc, PermissionError):
+        return InputError(f"{path}: permission denied" + (f" ({doing})" if doing else ""))
+    if exc.errno == errno.ELOOP:
+        return InputError(f"{path}: symbolic link loop")
+    what = exc.strerror or str(exc)
+    return InputError(f"{path}: {doing} ({what})" if doing else f"{path}: {what}")
+
+
 @dataclass
 class Finding:
     rule: str  # stable id, e.g. "MFSDP-CKPT-FORMAT"; never reused for another meaning

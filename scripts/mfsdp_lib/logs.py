@@ -22,7 +22,6 @@ from the source, anchored after the usual logging / exception-class prefix, neve
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -31,7 +30,7 @@ import stat
 import sys
 from dataclasses import dataclass, field
 
-from .findings import Finding, InputError
+from .findings import Finding, InputError, oserror_to_input
 
 CHUNK = 1 << 20  # read size; memory stays O(CHUNK + MAX_LINE) whatever the log size
 MAX_LINE = 1 << 20  # longer "lines" (binary junk, a runaway print) are cut here
@@ -324,14 +323,8 @@ def open_log(path: str):
         return sys.stdin.buffer
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file" + (" (broken symbolic link)" if os.path.islink(path) else "")) from None
-    except PermissionError:
-        raise InputError(f"{path}: permission denied") from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InputError(f"{path}: symbolic link loop") from None
-        raise InputError(f"{path}: {exc.strerror or exc}") from None
+        raise oserror_to_input(path, exc) from None
     if stat.S_ISDIR(st.st_mode):
         raise InputError(f"{path}: is a folder; give the log file (or '-' for stdin)")
     if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
