@@ -2,23 +2,50 @@
 
 Role ``gpu`` adds real runs under ``tests/fixtures/gpu-run/``; the tests find them here (checkpoint roots by
 their tracker files, logs by ``*.log``) so new runs are tested without editing any test.
+
+``CKPT`` is not the committed folder but a temporary copy of it with the real file names: the ``skills``
+installer never copies a file named ``metadata.json`` (``mfsdp_lib.signature.INSTALLER_SKIPS_FILES``), so
+``make_fixtures.py`` stores those as ``metadata.json.fixture``; the copy, made once per test process and
+removed at exit, renames them back, so the tests read what Bridge writes in an installed copy too.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REAL_RUN = FIXTURES / "real-h200-run"
 REAL_CKPT = REAL_RUN / "checkpoint_metadata_only"
 REAL_LOG = REAL_RUN / "fsdp_save.log"
-CKPT = FIXTURES / "ckpt"
+CKPT_STORED = FIXTURES / "ckpt"
+FIXTURE_SUFFIX = ".fixture"  # as in fixtures/ckpt/make_fixtures.py
 LOGS = FIXTURES / "logs"
 GPU_RUN = FIXTURES / "gpu-run"
 
 TRACKERS = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
+
+
+def materialise(src: Path, dst: Path) -> Path:
+    """Copy a fixture tree, giving each ``NAME.fixture`` file its real name ``NAME``."""
+    shutil.copytree(src, dst)
+    for dirpath, _dirs, files in os.walk(dst):
+        for name in files:
+            if name.endswith(FIXTURE_SUFFIX):
+                os.rename(os.path.join(dirpath, name), os.path.join(dirpath, name[: -len(FIXTURE_SUFFIX)]))
+    return dst
+
+
+def _materialised_ckpt() -> Path:
+    tmp = tempfile.mkdtemp(prefix="mfsdp-ckpt-fixtures-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    return materialise(CKPT_STORED, Path(tmp) / "ckpt")
+
+
+CKPT = _materialised_ckpt()
 
 
 def real_checkpoint_roots() -> list[Path]:

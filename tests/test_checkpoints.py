@@ -5,6 +5,7 @@ Facts are checked against the real run's files and against the pinned Bridge / M
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _helpers_ckptlog import CKPT, REAL_CKPT, copy_tree, real_checkpoint_roots
+from _helpers_ckptlog import CKPT, CKPT_STORED, FIXTURES, REAL_CKPT, copy_tree, real_checkpoint_roots
 from mfsdp_lib import checkpoints as C
 from mfsdp_lib.findings import InputError
 
@@ -283,7 +284,7 @@ def test_marker_file_given_suggests_folder():
 TENSOR_FILES_LEFT_OUT = {"MFSDP-CKPT-NO-PAYLOAD", "MFSDP-CKPT-SHARDS-INCOMPLETE"}
 
 
-@pytest.mark.parametrize("root", real_checkpoint_roots(), ids=lambda p: str(p.relative_to(CKPT.parent)))
+@pytest.mark.parametrize("root", real_checkpoint_roots(), ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_real_runs_are_self_consistent(root: Path):
     report = C.inspect(str(root))
     assert report.format in C.FORMATS
@@ -357,3 +358,25 @@ def test_train_state_zip_bomb_is_refused(tmp_path, monkeypatch):
     assert bomb.stat().st_size < 10_000
     ts, err = C.read_train_state(str(bomb))
     assert ts is None and "too large" in err
+
+
+# --- fixture names survive `npx skills add` -------------------------------------------------------------------
+
+def test_no_committed_file_has_a_name_the_installer_drops():
+    """The skills CLI never copies metadata.json: such a fixture would be missing (and unsigned) once installed."""
+    from mfsdp_lib.signature import BUILD_PRODUCT_DIRS, INSTALLER_SKIPS_DIRS, INSTALLER_SKIPS_FILES
+
+    root = FIXTURES.parent.parent
+    dropped = []
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in INSTALLER_SKIPS_DIRS | BUILD_PRODUCT_DIRS]
+        dropped += [os.path.relpath(os.path.join(dirpath, n), root) for n in files if n in INSTALLER_SKIPS_FILES]
+    assert not dropped, f"store these as NAME.fixture (see tests/fixtures/ckpt/make_fixtures.py): {dropped}"
+
+
+def test_materialised_copy_restores_the_real_names():
+    stored = CKPT_STORED / "torch_dist_ddp" / "iter_0000020"
+    assert (stored / "metadata.json.fixture").is_file() and not (stored / "metadata.json").exists()
+    real = CKPT / "torch_dist_ddp" / "iter_0000020" / "metadata.json"
+    assert json.loads(real.read_text())["sharded_backend"] == "torch_dist"
+    assert not list(CKPT.rglob("*.fixture"))
