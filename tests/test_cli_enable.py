@@ -117,3 +117,14 @@ def test_partial_file_with_base_gets_what_the_recipe_needs(cli, tmp_path):
     assert data["checkpoint"] == {"ckpt_format": "fsdp_dtensor", "load": None}  # the recipe loads from a dir
     assert "model" not in data and "optimizer" not in data  # only what differs from the base is written
     assert cli("check", str(out), "--base", "embedded", *CLEAN_ENV).returncode == 0
+
+
+def test_in_place_when_no_backup_can_be_made_is_exit_2(cli, tmp_path):
+    """--in-place must keep a backup; when it cannot (name too long here, a read-only folder for a user),
+    the answer is one line and exit 2, and CONFIG is untouched - not exit 3 'internal error'."""
+    cfg = tmp_path / ("c" * 250 + ".yaml")
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    p = cli("enable", str(cfg), "--in-place", *CLEAN_ENV)
+    assert p.returncode == 2, p.stderr
+    assert "cannot keep a backup" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.splitlines()) == 1
+    assert cfg.read_text() == "ddp:\n  use_megatron_fsdp: false\n"

@@ -185,3 +185,16 @@ def test_write_atomic_and_backup(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.yaml", "out.yaml.bak", "out.yaml.bak.1"]
     with pytest.raises(InputError, match="does not exist"):
         config_io.write_atomic(str(tmp_path / "no" / "x.yaml"), "")
+
+
+def test_write_atomic_backup_failure_is_input_error(tmp_path):
+    """A backup that cannot be made (here: PATH.bak is longer than NAME_MAX) is one line, not a traceback.
+
+    The same path is taken by --in-place in a read-only folder; root ignores permissions, a name limit
+    it cannot, so this runs anywhere.
+    """
+    target = tmp_path / ("c" * 250 + ".yaml")  # 255 bytes: the longest name; ".bak" makes it too long
+    target.write_text("a: 1\n")
+    with pytest.raises(InputError, match="cannot keep a backup"):
+        config_io.write_atomic(str(target), "a: 2\n", backup=True)
+    assert target.read_text() == "a: 1\n"

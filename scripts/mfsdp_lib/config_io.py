@@ -534,7 +534,11 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
             while os.path.exists(bak):
                 bak = f"{path}.bak.{n}"
                 n += 1
-            shutil.copy2(path, bak)
+            try:
+                shutil.copy2(path, bak)
+            except OSError as exc:  # read-only folder, name too long, disk full: the user's input, not a bug
+                raise _err(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); "
+                           "nothing was written") from None
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     except OSError as exc:
@@ -547,10 +551,12 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):  # disk full, quota: one line, and the old file is untouched
+            raise _err(f"{path}: cannot write ({exc.strerror or exc}); the file was left as it was") from None
         raise
     return bak
