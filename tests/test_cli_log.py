@@ -118,3 +118,11 @@ def test_plain_imports_only(root):
             "('torch', 'numpy', 'jsonschema', 'megatron', 'safetensors', 'yaml')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # yaml too is imported lazily, only when a run_config.yaml is read
+
+
+def test_stdin_closed_is_exit_2():
+    """`mfsdp.py log - <&-`: Python starts with sys.stdin None; that is unusable input, not a bug (exit 3)."""
+    p = subprocess.run([sys.executable, str(MFSDP), "log", "-"], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, preexec_fn=lambda: os.close(0))
+    assert p.returncode == 2, p.stderr
+    assert "standard input is closed" in p.stderr and "Traceback" not in p.stderr
