@@ -33,7 +33,8 @@ DOC_TITLE = "# Megatron FSDP rule table"
 def configure(parser) -> None:
     parser.add_argument("ids", nargs="*", metavar="RULE", help="show only these rule ids, in full")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    parser.add_argument("--write", metavar="PATH", help="write the markdown reference to PATH (atomically; replaces only an earlier rule table)")
+    parser.add_argument("--write", metavar="PATH",
+                        help="write the markdown reference to PATH (atomically; replaces only an earlier rule table)")
 
 
 def _fix_text(r) -> str:
