@@ -114,7 +114,7 @@ def read_json_file(path: str | os.PathLike, what: str = "file"):
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise UnreadableTranscript(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json's C decoder allows
         raise UnreadableTranscript(f"{what} {path} is not valid JSON: {exc}") from None
 
 
@@ -285,7 +285,7 @@ def _iter_json_events(text: str) -> tuple[list[dict], int]:
     if stripped[0] in "[{" and "\n" in stripped:
         try:
             whole = json.loads(stripped)
-        except ValueError:
+        except (ValueError, RecursionError):
             whole = None
         if isinstance(whole, dict):
             return [whole], 0
@@ -297,7 +297,7 @@ def _iter_json_events(text: str) -> tuple[list[dict], int]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a line nested too deep is no CLI's event
             bad += 1
             continue
         if isinstance(obj, dict):
@@ -325,7 +325,7 @@ def load_meta(path: str | os.PathLike) -> dict:
         return {}
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise UnreadableTranscript(f"{meta_path}: invocation record is not valid JSON ({exc})") from None
     return meta if isinstance(meta, dict) else {}
 

@@ -262,3 +262,19 @@ def test_non_finite_numbers_grade_to_valid_json(tmp_path, line):
                            "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the grade JSON"))
+
+
+@pytest.mark.parametrize("sidecar", [False, True])
+def test_json_nested_too_deep_is_unreadable_not_a_traceback(tmp_path, sidecar):
+    """json.loads raises RecursionError (not ValueError) past ~1,000 levels; grade printed a traceback."""
+    deep = "[" * 100_000 + "]" * 100_000
+    path = tmp_path / "t.jsonl"
+    if sidecar:
+        path.write_text((HAND / "claude_pass_ckpt_assertion.jsonl").read_text())
+        (tmp_path / "t.jsonl.meta.json").write_text(deep)
+    else:
+        path.write_text('{"type":"assistant","message":' + deep + "}\n" + deep + "\n")
+    proc = subprocess.run([sys.executable, "-m", "evals", "grade", "--case", "mfsdp-ckpt-format-assertion", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-500:]
+    assert "Traceback" not in proc.stderr
