@@ -142,3 +142,12 @@ def test_deeply_nested_run_config_is_reported_not_a_segfault(cli, tmp_path):
     proc, obj = run_json(cli, str(root))
     assert proc.returncode in (0, 1), proc.returncode
     assert any("nested more than" in f["message"] for f in obj["findings"])
+
+
+def test_metadata_json_nested_too_deep_is_a_finding(cli, tmp_path):
+    """json.loads raises RecursionError (not ValueError) past ~1,000 levels: ckpt exited 3 'internal error'."""
+    root = copy_tree(REAL_CKPT, tmp_path / "ck")
+    (root / "iter_0000010" / "metadata.json").write_text("[" * 100_000 + "]" * 100_000)
+    proc, obj = run_json(cli, str(root))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert any("metadata.json unreadable" in f["message"] for f in obj["findings"])

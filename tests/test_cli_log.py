@@ -126,3 +126,11 @@ def test_stdin_closed_is_exit_2():
                        text=True, preexec_fn=lambda: os.close(0))
     assert p.returncode == 2, p.stderr
     assert "standard input is closed" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_smoke_result_line_nested_too_deep_is_ignored(cli, tmp_path):
+    """A SMOKE_RESULT line whose JSON is nested past the decoder's limit made log exit 3 (RecursionError)."""
+    log = tmp_path / "run.log"
+    log.write_text(REAL_LOG.read_text() + "SMOKE_RESULT " + "[" * 100_000 + "]" * 100_000 + "\n")
+    p = cli("log", str(log))
+    assert p.returncode == 0, p.stderr

@@ -324,3 +324,10 @@ def test_root_that_is_not_a_certificate_is_exit_2(tmp_path):
     proc = run_tool("verify", "--root", junk, ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "not a PEM certificate" in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_bundle_nested_too_deep_is_rejected_not_a_crash(tmp_path):
+    forged = tmp_path / "deep.sig"
+    forged.write_text('{"dsseEnvelope": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    proc = run_tool("verify", "--signature", forged, ROOT)
+    assert proc.returncode == 1 and "not a Sigstore bundle" in proc.stderr and "internal error" not in proc.stderr

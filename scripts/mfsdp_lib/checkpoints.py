@@ -631,7 +631,7 @@ def inspect_iteration(path: str, iteration: int | None, deep: bool = True) -> It
         cfg_path = os.path.join(path, MCORE_DIST_CONFIG)
         try:
             meta = json.loads(_read_small(cfg_path, 1 << 20).decode("utf-8", "replace"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep for json
             meta = None
             info.problems.append(f"{MCORE_DIST_CONFIG} unreadable ({exc}); Megatron-Core will fail to load it")
         backend = meta.get("sharded_backend") if isinstance(meta, dict) else None

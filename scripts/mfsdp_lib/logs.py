@@ -549,7 +549,7 @@ def _events(rep: LogReport, line: str, lineno: int) -> None:
             obj = json.loads(line[len(SMOKE_RESULT_PREFIX):])
             if isinstance(obj, dict):
                 rep.smoke_result = obj
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep for json
             pass
         return
     m = EXCEPTION_RE.match(line) if ("Error: " in line or "Exception: " in line or "Interrupt: " in line) else None

@@ -281,7 +281,7 @@ def read_statement(sig_path: pathlib.Path) -> dict:
         statement = json.loads(base64.b64decode(env["payload"], validate=True))
     except FileNotFoundError:
         raise InputError(f"{sig_path}: no such file (sign with: bash scripts/dev.sh sign)") from None
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError) as exc:
         raise VerificationError(f"{sig_path.name}: not a Sigstore bundle with a DSSE envelope ({exc})",
                                 [f"{sig_path.name}: unreadable bundle"]) from None
     # The payload is read before its signature is checked, so an edited one may have any JSON shape:
