@@ -97,12 +97,13 @@ def main(argv=None) -> int:
         "title": "mfsdp.py enable --recipe (live mode) against the real Megatron-Bridge 0.6.2 on 1x NVIDIA H200",
         "date": "2026-12-02T18:35:08+00:00",
         "machine": "1x NVIDIA H200 (143771 MiB; driver 580.159.04; torch 2.11.0+cu130), the device tool's "
-                   "nvidia-h200 kind, no network",
+                   "nvidia-h200 kind",
         "command": "bash .gpuwork/g2/live.sh  (copied as raw/gpu_live_mode_1xh200/live.sh; each row's invocation "
                    "ran with WORLD_SIZE=1 RANK=0 LOCAL_RANK=0 and CUDA_DEVICE_MAX_CONNECTIONS unset)",
         "columns": COLUMNS,
         "rows": rows,
         "notes": [
+            "The machine has no network (nothing outside it can be reached).",
             "Recipe vanilla_gpt_pretrain_config (Bridge's 1-GPU GPTModelProvider recipe, built offline); its "
             "model fields default to 0, so the runs give the shape from the recipe's own docstring example "
             "(model.num_layers=2 model.hidden_size=256 model.num_attention_heads=4). llama3_8b_pretrain_config "
