@@ -150,3 +150,32 @@ def test_in_place_with_nothing_to_change_writes_nothing(cli, tmp_path):
     assert p.returncode == 0 and "left as it was" in p.stdout
     assert cfg.read_text() == enabled
     assert sorted(x.name for x in tmp_path.iterdir()) == ["c.yaml", "c.yaml.bak"]
+
+
+# --------------------------------------------------------------------------- live mode (--recipe)
+# The live path itself needs an importable Megatron-Bridge; it ran on the H200 (evidence:
+# benchmarks/results/gpu_live_mode_1xh200.json). What can fail without Bridge is tested here.
+
+def test_recipe_failure_is_one_line_input_error_not_internal():
+    """On the offline H200 the Llama recipe raised a multi-line ValueError from the HF hub: exit 2, one line."""
+    from mfsdp_lib import cli_enable
+    from mfsdp_lib.findings import InputError
+
+    def offline_recipe():
+        raise ValueError("Failed to load configuration from meta-llama/Meta-Llama-3-8B after 4 attempts.\n"
+                         "Check your internet connection or see how to run the library in offline mode")
+
+    with pytest.raises(InputError) as err:
+        cli_enable._call_recipe("llama3_8b_pretrain_config", offline_recipe)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("--recipe llama3_8b_pretrain_config: building the recipe raised ValueError: Failed to load")
+    assert cli_enable._call_recipe("r", lambda: {"built": 1}) == {"built": 1}
+
+
+def test_megatron_log_handler_binds_stdout_at_construction(mcore_src):
+    """Why live mode imports Bridge with stdout pointed at stderr: Megatron's handler keeps the stream it saw."""
+    src = (mcore_src / "megatron" / "training" / "log_handler.py").read_text()
+    assert "super().__init__(stream=sys.stdout)" in src
+    training = (mcore_src / "megatron" / "training" / "training.py").read_text()
+    assert "logging.basicConfig(handlers=[CustomHandler()]" in training  # installed when the module is imported

@@ -88,3 +88,20 @@ def test_committed_verdicts_are_the_generators_cases():
     oks = [c["bridge"]["ok"] for c in doc["cases"]]
     assert any(oks) and not all(oks)
     assert doc["cases"][1]["overrides"] == gen.FSDP_ON and doc["cases"][1]["bridge"]["ok"]
+
+
+def test_weight_hash_check_against_each_sharding_strategy():
+    """Bridge's verdicts (H200, 2026-12-02): the weight-hash check is refused only with optim_grads_params."""
+    doc = json.loads(VERDICTS.read_text())
+    hash_on = "train.check_weight_hash_across_dp_replicas_interval=100"
+    seen = {}
+    for c in doc["cases"]:
+        over = c["overrides"]
+        if c["env"] or hash_on not in over or not set(gen.FSDP_ON) <= set(over) or len(over) != len(gen.FSDP_ON) + 2:
+            continue
+        strategy = next(o.split("=", 1)[1] for o in over if o.startswith("ddp.data_parallel_sharding_strategy="))
+        seen[strategy] = c["bridge"]
+    assert set(seen) == {"optim", "optim_grads", "optim_grads_params"}
+    assert seen["optim"]["ok"] and seen["optim_grads"]["ok"]
+    assert not seen["optim_grads_params"]["ok"] and seen["optim_grads_params"]["error_type"] == "AssertionError"
+    assert "optim_grads_params" in seen["optim_grads_params"]["error"]

@@ -18,6 +18,7 @@ without importing anything, so the offline path stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -50,6 +51,9 @@ examples:
   mfsdp.py enable --emit python                  # cfg.ddp.use_megatron_fsdp = True ...
   mfsdp.py enable --strategy optim_grads --perf --emit json
   mfsdp.py enable --recipe llama3_8b_pretrain_config   # live: real recipe + real validate()
+        # Llama recipes read the model config from the Hugging Face hub (offline: HF_HUB_OFFLINE=1
+        # with it cached); vanilla_gpt_pretrain_config builds offline but needs the model shape:
+  mfsdp.py enable --recipe vanilla_gpt_pretrain_config model.num_layers=2 model.hidden_size=256 model.num_attention_heads=4
 
 exit codes: 0 result passes check, 1 errors remain that need a decision (listed),
 2 unusable input (or --recipe where Megatron-Bridge is not installed)."""
@@ -200,6 +204,22 @@ def _find_recipe(name: str):
     return fn
 
 
+def _call_recipe(name: str, fn):
+    """Build the recipe; a failure is one line and exit 2, not an "internal error".
+
+    A recipe can fail for the environment's reasons, not the skill's: the Llama recipes
+    read the model's config from the Hugging Face hub, and on the offline H200 (2026-12-02)
+    ``llama3_8b_pretrain_config`` raised ``ValueError: Failed to load configuration from
+    meta-llama/Meta-Llama-3-8B after 4 attempts`` with HF_HUB_OFFLINE=1, and kept retrying
+    past 45 s without it. Bridge's first line names the cause, so it is what we print.
+    """
+    try:
+        return fn()
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise config_io._err(f"--recipe {name}: building the recipe raised {type(exc).__name__}: {first}") from None
+
+
 def _run_live(args) -> int:
     if args.items and "=" not in args.items[0]:
         raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG "
@@ -210,18 +230,46 @@ def _run_live(args) -> int:
     version = _bridge_installed()
     if version is None:
         raise config_io._err("--recipe needs Megatron-Bridge installed (an NVIDIA NeMo container); "
-                         "it is not, so use CONFIG/--emit offline instead")
+                             "it is not, so use CONFIG/--emit offline instead")
+    path, overrides = split_items(args.items)
+    if path is not None:
+        raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({path})")
+    env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
+    # stdout is for the overrides alone. Megatron's log handler (megatron/training/log_handler.py)
+    # binds sys.stdout when megatron.training is imported, and Bridge prints with print_rank_0, so
+    # on the H200 `--recipe NAME > fsdp.args` captured INFO lines too. Importing, building and
+    # validating with sys.stdout pointed at stderr binds that handler to stderr instead.
+    with contextlib.redirect_stdout(sys.stderr):
+        changes, ours, bridge_error = _live_verdicts(args, version, overrides, env)
+    findings = list(ours)
+    if bridge_error and not has_errors(ours):
+        findings.append(Finding("MFSDP-LIVE-DISAGREE", "error", "config",
+                                f"Bridge {version} runtime_config_update() raised {bridge_error}; our rules, "
+                                "which cover the Megatron FSDP settings, found no error.",
+                                "fix what Bridge names; if it is a Megatron FSDP setting, our rule table lacks it: "
+                                "report it to the skill's maintainers"))
+    elif not bridge_error and has_errors(ours):
+        findings.append(Finding("MFSDP-LIVE-DISAGREE", "warning", "config",
+                                f"our rules report errors that Bridge {version} validate() accepted.",
+                                "check the listed errors; runtime-stage rules fail after validate()"))
+    sys.stdout.write(enable.render_overrides(changes))
+    _report(changes, sys.stderr)
+    verdict = f"raised {bridge_error}" if bridge_error else "accepted"
+    sys.stderr.write(f"Bridge {version} runtime_config_update() (ends in validate()): {verdict}\n")
+    render_text(findings, header=f"live check of {args.recipe} with megatron-bridge {version}:", out=sys.stderr)
+    return 1 if has_errors(findings) or bridge_error else 0
+
+
+def _live_verdicts(args, version, overrides, env):
+    """Real recipe + our plan applied to it; (changes, our findings, Bridge's error or None)."""
     try:
         import tempfile
 
         from megatron.bridge.training.config import runtime_config_update
     except Exception as exc:  # installed but not importable (no CUDA / TE)
         raise config_io._err(f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-    path, overrides = split_items(args.items)
-    if path is not None:
-        raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({path})")
-    cfg_obj = _find_recipe(args.recipe)()
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    cfg_obj = _call_recipe(args.recipe, _find_recipe(args.recipe))
     user = {}
     for item in overrides:
         p, v = config_io.parse_override(item)
@@ -231,7 +279,6 @@ def _run_live(args) -> int:
         dump = os.path.join(tmp, "recipe.yaml")
         cfg_obj.to_yaml(dump)
         eff = config_io.load_effective(dump)
-    env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
     changes = enable.plan(eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env)
     enable.apply_to_object(cfg_obj, enable.overrides_of(changes))
     ours = rules.evaluate(enable.apply(eff, changes), env, None)
@@ -241,16 +288,4 @@ def _run_live(args) -> int:
         runtime_config_update(cfg_obj)
     except Exception as exc:
         bridge_error = f"{type(exc).__name__}: {exc}"
-    findings = list(ours)
-    if bridge_error and not has_errors(ours):
-        findings.append(Finding("MFSDP-LIVE-DISAGREE", "error", "config",
-                                f"Bridge {version} validate() raised {bridge_error}, our rules found no error.",
-                                "report this to the skill's maintainers; fix the config per Bridge's message"))
-    elif not bridge_error and has_errors(ours):
-        findings.append(Finding("MFSDP-LIVE-DISAGREE", "warning", "config",
-                                f"our rules report errors that Bridge {version} validate() accepted.",
-                                "check the listed errors; runtime-stage rules fail after validate()"))
-    sys.stdout.write(enable.render_overrides(changes))
-    _report(changes, sys.stderr)
-    render_text(findings, header=f"live check of {args.recipe} with megatron-bridge {version}:", out=sys.stderr)
-    return 1 if has_errors(findings) or bridge_error else 0
+    return changes, ours, bridge_error

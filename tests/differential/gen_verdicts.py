@@ -109,6 +109,11 @@ def generate_cases() -> list[dict]:
         if rng.random() < 0.5:  # on top of the five FSDP settings, minus those the mix sets itself
             over = [o for o in FSDP_ON if o.split("=")[0] not in picked] + over
         cases.append((over, rng.choice(ENV_VALUES)))
+    # Appended after the random mix so the earlier cases keep their ids: the weight-hash check
+    # against each sharding strategy (validate() asserts it off only for optim_grads_params).
+    for strategy in ("optim_grads_params", "optim_grads"):
+        cases.append((FSDP_ON + [f"ddp.data_parallel_sharding_strategy={strategy}",
+                                 "train.check_weight_hash_across_dp_replicas_interval=100"], {}))
     seen, out = set(), []
     for over, env in cases:
         key = (tuple(over), tuple(sorted(env.items())))
