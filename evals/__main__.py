@@ -43,7 +43,7 @@ EPILOG = f"""\
 examples:
   {PROG} validate
   {PROG} grade --case mfsdp-ckpt-format-assertion run/claude.jsonl --format json
-  {PROG} run --agent claude-code --cases decoy-cuda-graphs --attempts 1
+  {PROG} run --agent claude-code --cases decoy-torchtitan-fsdp2 --attempts 1   # scripted model without an API key
   {PROG} report results/claude-code.json
 
 exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input.

@@ -88,9 +88,22 @@ def load_cases(path: str | os.PathLike | None = None) -> list[dict]:
     return data
 
 
+# The fields grading reads, with the JSON types evals.schema.json gives them (None = null allowed).
+_CASE_TYPES = {"question": (str,), "expected_skill": (str, type(None)), "expected_script": (str, type(None)),
+               "ground_truth": (str,), "expected_behavior": (list,)}
+
+
 def get_case(case_id: str, path: str | os.PathLike | None = None) -> dict:
+    """The case with this id; KeyError when absent, UnreadableTranscript when a field has the wrong type
+    (a --evals file that 'validate' would reject must not crash grading)."""
     for case in load_cases(path):
         if isinstance(case, dict) and case.get("id") == case_id:
+            bad = [k for k, types in _CASE_TYPES.items() if not isinstance(case.get(k), types)]
+            if not bad and not all(isinstance(b, str) for b in case["expected_behavior"]):
+                bad = ["expected_behavior"]
+            if bad:
+                raise UnreadableTranscript(f"{path or EVALS_JSON}: case '{case_id}' has a missing or mistyped "
+                                           f"{', '.join(bad)} (run: python3 -m evals validate --evals FILE)")
             return case
     raise KeyError(case_id)
 

@@ -67,6 +67,7 @@ whose first word is ``/NAME`` counts as a load of skill NAME, labelled
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -113,7 +114,7 @@ def read_json_file(path: str | os.PathLike, what: str = "file"):
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise UnreadableTranscript(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json's C decoder allows
         raise UnreadableTranscript(f"{what} {path} is not valid JSON: {exc}") from None
 
 
@@ -284,7 +285,7 @@ def _iter_json_events(text: str) -> tuple[list[dict], int]:
     if stripped[0] in "[{" and "\n" in stripped:
         try:
             whole = json.loads(stripped)
-        except ValueError:
+        except (ValueError, RecursionError):
             whole = None
         if isinstance(whole, dict):
             return [whole], 0
@@ -296,7 +297,7 @@ def _iter_json_events(text: str) -> tuple[list[dict], int]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a line nested too deep is no CLI's event
             bad += 1
             continue
         if isinstance(obj, dict):
@@ -324,7 +325,7 @@ def load_meta(path: str | os.PathLike) -> dict:
         return {}
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise UnreadableTranscript(f"{meta_path}: invocation record is not valid JSON ({exc})") from None
     return meta if isinstance(meta, dict) else {}
 
@@ -384,6 +385,14 @@ def _dict(x) -> dict:
     return x if isinstance(x, dict) else {}
 
 
+def _count(v) -> int:
+    """A token count from the transcript: a finite number, else 0 (JSON allows 1e999 and NaN; grading must not
+    crash on them, nor print Infinity in its JSON)."""
+    if isinstance(v, int) or isinstance(v, float) and math.isfinite(v):
+        return int(v)
+    return 0
+
+
 _CLAUDE_USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
@@ -424,7 +433,7 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
                 for k in _CLAUDE_USAGE_KEYS:  # streaming may grow a count: keep the largest
                     v = usage.get(k)
                     if isinstance(v, (int, float)):
-                        seen[k] = max(seen.get(k, 0), int(v))
+                        seen[k] = max(seen.get(k, 0), _count(v))
             content = msg.get("content")
             for block in content if isinstance(content, list) else []:
                 if not isinstance(block, dict):
@@ -502,10 +511,11 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
         if isinstance(result.get("num_turns"), int):
             t.num_turns = result["num_turns"]
         if isinstance(result.get("total_cost_usd"), (int, float)):
-            t.cost_usd = float(result["total_cost_usd"])
+            cost = float(result["total_cost_usd"]) if abs(result["total_cost_usd"]) < 1e300 else math.inf
+            t.cost_usd = cost if math.isfinite(cost) else t.cost_usd
         ru = result.get("usage")
         if isinstance(ru, dict):
-            t.usage = {k: int(ru[k]) if isinstance(ru.get(k), (int, float)) else 0 for k in _CLAUDE_USAGE_KEYS}
+            t.usage = {k: _count(ru.get(k)) for k in _CLAUDE_USAGE_KEYS}
             t.usage_source = "result.usage"
     else:
         t.is_error = True if not t.messages else t.is_error
@@ -532,7 +542,7 @@ def _read_codex(events: list[dict], t: Transcript) -> None:
         for k in usage:
             v = u.get(k)
             if isinstance(v, (int, float)):
-                usage[k] += int(v)
+                usage[k] += _count(v)
 
     for ev in events:
         typ = ev.get("type")

@@ -129,6 +129,8 @@ cmd_demo() {
     "$py" scripts/mfsdp.py enable --emit overrides
     echo
     echo "== 3. check the enabled config (enable -o .cache/demo/llama3_8b_fsdp.yaml) =="
+    # enable -o never overwrites without --force; the file is this job's own output from an earlier run.
+    rm -f "$out/llama3_8b_fsdp.yaml"
     "$py" scripts/mfsdp.py enable -o "$out/llama3_8b_fsdp.yaml" >/dev/null
     "$py" scripts/mfsdp.py check "$out/llama3_8b_fsdp.yaml"
 }

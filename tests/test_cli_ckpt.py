@@ -133,3 +133,21 @@ def test_runs_without_torch(cli, tmp_path):
     assert proc.returncode == 0, proc.stderr
     proc = cli("ckpt", str(CKPT / "fsdp_dtensor_ok"), "--trust-pickle", env=env)
     assert proc.returncode == 0 and "--trust-pickle" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_deeply_nested_run_config_is_reported_not_a_segfault(cli, tmp_path):
+    """libyaml's composer overflowed the C stack on a 50,000-level run_config.yaml: ckpt died with SIGSEGV."""
+    root = copy_tree(REAL_CKPT, tmp_path / "ck")
+    (root / "iter_0000010" / "run_config.yaml").write_text("- " * 50_000 + "x\n")
+    proc, obj = run_json(cli, str(root))
+    assert proc.returncode in (0, 1), proc.returncode
+    assert any("nested more than" in f["message"] for f in obj["findings"])
+
+
+def test_metadata_json_nested_too_deep_is_a_finding(cli, tmp_path):
+    """json.loads raises RecursionError (not ValueError) past ~1,000 levels: ckpt exited 3 'internal error'."""
+    root = copy_tree(REAL_CKPT, tmp_path / "ck")
+    (root / "iter_0000010" / "metadata.json").write_text("[" * 100_000 + "]" * 100_000)
+    proc, obj = run_json(cli, str(root))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert any("metadata.json unreadable" in f["message"] for f in obj["findings"])

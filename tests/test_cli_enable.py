@@ -119,6 +119,39 @@ def test_partial_file_with_base_gets_what_the_recipe_needs(cli, tmp_path):
     assert cli("check", str(out), "--base", "embedded", *CLEAN_ENV).returncode == 0
 
 
+def test_in_place_when_no_backup_can_be_made_is_exit_2(cli, tmp_path):
+    """--in-place must keep a backup; when it cannot (name too long here, a read-only folder for a user),
+    the answer is one line and exit 2, and CONFIG is untouched - not exit 3 'internal error'."""
+    cfg = tmp_path / ("c" * 250 + ".yaml")
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    p = cli("enable", str(cfg), "--in-place", *CLEAN_ENV)
+    assert p.returncode == 2, p.stderr
+    assert "cannot keep a backup" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.splitlines()) == 1
+    assert cfg.read_text() == "ddp:\n  use_megatron_fsdp: false\n"
+
+
+@pytest.mark.parametrize("emit", ["python", "overrides", "json"])
+def test_in_place_never_turns_the_yaml_into_another_format(cli, tmp_path, emit):
+    """`enable cfg.yaml --in-place --emit python` replaced the YAML config with Python lines."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    p = cli("enable", str(cfg), "--in-place", "--emit", emit, *CLEAN_ENV)
+    assert p.returncode == 2 and "--in-place rewrites CONFIG as YAML" in p.stderr
+    assert cfg.read_text() == "ddp:\n  use_megatron_fsdp: false\n" and not (tmp_path / "c.yaml.bak").exists()
+
+
+def test_in_place_with_nothing_to_change_writes_nothing(cli, tmp_path):
+    """A second --in-place run made c.yaml.bak.1, .bak.2 ... of an unchanged file, one per run."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    assert cli("enable", str(cfg), "--in-place", *CLEAN_ENV).returncode == 0
+    enabled = cfg.read_text()
+    p = cli("enable", str(cfg), "--in-place", *CLEAN_ENV)
+    assert p.returncode == 0 and "left as it was" in p.stdout
+    assert cfg.read_text() == enabled
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["c.yaml", "c.yaml.bak"]
+
+
 # --------------------------------------------------------------------------- live mode (--recipe)
 # The live path itself needs an importable Megatron-Bridge; it ran on the H200 (evidence:
 # benchmarks/results/gpu_live_mode_1xh200.json). What can fail without Bridge is tested here.

@@ -118,3 +118,19 @@ def test_plain_imports_only(root):
             "('torch', 'numpy', 'jsonschema', 'megatron', 'safetensors', 'yaml')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # yaml too is imported lazily, only when a run_config.yaml is read
+
+
+def test_stdin_closed_is_exit_2():
+    """`mfsdp.py log - <&-`: Python starts with sys.stdin None; that is unusable input, not a bug (exit 3)."""
+    p = subprocess.run([sys.executable, str(MFSDP), "log", "-"], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, preexec_fn=lambda: os.close(0))
+    assert p.returncode == 2, p.stderr
+    assert "standard input is closed" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_smoke_result_line_nested_too_deep_is_ignored(cli, tmp_path):
+    """A SMOKE_RESULT line whose JSON is nested past the decoder's limit made log exit 3 (RecursionError)."""
+    log = tmp_path / "run.log"
+    log.write_text(REAL_LOG.read_text() + "SMOKE_RESULT " + "[" * 100_000 + "]" * 100_000 + "\n")
+    p = cli("log", str(log))
+    assert p.returncode == 0, p.stderr

@@ -111,3 +111,15 @@ def test_overrides_alone_use_the_embedded_recipe(cli):
 def test_bad_override_is_one_line(cli):
     proc = cli("memory", "model.recompute_granularity=fulll")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "fulll" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--model", "llama3-8b", "--seq-length", "9" * 400],  # int too large for float(): was exit 3
+    ["--model", "llama3-8b", "--micro-batch-size", "9" * 400],
+    ["--params", "1e308"],  # finite input, inf bytes: was "Infinity" in the JSON, which is not JSON
+])
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_absurd_sizes_are_input_errors(cli, args, fmt):
+    proc = cli("memory", *args, "--format", fmt)
+    assert proc.returncode == 2, proc.stdout[:300] + proc.stderr
+    assert "too large" in proc.stderr and "Traceback" not in proc.stderr and proc.stdout == ""

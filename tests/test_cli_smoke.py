@@ -208,3 +208,14 @@ def test_gpu_harness_skips_with_reason_here():
         assert reason == "torch is not installed"
     else:
         assert reason is None or "CUDA" in reason or "Megatron-Bridge" in reason
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--nnodes", "2"], "--master-addr"),  # printed '--master-addr=None' before
+    (["--nnodes", "2", "--master-addr", "n0", "--master-port", "99999"], "not a TCP port"),
+    (["--out", __file__], "is a file"),
+])
+def test_dry_run_refuses_a_command_that_cannot_work(cli, argv, needle):
+    r = cli("smoke", "--dry-run", *argv)
+    assert r.returncode == 2, r.stdout
+    assert needle in r.stderr and r.stdout == "" and "Traceback" not in r.stderr

@@ -185,3 +185,59 @@ def test_write_atomic_and_backup(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.yaml", "out.yaml.bak", "out.yaml.bak.1"]
     with pytest.raises(InputError, match="does not exist"):
         config_io.write_atomic(str(tmp_path / "no" / "x.yaml"), "")
+
+
+def test_write_atomic_backup_failure_is_input_error(tmp_path):
+    """A backup that cannot be made (here: PATH.bak is longer than NAME_MAX) is one line, not a traceback.
+
+    The same path is taken by --in-place in a read-only folder; root ignores permissions, a name limit
+    it cannot, so this runs anywhere.
+    """
+    target = tmp_path / ("c" * 250 + ".yaml")  # 255 bytes: the longest name; ".bak" makes it too long
+    target.write_text("a: 1\n")
+    with pytest.raises(InputError, match="cannot keep a backup"):
+        config_io.write_atomic(str(target), "a: 2\n", backup=True)
+    assert target.read_text() == "a: 1\n"
+
+
+DEEP = 50_000  # well past where libyaml's C composer overflowed the stack (about 20,000 levels)
+
+
+@pytest.mark.parametrize("text", [
+    "- " * DEEP + "x\n",  # block sequences on one line: 100 KB
+    "ddp: " + "[" * DEEP + "]" * DEEP + "\n",
+    "a: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n",
+], ids=["block-sequences", "flow-sequences", "flow-mappings"])
+def test_deeply_nested_yaml_is_an_input_error_not_a_segfault(cli, tmp_path, text):
+    """Run in a subprocess: the failure was SIGSEGV (exit -11), which kills pytest itself in-process."""
+    path = tmp_path / "deep.yaml"
+    path.write_text(text)
+    for argv in (["check", str(path)], ["memory", str(path)], ["enable", str(path)]):
+        p = cli(*argv)
+        assert p.returncode == 2, (argv[0], p.returncode, p.stderr[-300:])
+        assert "nested more than" in p.stderr
+
+
+def test_input_without_a_size_is_bounded(tmp_path):
+    """A pipe (or /dev/zero) has no size to check up front: reading must stop past MAX_FILE_BYTES.
+
+    A FIFO fed by a thread with one byte too many stands in for an endless stream, so that without the
+    bound this test fails instead of reading forever.
+    """
+    import threading
+
+    fifo = tmp_path / "stream.yaml"
+    os.mkfifo(fifo)
+
+    def feed():
+        try:
+            with open(fifo, "wb") as fh:
+                fh.write(b"a" * (config_io.MAX_FILE_BYTES + 1))
+        except OSError:  # the reader stopped early and closed its end: what we want
+            pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    with pytest.raises(InputError, match="too large"):
+        config_io.read_text(str(fifo))
+    writer.join(timeout=30)

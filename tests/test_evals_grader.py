@@ -225,3 +225,19 @@ def test_budgets_file_overrides(tmp_path):
     assert not eff["passed"] and 0 < eff["score"] < 1
     assert grader.budget_for({"id": "x", "expected_skill": None}, {"default": {"max_tokens": 5},
                                                                   "negative": {"max_tokens": 3}}) == {"max_tokens": 3}
+
+
+@pytest.mark.parametrize("bad", [{"question": 5}, {"expected_behavior": "x"}, {"expected_behavior": [1]},
+                                 {"expected_script": 5}, {"ground_truth": None}])
+def test_grade_with_a_mistyped_cases_file_is_exit_2(tmp_path, bad):
+    """`grade --evals FILE` reads a user's cases file: a field 'validate' would reject was a traceback."""
+    cases = json.loads((ROOT / "evals" / "evals.json").read_text())
+    case = next(c for c in cases if c["id"] == "mfsdp-ckpt-format-assertion")
+    case.update(bad)
+    path = tmp_path / "evals.json"
+    path.write_text(json.dumps([case]))
+    transcript = ROOT / "tests" / "fixtures" / "transcripts" / "claude_pass_ckpt_assertion.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "evals", "grade", "--evals", str(path), "--case", case["id"],
+                           str(transcript)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "mistyped" in proc.stderr and "Traceback" not in proc.stderr

@@ -178,3 +178,18 @@ def test_run_bounded_returns_exit_code_and_output(tmp_path):
     code, out, err = runner.run_bounded(["bash", "-c", "echo o; echo e >&2; exit 3"], cwd=tmp_path,
                                         env={"PATH": os.environ["PATH"]}, timeout_s=30)
     assert (code, out, err) == (3, "o\n", "e\n")
+
+
+def test_help_run_examples_name_cases_the_scripted_model_can_play():
+    """Without an API key 'run' replays evals/scripted/<case>.json; an example in 'python3 -m evals --help'
+    naming a case without one fails with 'no script' for every user who copies it."""
+    from evals import __main__ as cli
+
+    scripted = {p.stem for p in (ROOT / "evals" / "scripted").glob("*.json")}
+    examples = [line.split() for line in (cli.EPILOG + runner.EPILOG).splitlines() if " run --agent" in line
+                and "--cases" in line and "--live" not in line and "API_KEY" not in line]
+    assert examples
+    for argv in examples:
+        cases = argv[argv.index("--cases") + 1:]
+        cases = cases[:next((i for i, a in enumerate(cases) if a.startswith(("-", "#"))), len(cases))]
+        assert set(cases) <= scripted, f"{' '.join(argv)}: no scripted reply for {set(cases) - scripted}"

@@ -211,7 +211,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 _FIELDS = ["message", "content", "usage", "item", "msg", "result", "skills", "text", "command", "error", "is_error",
            "num_turns", "tool_use_result", "input", "exit_code", "info", "status", "type", "name", "id"]
-_leaf = st.none() | st.booleans() | st.integers() | st.text(max_size=12)
+# floats include inf and nan (json.loads reads 1e999 and NaN), integers include ones too large for a float
+_leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.just(10 ** 400) | st.text(max_size=12)
 _json = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=3)
                      | st.dictionaries(st.sampled_from(_FIELDS), kids, max_size=4), max_leaves=12)
 _types = st.sampled_from(["system", "assistant", "user", "result", "item.completed", "item.started", "turn.completed",
@@ -245,3 +246,35 @@ def test_random_events_never_crash(events):
 def test_malformed_fields_read_as_empty(events):
     t = read_events(events)
     assert t.agent == CLAUDE and isinstance(t.final_answer, str) and all(isinstance(m, str) for m in t.messages)
+
+
+@pytest.mark.parametrize("line", [
+    '{"type":"turn.completed","usage":{"input_tokens":1e999}}',
+    '{"type":"result","usage":{"input_tokens":-5,"output_tokens":1e400},"num_turns":1,"total_cost_usd":NaN}',
+    '{"type":"result","usage":{"input_tokens":5},"total_cost_usd":1e999,"is_error":false,"result":"x"}',
+    '{"type":"assistant","message":{"id":"a","content":[],"usage":{"output_tokens":Infinity}}}',
+])
+def test_non_finite_numbers_grade_to_valid_json(tmp_path, line):
+    """A count of 1e999 crashed grading (int(inf)); a cost of 1e999 printed Infinity, which is not JSON."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    proc = subprocess.run([sys.executable, "-m", "evals", "grade", "--case", "mfsdp-ckpt-format-assertion", str(path),
+                           "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the grade JSON"))
+
+
+@pytest.mark.parametrize("sidecar", [False, True])
+def test_json_nested_too_deep_is_unreadable_not_a_traceback(tmp_path, sidecar):
+    """json.loads raises RecursionError (not ValueError) past ~1,000 levels; grade printed a traceback."""
+    deep = "[" * 100_000 + "]" * 100_000
+    path = tmp_path / "t.jsonl"
+    if sidecar:
+        path.write_text((HAND / "claude_pass_ckpt_assertion.jsonl").read_text())
+        (tmp_path / "t.jsonl.meta.json").write_text(deep)
+    else:
+        path.write_text('{"type":"assistant","message":' + deep + "}\n" + deep + "\n")
+    proc = subprocess.run([sys.executable, "-m", "evals", "grade", "--case", "mfsdp-ckpt-format-assertion", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-500:]
+    assert "Traceback" not in proc.stderr

@@ -77,3 +77,13 @@ def test_line_endings_are_pinned():
     attrs = (ROOT / ".gitattributes").read_text().splitlines()
     assert "* text=auto eol=lf" in attrs
     assert "skill.oms.sig -text" in attrs  # the bundle is never rewritten on checkout
+
+
+def test_demo_runs_twice():
+    """README: 'A second run skips the set-up.' The second demo stopped at 'enable -o ... exists' (exit 2)."""
+    if not (ROOT / ".venv" / "bin" / "python").exists():
+        pytest.skip(".venv is not set up (bash scripts/dev.sh test sets it up)")
+    for attempt in (1, 2):
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "dev.sh"), "demo"], capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, f"run {attempt}: " + proc.stdout[-1500:] + proc.stderr[-1500:]

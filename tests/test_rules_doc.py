@@ -32,3 +32,17 @@ def test_cli_write_and_json(cli, tmp_path, root):
     assert "Megatron-FSDP requires the fsdp_dtensor checkpointing format!" in one.stdout
     bad = cli("rules", "MFSDP-CKPT-FORMT")
     assert bad.returncode == 2 and "did you mean 'MFSDP-CKPT-FORMAT'" in bad.stderr
+
+
+def test_write_replaces_a_rule_table_but_never_another_file(cli, tmp_path):
+    """`rules --write PATH` must not clobber a user's file that happens to be at PATH (a typo, a config)."""
+    mine = tmp_path / "run_config.yaml"
+    mine.write_text("ddp:\n  use_megatron_fsdp: true\n")
+    p = cli("rules", "--write", str(mine))
+    assert p.returncode == 2 and "not a rule table" in p.stderr and "Traceback" not in p.stderr
+    assert mine.read_text() == "ddp:\n  use_megatron_fsdp: true\n"
+    old = tmp_path / "rules.md"
+    old.write_text(cli_rules.DOC_TITLE + "\n\nan older table\n")
+    p = cli("rules", "--write", str(old))
+    assert p.returncode == 0, p.stderr
+    assert old.read_text() == cli_rules.markdown()

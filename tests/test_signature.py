@@ -298,3 +298,36 @@ def test_symlinked_file_is_refused_with_its_name(signed_copy, keys):
     (signed_copy / "scripts" / "link.py").symlink_to(signed_copy / "scripts" / "mfsdp.py")
     proc = run_tool("verify", "--root", keys["root"], signed_copy)
     assert proc.returncode == 2 and "scripts/link.py: is a symbolic link" in proc.stderr
+
+
+@pytest.mark.parametrize("payload", [
+    [1], "x", {"predicateType": sig.PREDICATE_TYPE, "predicate": []},
+    {"predicateType": sig.PREDICATE_TYPE, "predicate": {"resources": [5]}},
+    {"predicateType": sig.PREDICATE_TYPE, "predicate": {"resources": 5}},
+])
+def test_edited_payload_of_any_shape_is_rejected_not_a_crash(tmp_path, payload):
+    """The payload is parsed before its signature is checked: an edit to any JSON shape must be exit 1
+    with a clear line (the issue's tamper case), not exit 3 'internal error'."""
+    bundle = json.loads((ROOT / sig.SIGNATURE_NAME).read_text())
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
+    forged = tmp_path / "forged.sig"
+    forged.write_text(json.dumps(bundle))
+    proc = run_tool("verify", "--signature", forged, ROOT)
+    assert proc.returncode == 1, proc.stderr
+    assert "not an in-toto statement" in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_root_that_is_not_a_certificate_is_exit_2(tmp_path):
+    pytest.importorskip("model_signing")
+    junk = tmp_path / "root.pem"
+    junk.write_bytes(b"\x00\x99 not a certificate\n")
+    proc = run_tool("verify", "--root", junk, ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert "not a PEM certificate" in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_bundle_nested_too_deep_is_rejected_not_a_crash(tmp_path):
+    forged = tmp_path / "deep.sig"
+    forged.write_text('{"dsseEnvelope": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    proc = run_tool("verify", "--signature", forged, ROOT)
+    assert proc.returncode == 1 and "not a Sigstore bundle" in proc.stderr and "internal error" not in proc.stderr

@@ -138,3 +138,14 @@ def test_no_bare_line_number_citations():
 
     for p in [ROOT / "SKILL.md", *sorted((ROOT / "references").glob("*.md"))]:
         assert not BARE_LINE_RE.search(p.read_text()), f"{p.name} cites a Megatron file by line number"
+
+
+def test_smoke_section_says_what_the_smoke_command_really_launches(cli):
+    """`mfsdp.py smoke` runs scripts/smoke_train.py under torchrun, not pytest: SKILL.md must not tell the
+    agent that it prints pytest's `1 passed` (it once said the smoke command 'runs' the pytest line)."""
+    section = TEXT[TEXT.index("## 4."):TEXT.index("## 5.")]
+    launched = cli("smoke", "--dry-run", "--nproc-per-node", "2", "--save-resume").stdout.split()
+    entry = next(a for a in launched if a.endswith(".py"))
+    assert "-m" in launched and "pytest" not in launched
+    assert f"scripts/{entry.rsplit('/', 1)[-1]}" in section
+    assert not re.search(r"It runs `python -m torch\.distributed\.run[^`]*pytest", section)

@@ -510,7 +510,11 @@ def read_run_config(path: str) -> tuple[dict | None, str | None]:
     except OSError as exc:
         return None, f"cannot read: {exc.strerror or exc}"
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is ~10x faster on the 26 kB file
+    from .config_io import MAX_YAML_DEPTH, yaml_depth
+
     try:
+        if yaml_depth(text, loader) > MAX_YAML_DEPTH:  # deeper crashes libyaml's composer (a segfault)
+            return None, f"nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge run config"
         data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         return None, f"not valid YAML ({str(exc).splitlines()[0]})"
@@ -627,7 +631,7 @@ def inspect_iteration(path: str, iteration: int | None, deep: bool = True) -> It
         cfg_path = os.path.join(path, MCORE_DIST_CONFIG)
         try:
             meta = json.loads(_read_small(cfg_path, 1 << 20).decode("utf-8", "replace"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep for json
             meta = None
             info.problems.append(f"{MCORE_DIST_CONFIG} unreadable ({exc}); Megatron-Core will fail to load it")
         backend = meta.get("sharded_backend") if isinstance(meta, dict) else None

@@ -112,6 +112,9 @@ def run(args) -> int:
         raise config_io._err("--in-place needs a CONFIG file to rewrite")
     if args.in_place and args.output:
         raise config_io._err("use either --in-place or -o OUT, not both")
+    if args.in_place and args.emit != "yaml":  # CONFIG is YAML: never replace it with Python or override lines
+        raise config_io._err(f"--in-place rewrites CONFIG as YAML; drop --emit {args.emit}, or write it with "
+                             f"-o OUT")
     if args.output and os.path.exists(args.output) and not args.force and not (
             path and os.path.abspath(args.output) == os.path.abspath(path) and args.in_place):
         raise config_io._err(f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o")
@@ -158,7 +161,10 @@ def run(args) -> int:
         }, indent=2) + "\n"
 
     target = path if args.in_place else args.output
-    if target:
+    if args.in_place and body == text:  # nothing to change: no rewrite, no backup piling up per run
+        report = sys.stdout
+        report.write(f"{target} left as it was (nothing to change)\n")
+    elif target:
         bak = config_io.write_atomic(target, body, backup=bool(args.in_place or os.path.exists(target)))
         report = sys.stdout
         report.write(f"wrote {target}" + (f" (backup: {bak})" if bak else "") + "\n")

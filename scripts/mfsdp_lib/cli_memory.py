@@ -51,6 +51,8 @@ Exit codes: 0 estimate printed; 1 --gpu-mem-gib given and no reported strategy f
 this DP; 2 unusable input.
 """
 
+TOO_LARGE = ("numbers too large to estimate: check --params, --seq-length, --micro-batch-size and the parallel "
+             "sizes")
 _KV = re.compile(r"^[A-Za-z_][\w.]*=")
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -128,8 +130,14 @@ def run(args) -> int:
             seq_length=args.seq_length, micro_batch_size=args.micro_batch_size, gpu_mem_gib=args.gpu_mem_gib)
     except memory.ModelError as exc:
         raise InputError(str(exc)) from None
+    except OverflowError:  # e.g. --seq-length 1e400 as an int: float() of it overflows
+        raise InputError(TOO_LARGE) from None
+    try:  # a size so large that a figure became inf/nan: no estimate, and never "Infinity" in the JSON
+        text = json.dumps(result, indent=2, allow_nan=False)
+    except ValueError:
+        raise InputError(TOO_LARGE) from None
     if args.format == "json":
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(text + "\n")
     else:
         sys.stdout.write(render_text(result))
     if result["gpu_mem_gib"] is not None and not any(r["fits"] for r in result["strategies"]):

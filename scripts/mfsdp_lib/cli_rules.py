@@ -33,7 +33,8 @@ DOC_TITLE = "# Megatron FSDP rule table"
 def configure(parser) -> None:
     parser.add_argument("ids", nargs="*", metavar="RULE", help="show only these rule ids, in full")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    parser.add_argument("--write", metavar="PATH", help="write the markdown reference to PATH (atomically)")
+    parser.add_argument("--write", metavar="PATH",
+                        help="write the markdown reference to PATH (atomically; replaces only an earlier rule table)")
 
 
 def _fix_text(r) -> str:
@@ -94,8 +95,25 @@ def markdown() -> str:
     return "\n".join(out)
 
 
+def _refuse_foreign_file(path: str) -> None:
+    """--write replaces an earlier rule table (it starts with DOC_TITLE), never another file of the user's."""
+    import os
+
+    if not os.path.isfile(path):
+        return  # new file, or a folder/missing folder that write_atomic reports
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            first = fh.readline().rstrip("\n")
+    except OSError as exc:
+        raise config_io._err(f"{path}: cannot read it to check what it is ({exc.strerror or exc})") from None
+    if first != DOC_TITLE:
+        raise config_io._err(f"{path} exists and is not a rule table written by 'rules --write'; "
+                             "remove it or choose another path")
+
+
 def run(args) -> int:
     if args.write:
+        _refuse_foreign_file(args.write)
         config_io.write_atomic(args.write, markdown())
         print(f"wrote {args.write} ({len(rules.RULES)} rules)")
         return 0

@@ -44,6 +44,7 @@ the code path and the checkpoint round trip, not the memory saving.
 
 STRATEGY_CHOICES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")
 MODEL_CHOICES = ("tiny", "small", "llama-1b")  # kept equal to smoke_train.MODEL_SHAPES (a test checks)
+MAX_PORT = 65535  # TCP ports are 16-bit
 
 
 def _positive(text: str) -> int:
@@ -97,7 +98,15 @@ def run(args) -> int:
                          f"--micro-batch-size {args.micro_batch_size}")
     if args.node_rank >= args.nnodes:
         raise InputError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes}")
+    # Checked before --dry-run too, so a dry run never prints a command that cannot work
+    # (--master-addr=None, a port torchrun cannot bind, an output "folder" that is a file).
+    if args.nnodes > 1 and args.launcher == "torchrun" and not args.master_addr:
+        raise InputError("--nnodes > 1 needs --master-addr (the node-rank-0 host) or --launcher srun")
+    if args.master_port > MAX_PORT:
+        raise InputError(f"--master-port {args.master_port} is not a TCP port (1-{MAX_PORT})")
     out = Path(args.out).resolve()
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: is a file; give a folder for the logs, checkpoint and summary")
     args.out = str(out)
     cmd = smoke.build_command(args)
     if args.dry_run:

@@ -54,6 +54,9 @@ EMBEDDED_DEFAULT = os.path.join(os.path.dirname(HERE), "data", "llama3_8b_pretra
 EMBEDDED_NAME = "embedded Llama 3 8B pretrain recipe (Bridge 0.6.2)"
 
 MAX_FILE_BYTES = 16 * 1024 * 1024  # a run_config.yaml is ~30 KB; anything this large is not a config
+# A run_config.yaml nests 4 levels deep. libyaml's C composer recurses once per level and overflows the C stack
+# (a segfault, no exception) somewhere past 20,000 levels, which a 60 KB line of "- - - ..." reaches.
+MAX_YAML_DEPTH = 100
 
 # OmegaConf BooleanNode spellings (case-insensitive), plus any int-parsable string (!= 0).
 _TRUE = ("y", "yes", "on", "true")
@@ -92,7 +95,9 @@ def read_text(path: str) -> str:
         if size > MAX_FILE_BYTES:
             raise _err(f"{path}: {size} bytes is too large for a config file")
         with open(path, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_FILE_BYTES + 1)  # bounded: /dev/zero or an endless pipe has no size to check
+        if len(data) > MAX_FILE_BYTES:
+            raise _err(f"{path}: more than {MAX_FILE_BYTES} bytes is too large for a config file")
     except FileNotFoundError:
         raise _err(f"{path}: no such file") from None
     except PermissionError:
@@ -117,6 +122,8 @@ def parse_yaml(text: str, name: str) -> dict:
     if "\x00" in text:
         raise _err(f"{name}: contains NUL bytes; not a YAML file")
     try:
+        if yaml_depth(text) > MAX_YAML_DEPTH:
+            raise _err(f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge config")
         data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -136,6 +143,24 @@ def parse_yaml(text: str, name: str) -> dict:
         if not isinstance(k, str):
             raise _err(f"{name}: top-level key {k!r} is not a section name")
     return data
+
+
+def yaml_depth(text: str, loader=None) -> int:
+    """How deep collections nest in ``text`` (stops counting past MAX_YAML_DEPTH).
+
+    Read from libyaml's event stream, which is produced iteratively and so cannot overflow the stack the way
+    composing the document can; it costs about a third of the load itself.
+    """
+    depth = deepest = 0
+    for event in yaml.parse(text, Loader=loader or _Loader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_YAML_DEPTH:
+                break
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+    return deepest
 
 
 def load_yaml(path: str) -> dict:
@@ -534,7 +559,11 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
             while os.path.exists(bak):
                 bak = f"{path}.bak.{n}"
                 n += 1
-            shutil.copy2(path, bak)
+            try:
+                shutil.copy2(path, bak)
+            except OSError as exc:  # read-only folder, name too long, disk full: the user's input, not a bug
+                raise _err(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); "
+                           "nothing was written") from None
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     except OSError as exc:
@@ -547,10 +576,12 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):  # disk full, quota: one line, and the old file is untouched
+            raise _err(f"{path}: cannot write ({exc.strerror or exc}); the file was left as it was") from None
         raise
     return bak

@@ -320,6 +320,8 @@ def _num(v):
 def open_log(path: str):
     """A binary file object for PATH or '-' (stdin). Raises InputError for what cannot be read as a log."""
     if path == "-":
+        if sys.stdin is None:  # started with stdin closed (`<&-`, some daemons): nothing to read
+            raise InputError("-: standard input is closed; pipe the log in or give the log file")
         return sys.stdin.buffer
     try:
         st = os.stat(path)
@@ -547,7 +549,7 @@ def _events(rep: LogReport, line: str, lineno: int) -> None:
             obj = json.loads(line[len(SMOKE_RESULT_PREFIX):])
             if isinstance(obj, dict):
                 rep.smoke_result = obj
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep for json
             pass
         return
     m = EXCEPTION_RE.match(line) if ("Error: " in line or "Exception: " in line or "Interrupt: " in line) else None

@@ -278,12 +278,23 @@ def read_statement(sig_path: pathlib.Path) -> dict:
     try:
         bundle = json.loads(sig_path.read_text(encoding="utf-8"))
         env = bundle["dsseEnvelope"]
-        return json.loads(base64.b64decode(env["payload"], validate=True))
+        statement = json.loads(base64.b64decode(env["payload"], validate=True))
     except FileNotFoundError:
         raise InputError(f"{sig_path}: no such file (sign with: bash scripts/dev.sh sign)") from None
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError) as exc:
         raise VerificationError(f"{sig_path.name}: not a Sigstore bundle with a DSSE envelope ({exc})",
                                 [f"{sig_path.name}: unreadable bundle"]) from None
+    # The payload is read before its signature is checked, so an edited one may have any JSON shape:
+    # reject what the code below cannot walk (a list, a non-object predicate, resources without names).
+    predicate = statement.get("predicate", {}) if isinstance(statement, dict) else None
+    resources = predicate.get("resources", []) if isinstance(predicate, dict) else None
+    subject = (statement.get("subject") or [{}]) if isinstance(statement, dict) else None
+    if not (isinstance(resources, list) and all(
+            isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("digest"), str)
+            for r in resources) and isinstance(subject, list) and isinstance(subject[0], dict)):
+        raise VerificationError(f"{sig_path.name}: the DSSE payload is not an in-toto statement of signed files",
+                                [f"{sig_path.name}: malformed statement"])
+    return statement
 
 
 def _signer_and_chain(sig_path: pathlib.Path) -> tuple[str, list[str]]:
@@ -331,7 +342,10 @@ def verify(root: pathlib.Path, trust_root: str, signature: str | None = None) ->
         raise VerificationError(f"{sig_path.name}: digests use {sorted(algos)}, only {HASH_ALGORITHM} is supported")
     files = signed_files(root)
     _, _, _, verifying = _model_signing()
-    cfg = verifying.Config().use_certificate_verifier(certificate_chain=[root_p], log_fingerprints=False)
+    try:
+        cfg = verifying.Config().use_certificate_verifier(certificate_chain=[root_p], log_fingerprints=False)
+    except ValueError as exc:  # not PEM, or not a certificate: the user gave the wrong file
+        raise InputError(f"root certificate {root_p}: not a PEM certificate ({exc})") from None
     cfg.set_hashing_config(_hashing_config(root, files, None))
     try:
         cfg.verify(root, sig_path)
