@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -214,6 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head: not an error of ours
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        sys.stderr.write("python3 -m evals: interrupted\n")
+        return 130
+    except Exception as exc:  # a bug in the harness: one line, like scripts/mfsdp.py (exit 3)
+        if os.environ.get("MFSDP_DEBUG") == "1":
+            raise
+        sys.stderr.write(f"python3 -m evals {args.command}: internal error: {type(exc).__name__}: {exc} "
+                         "(a bug in the eval harness; rerun with MFSDP_DEBUG=1 for the traceback)\n")
+        return 3
 
 
 if __name__ == "__main__":

@@ -241,3 +241,17 @@ def test_grade_with_a_mistyped_cases_file_is_exit_2(tmp_path, bad):
                            str(transcript)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "mistyped" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_reports_a_harness_bug_in_one_line(monkeypatch, capsys):
+    """An unexpected exception inside a command is one stderr line and exit 3, never a traceback."""
+    import evals.__main__ as cli
+
+    def boom(args):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(cli, "cmd_validate", boom)
+    monkeypatch.delenv("MFSDP_DEBUG", raising=False)
+    assert cli.main(["validate"]) == 3
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: simulated bug" in err and "Traceback" not in err
