@@ -203,9 +203,9 @@ def assemble(a, raw: Path) -> Path:
     }
     dest = Path(a.results_dir) / f"gpu_strategies_{a.tag}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, dest)
+    from mfsdp_lib import config_io
+
+    config_io.write_atomic(str(dest), json.dumps(result, indent=1) + "\n")
     return dest
 
 

@@ -141,9 +141,10 @@ def main(argv=None) -> int:
                 "device_calls": "device_calls.json", "script": "live.sh", "code": "code_sha256.txt"},
     }
     out = Path(a.results_dir) / f"gpu_live_mode_{a.tag}.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    os.replace(tmp, out)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from mfsdp_lib import config_io
+
+    config_io.write_atomic(str(out), json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -111,9 +111,10 @@ def main(argv=None) -> int:
                 "checkpoint": summary.get("checkpoint")},
     }
     dest = Path(a.results_dir) / f"gpu_smoke_{a.tag}.json"
-    tmp = dest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, dest)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from mfsdp_lib import config_io
+
+    config_io.write_atomic(str(dest), json.dumps(result, indent=1) + "\n")
     print(f"wrote {dest}")
     return 0
 

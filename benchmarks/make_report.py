@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -206,9 +205,11 @@ def render(results: list[tuple[str, dict]]) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """The skill's one atomic writer (temp file, fsync, rename), as every result producer uses."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from mfsdp_lib import config_io
+
+    config_io.write_atomic(str(path), text)
 
 
 def main(argv: list[str] | None = None) -> int:
