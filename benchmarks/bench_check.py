@@ -51,9 +51,13 @@ def _time(cmd: list[str], env: dict) -> float:
 
 def _stats(xs: list[float]) -> dict:
     xs = sorted(xs)
-    return {"median_ms": round(statistics.median(xs) * 1000, 2), "mean_ms": round(statistics.fmean(xs) * 1000, 2),
-            "p10_ms": round(xs[len(xs) // 10] * 1000, 2), "p90_ms": round(xs[(len(xs) * 9) // 10] * 1000, 2),
-            "min_ms": round(xs[0] * 1000, 2)}
+    return {
+        "median_ms": round(statistics.median(xs) * 1000, 2),
+        "mean_ms": round(statistics.fmean(xs) * 1000, 2),
+        "p10_ms": round(xs[len(xs) // 10] * 1000, 2),
+        "p90_ms": round(xs[(len(xs) * 9) // 10] * 1000, 2),
+        "min_ms": round(xs[0] * 1000, 2),
+    }
 
 
 def _machine() -> str:
@@ -111,17 +115,37 @@ def main(argv=None) -> int:
         "title": "mfsdp.py check on the embedded Llama 3 8B recipe vs. a bare interpreter start",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": _machine(),
-        "command": shlex.join(["python3", "benchmarks/bench_check.py", "--reps", str(a.reps)]
-                              + (["--out", a.out] if a.out != str(RESULT) else [])),
+        "command": shlex.join(
+            ["python3", "benchmarks/bench_check.py", "--reps", str(a.reps)]
+            + (["--out", a.out] if a.out != str(RESULT) else [])
+        ),
         "columns": ["command", "median ms", "p10 ms", "p90 ms", "ratio to bare (median)", "target"],
         "rows": [
             ["python3 -c pass", s_bare["median_ms"], s_bare["p10_ms"], s_bare["p90_ms"], 1.0, ""],
-            ["mfsdp.py check", s_check["median_ms"], s_check["p10_ms"], s_check["p90_ms"], round(ratio, 2),
-             f"<= {TARGET_RATIO:g}"],
-            ["mfsdp.py check --format json", s_json["median_ms"], s_json["p10_ms"], s_json["p90_ms"],
-             round(ratio_json, 2), f"<= {TARGET_RATIO:g}"],
-            ["mfsdp.py check, no bytecode cache", s_nc["median_ms"], s_nc["p10_ms"], s_nc["p90_ms"],
-             round(ratio_nc, 2), "(worst case)"],
+            [
+                "mfsdp.py check",
+                s_check["median_ms"],
+                s_check["p10_ms"],
+                s_check["p90_ms"],
+                round(ratio, 2),
+                f"<= {TARGET_RATIO:g}",
+            ],
+            [
+                "mfsdp.py check --format json",
+                s_json["median_ms"],
+                s_json["p10_ms"],
+                s_json["p90_ms"],
+                round(ratio_json, 2),
+                f"<= {TARGET_RATIO:g}",
+            ],
+            [
+                "mfsdp.py check, no bytecode cache",
+                s_nc["median_ms"],
+                s_nc["p10_ms"],
+                s_nc["p90_ms"],
+                round(ratio_nc, 2),
+                "(worst case)",
+            ],
         ],
         "notes": [
             f"{a.reps} interleaved runs of each command after {WARMUP} warm-up runs; each run a fresh process.",
@@ -131,16 +155,24 @@ def main(argv=None) -> int:
             "every rule; --env fixes the environment it judges.",
             f"ratio {ratio:.2f} vs target <= {TARGET_RATIO:g}: {'met' if ratio <= TARGET_RATIO else 'NOT met'}.",
         ],
-        "raw": {"bare_s": [round(x, 5) for x in t_bare], "check_s": [round(x, 5) for x in t_check],
-                "check_json_s": [round(x, 5) for x in t_json], "check_nocache_s": [round(x, 5) for x in t_nocache],
-                "stats": {"bare": s_bare, "check": s_check, "check_json": s_json, "check_nocache": s_nc},
-                "target_ratio": TARGET_RATIO, "ratio_median": round(ratio, 3), "python": py},
+        "raw": {
+            "bare_s": [round(x, 5) for x in t_bare],
+            "check_s": [round(x, 5) for x in t_check],
+            "check_json_s": [round(x, 5) for x in t_json],
+            "check_nocache_s": [round(x, 5) for x in t_nocache],
+            "stats": {"bare": s_bare, "check": s_check, "check_json": s_json, "check_nocache": s_nc},
+            "target_ratio": TARGET_RATIO,
+            "ratio_median": round(ratio, 3),
+            "python": py,
+        },
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config_io.write_atomic(str(out), json.dumps(doc, indent=2) + "\n")
-    print(f"bare {s_bare['median_ms']} ms, check {s_check['median_ms']} ms, ratio {ratio:.2f} "
-          f"(target <= {TARGET_RATIO:g}); no bytecode cache {s_nc['median_ms']} ms, ratio {ratio_nc:.2f} -> {out}")
+    print(
+        f"bare {s_bare['median_ms']} ms, check {s_check['median_ms']} ms, ratio {ratio:.2f} "
+        f"(target <= {TARGET_RATIO:g}); no bytecode cache {s_nc['median_ms']} ms, ratio {ratio_nc:.2f} -> {out}"
+    )
     return 0
 
 

@@ -45,8 +45,11 @@ def main(argv=None) -> int:
         ["cases with a real Bridge verdict", s["cases"] - s["no_verdict"], ""],
         ["Bridge rejected", s["bridge_rejected"], ""],
         ["  check rejected too", s["we_rejected_too"], f"{s['we_rejected_too']}/{s['bridge_rejected']}"],
-        ["  same rule as Bridge's message", s["exact_rule"],
-         f"{s['bridge_message_without_quote']} had a bare assert with no message to match"],
+        [
+            "  same rule as Bridge's message",
+            s["exact_rule"],
+            f"{s['bridge_message_without_quote']} had a bare assert with no message to match",
+        ],
         ["Bridge accepted", s["bridge_accepted"], ""],
         ["  check found no error", s["we_accepted_too"], ""],
         ["  documented exceptions (runtime-stage errors, misspelt enums)", s["documented_exceptions"], ""],
@@ -56,11 +59,15 @@ def main(argv=None) -> int:
         "benchmark": "differential_agreement",
         "title": "check vs. the real Megatron-Bridge runtime_config_update() on recorded configs",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": (f"replayed on {platform.system()} {platform.machine()}, Python {platform.python_version()}; "
-                    f"verdicts: {doc.get('generated_by', '?')}"),
-        "command": shlex.join(["python3", "benchmarks/bench_differential.py"]
-                              + (["--verdicts", a.verdicts] if a.verdicts != str(VERDICTS) else [])
-                              + (["--out", a.out] if a.out != str(RESULT) else [])),
+        "machine": (
+            f"replayed on {platform.system()} {platform.machine()}, Python {platform.python_version()}; "
+            f"verdicts: {doc.get('generated_by', '?')}"
+        ),
+        "command": shlex.join(
+            ["python3", "benchmarks/bench_differential.py"]
+            + (["--verdicts", a.verdicts] if a.verdicts != str(VERDICTS) else [])
+            + (["--out", a.out] if a.out != str(RESULT) else [])
+        ),
         "columns": ["measure", "cases", "note"],
         "rows": rows,
         "notes": [
@@ -74,9 +81,11 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config_io.write_atomic(str(out), json.dumps(doc_out, indent=1) + "\n")
-    print(f"{s['we_rejected_too']}/{s['bridge_rejected']} rejections reproduced ({s['exact_rule']} same rule), "
-          f"{s['we_accepted_too']}+{s['documented_exceptions']}/{s['bridge_accepted']} acceptances, "
-          f"{s['disagreements']} disagreements -> {out}")
+    print(
+        f"{s['we_rejected_too']}/{s['bridge_rejected']} rejections reproduced ({s['exact_rule']} same rule), "
+        f"{s['we_accepted_too']}+{s['documented_exceptions']}/{s['bridge_accepted']} acceptances, "
+        f"{s['disagreements']} disagreements -> {out}"
+    )
     return 0 if s["disagreements"] == 0 else 1
 
 

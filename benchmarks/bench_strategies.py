@@ -43,13 +43,26 @@ sys.path.insert(0, str(SCRIPTS))
 
 STRATEGIES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")
 GIB = 2**30
-COLUMNS = ["strategy", "GPUs", "step time (ms)", "step time in repeat runs (ms)", "tokens/s", "peak allocated GiB (max rank)",
-           "model state GiB (measured)", "model state + step transient GiB (estimate)", "total GiB (estimate)", "final loss"]
+COLUMNS = [
+    "strategy",
+    "GPUs",
+    "step time (ms)",
+    "step time in repeat runs (ms)",
+    "tokens/s",
+    "peak allocated GiB (max rank)",
+    "model state GiB (measured)",
+    "model state + step transient GiB (estimate)",
+    "total GiB (estimate)",
+    "final loss",
+]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[3:]))
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[3:]),
+    )
     p.add_argument("--run", action="store_true", help="only run the GPU jobs")
     p.add_argument("--assemble", action="store_true", help="only build the result JSON from --raw-dir")
     p.add_argument("--nproc-per-node", type=int, default=1)
@@ -64,31 +77,62 @@ def parse_args(argv=None):
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--machine", default=None, help="words for the machine (default: GPU name and count)")
     p.add_argument("--timeout", type=int, default=420, help="seconds allowed per strategy job")
-    p.add_argument("--repeat-raw-dir", action="append", default=[],
-                   help="raw folder of an earlier run of the same benchmark (repeatable): its median step "
-                        "times are shown beside this run's, so run-to-run spread is visible")
+    p.add_argument(
+        "--repeat-raw-dir",
+        action="append",
+        default=[],
+        help="raw folder of an earlier run of the same benchmark (repeatable): its median step "
+        "times are shown beside this run's, so run-to-run spread is visible",
+    )
     return p.parse_args(argv)
 
 
 def run_jobs(a, raw: Path, argv: list[str]) -> None:
     raw.mkdir(parents=True, exist_ok=True)
-    (raw / "run.json").write_text(json.dumps({"command": shlex.join(["python3", "benchmarks/bench_strategies.py", *argv])}))
+    (raw / "run.json").write_text(
+        json.dumps({"command": shlex.join(["python3", "benchmarks/bench_strategies.py", *argv])})
+    )
     for strategy in a.strategies.split(","):
         out = raw / strategy
         out.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={a.nproc_per_node}",
-               str(SCRIPTS / "smoke_train.py"), "--strategy", strategy, "--model", a.model,
-               "--seq-length", str(a.seq_length), "--global-batch-size", str(a.global_batch_size),
-               "--micro-batch-size", str(a.micro_batch_size), "--iters", str(a.iters), "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={a.nproc_per_node}",
+            str(SCRIPTS / "smoke_train.py"),
+            "--strategy",
+            strategy,
+            "--model",
+            a.model,
+            "--seq-length",
+            str(a.seq_length),
+            "--global-batch-size",
+            str(a.global_batch_size),
+            "--micro-batch-size",
+            str(a.micro_batch_size),
+            "--iters",
+            str(a.iters),
+            "--out",
+            str(out),
+        ]
         t0 = time.time()
         with open(out / "train.log", "w") as log:
             try:
                 rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
-        (out / "job.json").write_text(json.dumps({
-            "command": shlex.join(cmd), "exit_code": rc, "wall_s": round(time.time() - t0, 1),
-            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}))
+        (out / "job.json").write_text(
+            json.dumps(
+                {
+                    "command": shlex.join(cmd),
+                    "exit_code": rc,
+                    "wall_s": round(time.time() - t0, 1),
+                    "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                }
+            )
+        )
         print(f"[bench] {strategy}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
 
 
@@ -133,32 +177,45 @@ def assemble(a, raw: Path) -> Path:
         command = command or job.get("command")
         ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
         if not ranks:
-            notes.append(f"{strategy}: no rank record (exit {job.get('exit_code')}); see raw/{raw.name}/{strategy}/train.log")
+            notes.append(
+                f"{strategy}: no rank record (exit {job.get('exit_code')}); see raw/{raw.name}/{strategy}/train.log"
+            )
             continue
         r0 = next(r for r in ranks if r.get("rank") == 0)
         if r0.get("error"):
             notes.append(f"{strategy}: failed: {r0['error'][:300]}")
         machine = machine or f"{len(ranks)}x {r0.get('device')}"
-        pred = _predict(out / "run_config.yaml", strategy, r0.get("world_size", 1), a.seq_length,
-                        a.micro_batch_size)
+        pred = _predict(out / "run_config.yaml", strategy, r0.get("world_size", 1), a.seq_length, a.micro_batch_size)
         est_state, est_total = _row_prediction(pred)
         step = r0.get("step_time_s_median")
         repeats = [_repeat_step_ms(Path(d), strategy) for d in a.repeat_raw_dir]
-        rows.append([
-            strategy, r0.get("world_size"), None if step is None else round(step * 1e3, 1), repeats,
-            None if r0.get("tokens_per_s") is None else round(r0["tokens_per_s"]),
-            round(max(r.get("peak_allocated_bytes") or 0 for r in ranks) / GIB, 2),
-            None if r0.get("model_state_bytes") is None else round(max(r["model_state_bytes"] for r in ranks) / GIB, 2),
-            est_state, est_total, r0.get("final_loss"),
-        ])
+        rows.append(
+            [
+                strategy,
+                r0.get("world_size"),
+                None if step is None else round(step * 1e3, 1),
+                repeats,
+                None if r0.get("tokens_per_s") is None else round(r0["tokens_per_s"]),
+                round(max(r.get("peak_allocated_bytes") or 0 for r in ranks) / GIB, 2),
+                None
+                if r0.get("model_state_bytes") is None
+                else round(max(r["model_state_bytes"] for r in ranks) / GIB, 2),
+                est_state,
+                est_total,
+                r0.get("final_loss"),
+            ]
+        )
         raw_out[strategy] = {
-            "exit_code": job.get("exit_code"), "wall_s": job.get("wall_s"), "parameters": r0.get("parameters"),
+            "exit_code": job.get("exit_code"),
+            "wall_s": job.get("wall_s"),
+            "parameters": r0.get("parameters"),
             "per_rank_peak_allocated_bytes": {str(r["rank"]): r.get("peak_allocated_bytes") for r in ranks},
             "per_rank_peak_reserved_bytes": {str(r["rank"]): r.get("peak_reserved_bytes") for r in ranks},
             "per_rank_model_state_bytes": {str(r["rank"]): r.get("model_state_bytes") for r in ranks},
             "step_times_s": [s["time_s"] for s in r0.get("steps", [])],
             "losses": [s["loss"] for s in r0.get("steps", [])],
-            "estimate": pred, "versions": r0.get("versions"),
+            "estimate": pred,
+            "versions": r0.get("versions"),
         }
     if a.repeat_raw_dir:
         spread, same_mem = 0.0, True
@@ -169,14 +226,18 @@ def assemble(a, raw: Path) -> Path:
             for d in a.repeat_raw_dir:
                 rec = Path(d) / row[0] / "rank0.json"
                 if rec.is_file():
-                    same_mem &= json.loads(rec.read_text()).get("peak_allocated_bytes") == \
-                        raw_out[row[0]]["per_rank_peak_allocated_bytes"].get("0")
-        notes.append("repeat runs of the same benchmark on the same kind of machine: "
-                     + "; ".join(f"{os.path.relpath(Path(d).resolve(), ROOT)} ({_run_command(Path(d), a)})"
-                                 for d in a.repeat_raw_dir)
-                     + f". The median step time of one strategy differed by up to {spread:.0%} between runs, "
-                     + ("while peak memory was identical to the byte" if same_mem else "and peak memory differed")
-                     + ": compare step times within one run only")
+                    same_mem &= json.loads(rec.read_text()).get("peak_allocated_bytes") == raw_out[row[0]][
+                        "per_rank_peak_allocated_bytes"
+                    ].get("0")
+        notes.append(
+            "repeat runs of the same benchmark on the same kind of machine: "
+            + "; ".join(
+                f"{os.path.relpath(Path(d).resolve(), ROOT)} ({_run_command(Path(d), a)})" for d in a.repeat_raw_dir
+            )
+            + f". The median step time of one strategy differed by up to {spread:.0%} between runs, "
+            + ("while peak memory was identical to the byte" if same_mem else "and peak memory differed")
+            + ": compare step times within one run only"
+        )
     if not any(r[7] is not None for r in rows):
         notes.append("no memory estimate beside the measurements: mfsdp_lib.memory was not available when assembled")
     notes += [
@@ -197,9 +258,15 @@ def assemble(a, raw: Path) -> Path:
         "date": stamp,
         "machine": machine,
         "command": _run_command(raw, a),
-        "columns": COLUMNS, "rows": rows, "notes": notes,
-        "raw": {"per_strategy": raw_out, "job_command_example": command, "raw_dir": os.path.relpath(raw, ROOT),
-                "repeat_raw_dirs": [os.path.relpath(Path(d).resolve(), ROOT) for d in a.repeat_raw_dir]},
+        "columns": COLUMNS,
+        "rows": rows,
+        "notes": notes,
+        "raw": {
+            "per_strategy": raw_out,
+            "job_command_example": command,
+            "raw_dir": os.path.relpath(raw, ROOT),
+            "repeat_raw_dirs": [os.path.relpath(Path(d).resolve(), ROOT) for d in a.repeat_raw_dir],
+        },
     }
     dest = Path(a.results_dir) / f"gpu_strategies_{a.tag}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -232,8 +299,9 @@ def _run_date(raw: Path) -> str:
         dates += re.findall(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration", log.read_text(errors="replace"))
     if dates:  # Bridge logs UTC wall-clock time
         return max(dates).replace(" ", "T") + "+00:00"
-    return _dt.datetime.fromtimestamp(max(p.stat().st_mtime for p in raw.rglob("job.json")),
-                                      _dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.fromtimestamp(
+        max(p.stat().st_mtime for p in raw.rglob("job.json")), _dt.timezone.utc
+    ).isoformat(timespec="seconds")
 
 
 def _run_command(raw: Path, a) -> str:
@@ -241,8 +309,10 @@ def _run_command(raw: Path, a) -> str:
     try:
         return json.loads((raw / "run.json").read_text())["command"]
     except (OSError, ValueError, KeyError):
-        return (f"python3 benchmarks/bench_strategies.py --nproc-per-node {a.nproc_per_node} --tag {a.tag} "
-                f"--model {a.model} --seq-length {a.seq_length} --iters {a.iters}")
+        return (
+            f"python3 benchmarks/bench_strategies.py --nproc-per-node {a.nproc_per_node} --tag {a.tag} "
+            f"--model {a.model} --seq-length {a.seq_length} --iters {a.iters}"
+        )
 
 
 def main(argv=None) -> int:

@@ -27,8 +27,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COLUMNS = ["run", "invocation", "code", "exit", "wall s", "overrides on stdout", "other stdout lines",
-           "our errors", "Bridge runtime_config_update()", "agreement"]
+COLUMNS = [
+    "run",
+    "invocation",
+    "code",
+    "exit",
+    "wall s",
+    "overrides on stdout",
+    "other stdout lines",
+    "our errors",
+    "Bridge runtime_config_update()",
+    "agreement",
+]
 STAGE = re.compile(r"^(\w+) rc=(\d+) (\d+)s :: (.*)$")
 OVERRIDE = re.compile(r"^[a-z_]+(\.[A-Za-z0-9_]+)+=\S*$")  # section.key=value, as render_overrides writes
 OUR_ERROR = re.compile(r"^ERROR\s+(\S+)")
@@ -61,7 +71,7 @@ def _row(name: str, stage: dict, raw: Path) -> list:
     elif one_line:
         bridge, agree = "not reached: " + one_line[0][:160], "n/a"
     elif disagree_err:
-        msg = " ".join(err[err.index(disagree_err) + 1:err.index(disagree_err) + 2]).strip()
+        msg = " ".join(err[err.index(disagree_err) + 1 : err.index(disagree_err) + 2]).strip()
         m = DISAGREE_RAISED.search(msg)
         bridge, agree = "raised " + (m.group(1) if m else "?"), "disagree (MFSDP-LIVE-DISAGREE)"
     elif disagree_warn:
@@ -75,8 +85,18 @@ def _row(name: str, stage: dict, raw: Path) -> list:
     cmd = stage["cmd"]
     code = "main" if MAIN_COPY in cmd else "gpu2 (run-time copy)"
     invocation = cmd.replace(MAIN_COPY, "scripts/")
-    return [name, invocation, code, rc, stage["wall_s"], len(overrides), len(out) - len(overrides),
-            ", ".join(ours) or "none", bridge, agree]
+    return [
+        name,
+        invocation,
+        code,
+        rc,
+        stage["wall_s"],
+        len(overrides),
+        len(out) - len(overrides),
+        ", ".join(ours) or "none",
+        bridge,
+        agree,
+    ]
 
 
 def main(argv=None) -> int:
@@ -97,9 +117,9 @@ def main(argv=None) -> int:
         "title": "mfsdp.py enable --recipe (live mode) against the real Megatron-Bridge 0.6.2 on 1x NVIDIA H200",
         "date": "2026-12-02T18:35:08+00:00",
         "machine": "1x NVIDIA H200 (143771 MiB; driver 580.159.04; torch 2.11.0+cu130), the device tool's "
-                   "nvidia-h200 kind",
+        "nvidia-h200 kind",
         "command": "bash .gpuwork/g2/live.sh  (copied as raw/gpu_live_mode_1xh200/live.sh; each row's invocation "
-                   "ran with WORLD_SIZE=1 RANK=0 LOCAL_RANK=0 and CUDA_DEVICE_MAX_CONNECTIONS unset)",
+        "ran with WORLD_SIZE=1 RANK=0 LOCAL_RANK=0 and CUDA_DEVICE_MAX_CONNECTIONS unset)",
         "columns": COLUMNS,
         "rows": rows,
         "notes": [
@@ -127,18 +147,29 @@ def main(argv=None) -> int:
             "was still retrying at the 45 s limit; with HF_HUB_OFFLINE=1 (E) it failed after 4 attempts.",
             f"Set-up on a bare machine: tests/gpu/setup_device.sh, exit {setup.group(1) if setup else '?'} in "
             f"{setup.group(2) if setup else '?'} s; the 9 runs and gen_verdicts.py ran in parallel after it.",
-            (f"Same streak: tests/differential/gen_verdicts.py, {verdicts.group(1)} cases, {verdicts.group(2)} "
-             "rejected by Bridge; the two appended cases: optim_grads_params + "
-             "train.check_weight_hash_across_dp_replicas_interval=100 refused (AssertionError), optim_grads + the "
-             "same accepted; the 220 earlier verdicts unchanged." if verdicts else "gen_verdicts.py: no summary"),
+            (
+                f"Same streak: tests/differential/gen_verdicts.py, {verdicts.group(1)} cases, {verdicts.group(2)} "
+                "rejected by Bridge; the two appended cases: optim_grads_params + "
+                "train.check_weight_hash_across_dp_replicas_interval=100 refused (AssertionError), optim_grads + the "
+                "same accepted; the 220 earlier verdicts unchanged."
+                if verdicts
+                else "gen_verdicts.py: no summary"
+            ),
             f"Device time: {calls['total_device_s']} s of the lent nvidia-h200 from a bare machine (6 calls: the "
             "276 MB TE core in 5 parts, then wheels + the runs); per call in raw/gpu_live_mode_1xh200/device_calls.json.",
             "The checkout that travelled was main at 6a702fc; A0/E0 ran its cli_enable.py, the others the gpu2 "
             "copy named in code_sha256.txt (the version between main's and the final one).",
         ],
-        "raw": {"dir": os.path.relpath(raw, ROOT), "runs": {n: [f"{n}.out", f"{n}.err", f"{n}.rc"] for n in runs},
-                "stages": "stages.txt", "setup": "setup.log", "verdicts": "verdicts_tail.log",
-                "device_calls": "device_calls.json", "script": "live.sh", "code": "code_sha256.txt"},
+        "raw": {
+            "dir": os.path.relpath(raw, ROOT),
+            "runs": {n: [f"{n}.out", f"{n}.err", f"{n}.rc"] for n in runs},
+            "stages": "stages.txt",
+            "setup": "setup.log",
+            "verdicts": "verdicts_tail.log",
+            "device_calls": "device_calls.json",
+            "script": "live.sh",
+            "code": "code_sha256.txt",
+        },
     }
     out = Path(a.results_dir) / f"gpu_live_mode_{a.tag}.json"
     sys.path.insert(0, str(ROOT / "scripts"))

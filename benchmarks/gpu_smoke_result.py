@@ -24,8 +24,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
-COLUMNS = ["run", "result", "final loss", "finite", "step time (ms)", "tokens/s", "peak allocated GiB",
-           "checkpoint format", "save/resume |delta loss|", "parameters"]
+COLUMNS = [
+    "run",
+    "result",
+    "final loss",
+    "finite",
+    "step time (ms)",
+    "tokens/s",
+    "peak allocated GiB",
+    "checkpoint format",
+    "save/resume |delta loss|",
+    "parameters",
+]
 PYTEST_SUMMARY = re.compile(r"=+ (.*\b(passed|failed|error)\b.*) in [\d.]+s")
 BRIDGE_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration")
 
@@ -41,10 +51,18 @@ def _shape(model: str | None) -> str:
 def _row(name: str, result: str, rec: dict, fmt: str | None) -> list:
     sr = rec.get("save_resume") or {}
     step = rec.get("step_time_s_median")
-    return [name, result, rec.get("final_loss"), rec.get("finite"), None if step is None else round(step * 1e3, 1),
-            None if rec.get("tokens_per_s") is None else round(rec["tokens_per_s"]),
-            None if rec.get("peak_allocated_bytes") is None else round(rec["peak_allocated_bytes"] / GIB, 3),
-            fmt, sr.get("abs_delta"), rec.get("parameters")]
+    return [
+        name,
+        result,
+        rec.get("final_loss"),
+        rec.get("finite"),
+        None if step is None else round(step * 1e3, 1),
+        None if rec.get("tokens_per_s") is None else round(rec["tokens_per_s"]),
+        None if rec.get("peak_allocated_bytes") is None else round(rec["peak_allocated_bytes"] / GIB, 3),
+        fmt,
+        sr.get("abs_delta"),
+        rec.get("parameters"),
+    ]
 
 
 def main(argv=None) -> int:
@@ -90,9 +108,11 @@ def main(argv=None) -> int:
     if calls.is_file():
         dc = json.loads(calls.read_text())
         n = sum(isinstance(c.get("call"), int) for c in dc["calls"])
-        notes.append(f"device time: {dc['total_device_s']} s of the lent {dc['kind']} for the whole session "
-                     f"({n} calls, the set-up from a bare machine and the strategy benchmarks included); "
-                     "per call in raw/" + raw.name + "/device_calls.json")
+        notes.append(
+            f"device time: {dc['total_device_s']} s of the lent {dc['kind']} for the whole session "
+            f"({n} calls, the set-up from a bare machine and the strategy benchmarks included); "
+            "per call in raw/" + raw.name + "/device_calls.json"
+        )
     date = max(stamps).replace(" ", "T") + "+00:00" if stamps else None
     result = {
         "benchmark": f"gpu_smoke_{a.tag}",
@@ -100,15 +120,22 @@ def main(argv=None) -> int:
         "date": date,
         "machine": a.machine,
         "command": a.command,
-        "columns": COLUMNS, "rows": rows, "notes": notes,
-        "raw": {"files": sorted(os.path.relpath(x, ROOT) for x in raw.iterdir()) + [os.path.relpath(Path(a.pytest_log).resolve(), ROOT)],
-                "pytest_command": "python -m torch.distributed.run --nproc_per_node=1 -m pytest "
-                                  "tests/gpu/test_smoke_gpu.py -v -s -p no:cacheprovider",
-                "smoke_command": summary.get("command"),
-                "save_resume": {"pytest": pyrec.get("save_resume"), "smoke": smrec.get("save_resume")},
-                "losses": {"pytest": [s["loss"] for s in pyrec.get("steps", [])],
-                           "smoke": [s["loss"] for s in smrec.get("steps", [])]},
-                "checkpoint": summary.get("checkpoint")},
+        "columns": COLUMNS,
+        "rows": rows,
+        "notes": notes,
+        "raw": {
+            "files": sorted(os.path.relpath(x, ROOT) for x in raw.iterdir())
+            + [os.path.relpath(Path(a.pytest_log).resolve(), ROOT)],
+            "pytest_command": "python -m torch.distributed.run --nproc_per_node=1 -m pytest "
+            "tests/gpu/test_smoke_gpu.py -v -s -p no:cacheprovider",
+            "smoke_command": summary.get("command"),
+            "save_resume": {"pytest": pyrec.get("save_resume"), "smoke": smrec.get("save_resume")},
+            "losses": {
+                "pytest": [s["loss"] for s in pyrec.get("steps", [])],
+                "smoke": [s["loss"] for s in smrec.get("steps", [])],
+            },
+            "checkpoint": summary.get("checkpoint"),
+        },
     }
     dest = Path(a.results_dir) / f"gpu_smoke_{a.tag}.json"
     sys.path.insert(0, str(ROOT / "scripts"))

@@ -58,28 +58,44 @@ def _bid(r: dict) -> str:
 def _real_eval(agent: str) -> Callable[[dict], bool]:
     def match(r: dict) -> bool:
         raw = r.get("raw") or {}
-        return (_bid(r) == f"evals_{agent}" and raw.get("scripted_model") is False)
+        return _bid(r) == f"evals_{agent}" and raw.get("scripted_model") is False
+
     return match
 
 
 # What the skill's claims rest on. Order = order of the report. Ids are those the measuring scripts write.
 EXPECTED = (
-    Expected("check-speed", "Speed of `mfsdp.py check` on the embedded default, against a bare `python3 -c pass`",
-             lambda r: bool(re.match(r"(bench_)?check", _bid(r))),
-             "the `check` speed benchmark script in benchmarks/ (target: at most 5 times the bare interpreter start)"),
-    Expected("gpu-1", "DDP vs distributed optimizer vs Megatron FSDP on 1 GPU",
-             lambda r: _bid(r).startswith("gpu_strategies_1x"),
-             "`python3 benchmarks/bench_strategies.py --nproc-per-node 1 ...` on one H200"),
-    Expected("gpu-2", "DDP vs distributed optimizer vs Megatron FSDP on 2 GPUs (data-parallel size 2, where "
-             "Megatron FSDP actually shards)",
-             lambda r: _bid(r).startswith("gpu_strategies_2x"),
-             "`python3 benchmarks/bench_strategies.py --nproc-per-node 2 ...` on two H200s"),
-    Expected("evals-claude-code", "Skill evals with a real model in Claude Code (with and without the skill)",
-             _real_eval("claude-code"),
-             "`python3 -m evals run --agent claude-code` with a model API key, then `python3 -m evals report`"),
-    Expected("evals-codex", "Skill evals with a real model in Codex (with and without the skill)",
-             _real_eval("codex"),
-             "`python3 -m evals run --agent codex` with a model API key, then `python3 -m evals report`"),
+    Expected(
+        "check-speed",
+        "Speed of `mfsdp.py check` on the embedded default, against a bare `python3 -c pass`",
+        lambda r: bool(re.match(r"(bench_)?check", _bid(r))),
+        "the `check` speed benchmark script in benchmarks/ (target: at most 5 times the bare interpreter start)",
+    ),
+    Expected(
+        "gpu-1",
+        "DDP vs distributed optimizer vs Megatron FSDP on 1 GPU",
+        lambda r: _bid(r).startswith("gpu_strategies_1x"),
+        "`python3 benchmarks/bench_strategies.py --nproc-per-node 1 ...` on one H200",
+    ),
+    Expected(
+        "gpu-2",
+        "DDP vs distributed optimizer vs Megatron FSDP on 2 GPUs (data-parallel size 2, where "
+        "Megatron FSDP actually shards)",
+        lambda r: _bid(r).startswith("gpu_strategies_2x"),
+        "`python3 benchmarks/bench_strategies.py --nproc-per-node 2 ...` on two H200s",
+    ),
+    Expected(
+        "evals-claude-code",
+        "Skill evals with a real model in Claude Code (with and without the skill)",
+        _real_eval("claude-code"),
+        "`python3 -m evals run --agent claude-code` with a model API key, then `python3 -m evals report`",
+    ),
+    Expected(
+        "evals-codex",
+        "Skill evals with a real model in Codex (with and without the skill)",
+        _real_eval("codex"),
+        "`python3 -m evals run --agent codex` with a model API key, then `python3 -m evals report`",
+    ),
 )
 
 
@@ -105,8 +121,10 @@ def load_results(results_dir: Path) -> list[tuple[str, dict]]:
             raise ReportError(f"{rel}: columns and rows must be lists")
         for i, row in enumerate(rows):
             if not isinstance(row, list) or len(row) != len(cols):
-                raise ReportError(f"{rel}: row {i + 1} has {len(row) if isinstance(row, list) else 'no'} cells, "
-                                  f"columns has {len(cols)}")
+                raise ReportError(
+                    f"{rel}: row {i + 1} has {len(row) if isinstance(row, list) else 'no'} cells, "
+                    f"columns has {len(cols)}"
+                )
         notes = data.get("notes", [])
         if not isinstance(notes, list):
             raise ReportError(f"{rel}: notes must be a list of strings")
@@ -213,8 +231,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="make_report.py", description=__doc__.split("\n\n")[0],
-                                epilog=f"Usually run as: {REGENERATE}")
+    p = argparse.ArgumentParser(
+        prog="make_report.py", description=__doc__.split("\n\n")[0], epilog=f"Usually run as: {REGENERATE}"
+    )
     p.add_argument("--results", type=Path, default=RESULTS, help="folder of result JSON files")
     p.add_argument("--output", type=Path, default=OUTPUT, help="file to write (default: BENCHMARK.md)")
     p.add_argument("--check", action="store_true", help="do not write; exit 1 when the output is stale")

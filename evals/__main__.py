@@ -101,8 +101,10 @@ def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None 
                     commands_cache[script.resolve()] = set()
             known = commands_cache[script.resolve()]
             if parts[1] not in known:
-                problems.append(f"{c.get('id')}: '{parts[1]}' is not a command of {parts[0]} "
-                                f"(known: {', '.join(sorted(known)) or 'none'})")
+                problems.append(
+                    f"{c.get('id')}: '{parts[1]}' is not a command of {parts[0]} "
+                    f"(known: {', '.join(sorted(known)) or 'none'})"
+                )
     known_ids = {i for i in ids if isinstance(i, str)}
     for cid in sorted(known_ids - set(checks_mod.CHECKS)):
         problems.append(f"{cid}: no answer checks in evals/checks.py")
@@ -128,17 +130,22 @@ def cmd_validate(args) -> int:
     budgets = read_json_file(BUDGETS_JSON, "budgets") if BUDGETS_JSON.is_file() else None
     problems = validate_cases(cases, schema, budgets=budgets)
     objs = [c for c in cases if isinstance(c, dict)] if isinstance(cases, list) else []
-    summary = {"ok": not problems, "cases": len(objs),
-               "negative": sum(1 for c in objs if c.get("expected_skill") is None),
-               "with_script": sum(1 for c in objs if isinstance(c.get("expected_script"), str)),
-               "problems": problems}
+    summary = {
+        "ok": not problems,
+        "cases": len(objs),
+        "negative": sum(1 for c in objs if c.get("expected_skill") is None),
+        "with_script": sum(1 for c in objs if isinstance(c.get("expected_script"), str)),
+        "problems": problems,
+    }
     if args.format == "json":
         print(json.dumps(summary, indent=2))
     else:
         for p in problems:
             print(f"error: {p}")
-        print(f"{args.evals}: {summary['cases']} cases ({summary['negative']} negative, "
-              f"{summary['with_script']} run a script): {'valid' if not problems else f'{len(problems)} problem(s)'}")
+        print(
+            f"{args.evals}: {summary['cases']} cases ({summary['negative']} negative, "
+            f"{summary['with_script']} run a script): {'valid' if not problems else f'{len(problems)} problem(s)'}"
+        )
     return 0 if not problems else 1
 
 
@@ -164,25 +171,35 @@ def cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Eval harness of the Megatron FSDP skill: validate the cases, "
-                                "grade transcripts, run agents end to end, report.", epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Eval harness of the Megatron FSDP skill: validate the cases, "
+        "grade transcripts, run agents end to end, report.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", metavar="{validate,grade,run,report}")
     v = sub.add_parser("validate", help="check evals.json against its schema and the scripts it names")
     v.add_argument("--evals", default=str(EVALS_JSON), help="cases file (default: evals/evals.json)")
     v.add_argument("--schema", default=str(SCHEMA_JSON), help="JSON Schema (default: evals/evals.schema.json)")
     v.add_argument("--format", choices=("text", "json"), default="text")
-    g = sub.add_parser("grade", help="score one transcript on the five dimensions",
-                       description="Score TRANSCRIPT (Claude Code stream-json or Codex exec --json; a "
-                                   "TRANSCRIPT.meta.json invocation record beside it is read too) against case ID.",
-                       epilog=f"example: {PROG} grade --case decoy-cuda-graphs out/codex.jsonl --agent codex",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = sub.add_parser(
+        "grade",
+        help="score one transcript on the five dimensions",
+        description="Score TRANSCRIPT (Claude Code stream-json or Codex exec --json; a "
+        "TRANSCRIPT.meta.json invocation record beside it is read too) against case ID.",
+        epilog=f"example: {PROG} grade --case decoy-cuda-graphs out/codex.jsonl --agent codex",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     g.add_argument("--case", required=True, help="case id from evals.json")
     g.add_argument("transcript", help="transcript file (JSON Lines)")
     g.add_argument("--agent", choices=AGENTS, help="which CLI wrote it (default: detected)")
     g.add_argument("--format", choices=("text", "json"), default="text")
-    g.add_argument("--judge", action="store_true",
-                   help="also ask an LLM judge (only when ANTHROPIC_API_KEY is set; skipped otherwise)")
+    g.add_argument(
+        "--judge",
+        action="store_true",
+        help="also ask an LLM judge (only when ANTHROPIC_API_KEY is set; skipped otherwise)",
+    )
     g.add_argument("--evals", default=None, help="cases file (default: evals/evals.json)")
     sub.add_parser("run", help="run the agent CLIs end to end (evals/runner.py)", add_help=False)
     r = sub.add_parser("report", help="turn a run results file into benchmarks/results/evals_<agent>.json")
@@ -221,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug in the harness: one line, like scripts/mfsdp.py (exit 3)
         if os.environ.get("MFSDP_DEBUG") == "1":
             raise
-        sys.stderr.write(f"python3 -m evals {args.command}: internal error: {type(exc).__name__}: {exc} "
-                         "(a bug in the eval harness; rerun with MFSDP_DEBUG=1 for the traceback)\n")
+        sys.stderr.write(
+            f"python3 -m evals {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(a bug in the eval harness; rerun with MFSDP_DEBUG=1 for the traceback)\n"
+        )
         return 3
 
 

@@ -58,11 +58,15 @@ AGENT_NAMES = {"claude-code": "Claude Code", "codex": "Codex"}
 
 
 def configure(parser) -> None:
-    parser.description = ("Turn results files of 'python3 -m evals run' into benchmarks/results/evals_<agent>.json "
-                          "(pass rate per dimension with and without the skill, and the uplift) and "
-                          "evals_<agent>_cases.json (per case).")
-    parser.epilog = ("example: python3 -m evals report out/claude-with.json out/claude-without.json\n"
-                     "Scripted-model runs are labelled '" + SCRIPTED_LABEL + "'.")
+    parser.description = (
+        "Turn results files of 'python3 -m evals run' into benchmarks/results/evals_<agent>.json "
+        "(pass rate per dimension with and without the skill, and the uplift) and "
+        "evals_<agent>_cases.json (per case)."
+    )
+    parser.epilog = (
+        "example: python3 -m evals report out/claude-with.json out/claude-without.json\n"
+        "Scripted-model runs are labelled '" + SCRIPTED_LABEL + "'."
+    )
     parser.add_argument("results", nargs="+", help="results JSON file(s) written by 'run' (one agent)")
     parser.add_argument("--out-dir", default=str(DEFAULT_OUT), help="where to write (default: benchmarks/results)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
@@ -115,14 +119,16 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
     agent = agents.pop()
     runs = [run for r in results for run in r["runs"] if isinstance(run, dict)]
     scripted = any(bool(r.get("scripted_model")) for r in results) or any(
-        bool(((run.get("grade") or {}).get("transcript") or {}).get("scripted_model")) for run in runs)
+        bool(((run.get("grade") or {}).get("transcript") or {}).get("scripted_model")) for run in runs
+    )
     with_runs = [r for r in runs if _with_skill(r) is True]
     without_runs = [r for r in runs if _with_skill(r) is False]
     first = results[0]
     date = first.get("date") or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     machine = first.get("machine") or f"{platform.node() or 'host'}: {platform.platform()}, {os.cpu_count()} CPUs"
-    command = " ; ".join(dict.fromkeys(str(r.get("command")) for r in results if r.get("command"))) or \
-        (report_command or "python3 -m evals report")
+    command = " ; ".join(dict.fromkeys(str(r.get("command")) for r in results if r.get("command"))) or (
+        report_command or "python3 -m evals report"
+    )
     who = AGENT_NAMES.get(agent, agent)
     model = first.get("model")
     label = f"{who} CLI" + (f" {first['cli_version']}" if first.get("cli_version") else "")
@@ -132,8 +138,10 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
         title = f"Skill evals, {label}" + (f" with {model}" if model else "") + ": pass rate with and without the skill"
     notes = []
     if scripted:
-        notes.append(f"{SCRIPTED_LABEL}: every reply came from the scripted model server on 127.0.0.1; the CLI, the "
-                     "skill install, the tool calls and the grading are real, the answers and token counts are not.")
+        notes.append(
+            f"{SCRIPTED_LABEL}: every reply came from the scripted model server on 127.0.0.1; the CLI, the "
+            "skill install, the tool calls and the grading are real, the answers and token counts are not."
+        )
     notes += [
         f"{len(with_runs)} run(s) with the skill installed, {len(without_runs)} without; "
         f"{len({r.get('case') for r in runs})} case(s).",
@@ -154,11 +162,22 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
         rows.append([name, len(with_runs), _pct(a), _pct(b), _uplift(a, b)])
         raw_dims[dim or "all"] = {"with_skill": a, "without_skill": b}
     summary = {
-        "benchmark": f"evals_{agent}", "title": title, "date": date, "machine": machine, "command": command,
+        "benchmark": f"evals_{agent}",
+        "title": title,
+        "date": date,
+        "machine": machine,
+        "command": command,
         "columns": ["Dimension", "Runs with skill", "With skill", "Without skill", "Uplift"],
-        "rows": rows, "notes": notes,
-        "raw": {"agent": agent, "scripted_model": scripted, "model": model, "cli_version": first.get("cli_version"),
-                "rates": raw_dims, "runs": [_raw_run(r) for r in runs]},
+        "rows": rows,
+        "notes": notes,
+        "raw": {
+            "agent": agent,
+            "scripted_model": scripted,
+            "model": model,
+            "cli_version": first.get("cli_version"),
+            "rates": raw_dims,
+            "runs": [_raw_run(r) for r in runs],
+        },
     }
 
     case_rows = []
@@ -169,11 +188,22 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
         failing = sorted({d for r in w for d in DIMENSIONS if not _passed(r, d)})
         case_rows.append([cid, len(w), _pct(a), len(wo), _pct(b), _uplift(a, b), ", ".join(failing) or "-"])
     cases = {
-        "benchmark": f"evals_{agent}_cases", "title": title.replace("Skill evals", "Skill evals per case", 1),
-        "date": date, "machine": machine, "command": command,
-        "columns": ["Case", "Runs with skill", "Pass with skill", "Runs without", "Pass without skill", "Uplift",
-                    "Dimensions failed with skill"],
-        "rows": case_rows, "notes": notes[:1] if scripted else [],
+        "benchmark": f"evals_{agent}_cases",
+        "title": title.replace("Skill evals", "Skill evals per case", 1),
+        "date": date,
+        "machine": machine,
+        "command": command,
+        "columns": [
+            "Case",
+            "Runs with skill",
+            "Pass with skill",
+            "Runs without",
+            "Pass without skill",
+            "Uplift",
+            "Dimensions failed with skill",
+        ],
+        "rows": case_rows,
+        "notes": notes[:1] if scripted else [],
         "raw": {"agent": agent, "scripted_model": scripted},
     }
     return summary, cases
@@ -181,10 +211,15 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
 
 def _raw_run(run: dict) -> dict:
     g = run.get("grade") if isinstance(run.get("grade"), dict) else {}
-    return {"case": run.get("case"), "attempt": run.get("attempt"), "with_skill": _with_skill(run),
-            "transcript": run.get("transcript"), "passed": bool(g.get("passed")),
-            "scores": {d: (g.get("dimensions") or {}).get(d, {}).get("score") for d in DIMENSIONS},
-            "usage": g.get("transcript")}
+    return {
+        "case": run.get("case"),
+        "attempt": run.get("attempt"),
+        "with_skill": _with_skill(run),
+        "transcript": run.get("transcript"),
+        "passed": bool(g.get("passed")),
+        "scores": {d: (g.get("dimensions") or {}).get(d, {}).get("score") for d in DIMENSIONS},
+        "usage": g.get("transcript"),
+    }
 
 
 def write_atomic(path: Path, data: dict) -> None:
@@ -221,5 +256,3 @@ def main_args(args) -> int:
         for p in written:
             print(f"wrote {p}")
     return 0
-
-

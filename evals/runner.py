@@ -65,8 +65,8 @@ AGENTS = (CLAUDE, CODEX)
 # Pinned versions, the ones this harness was verified with. skills 1.5.18 is the last release whose
 # package.json accepts Node 18/20 (1.5.19+ require Node >= 22.20, which Debian 12 does not ship).
 SKILLS_NPM_VERSION = "1.5.18"
-CLAUDE_PYPI = ("claude-agent-sdk", "0.2.189")        # bundles Claude Code 2.1.332
-CODEX_PYPI = ("openai-codex-cli-bin", "0.163.0")     # bundles codex-cli 0.163.0
+CLAUDE_PYPI = ("claude-agent-sdk", "0.2.189")  # bundles Claude Code 2.1.332
+CODEX_PYPI = ("openai-codex-cli-bin", "0.163.0")  # bundles codex-cli 0.163.0
 
 # Where `skills add -a <agent>` puts a project skill, relative to the project root (skills 1.5.18: a copy under
 # .agents/skills, which Codex reads directly, and a symlink to it under .claude/skills for Claude Code).
@@ -78,16 +78,29 @@ CLAUDE_ALLOWED_TOOLS = "Bash,Read,Skill,Glob,Grep,Edit,Write"
 CODEX_SCRIPTED_MODEL = "gpt-5.5"
 DUMMY_KEY = "scripted-not-a-key"
 # Codex 0.163 features that phone out on start-up (plugin marketplace sync, ChatGPT apps, model discovery).
-CODEX_OFF_FEATURES = ("apps", "plugins", "remote_plugin", "plugin_sharing", "api_key_model_discovery",
-                      "in_app_updates")
+CODEX_OFF_FEATURES = ("apps", "plugins", "remote_plugin", "plugin_sharing", "api_key_model_discovery", "in_app_updates")
 # Per-attempt wall clock: scripted runs finish in seconds; a live agent may think for minutes.
 SCRIPTED_TIMEOUT_S = 180
 LIVE_TIMEOUT_S = 900
 SKILLS_TIMEOUT_S = 120
 # Files of the skill root that a user's install never needs (build products, VCS, our own run outputs).
-COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "*.pyc", ".pytest_cache",
-                                     ".hypothesis", "node_modules", ".cache", "build", "dist", "*.egg-info",
-                                     ".whl", ".gpuwork", "eval-runs")
+COPY_IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "venv",
+    "__pycache__",
+    "*.pyc",
+    ".pytest_cache",
+    ".hypothesis",
+    "node_modules",
+    ".cache",
+    "build",
+    "dist",
+    "*.egg-info",
+    ".whl",
+    ".gpuwork",
+    "eval-runs",
+)
 # Written into the temporary copy only when the working tree has no SKILL.md yet (never committed).
 STANDIN_SKILL_MD = """---
 name: {name}
@@ -102,8 +115,10 @@ Check a Bridge config: `python3 scripts/mfsdp.py check CONFIG.yaml`.
 
 
 # Where scripts/dev.sh (.cache/node) or a plain `npm install` in the skill root put the skills CLI.
-SKILLS_CLI_LOCAL = (SKILL_ROOT / ".cache" / "node" / "node_modules" / ".bin" / "skills",
-                    SKILL_ROOT / "node_modules" / ".bin" / "skills")
+SKILLS_CLI_LOCAL = (
+    SKILL_ROOT / ".cache" / "node" / "node_modules" / ".bin" / "skills",
+    SKILL_ROOT / "node_modules" / ".bin" / "skills",
+)
 
 
 class RunError(Exception):
@@ -111,6 +126,7 @@ class RunError(Exception):
 
 
 # --------------------------------------------------------------------------------------------- locating tools
+
 
 def _package_file(module: str, *parts: str) -> Path | None:
     """A file inside an installed package, found without importing it (the SDK's import pulls in anyio etc.)."""
@@ -158,8 +174,7 @@ def find_skills_cli(allow_npx: bool = True) -> list[str] | None:
 @functools.lru_cache(maxsize=None)
 def _cli_version(argv: tuple[str, ...]) -> str:
     try:
-        out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60,
-                             stdin=subprocess.DEVNULL)
+        out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
     except (OSError, subprocess.TimeoutExpired):
         return ""
@@ -171,6 +186,7 @@ def cli_version(argv: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------------------------- cases, scripts
+
 
 def load_cases(path: Path = EVALS_JSON) -> dict[str, dict]:
     try:
@@ -188,22 +204,37 @@ def scripted_cases(directory: Path = SCRIPTED_DIR) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------------------------- environment
 
+
 def base_env(home: Path) -> dict[str, str]:
     """A minimal environment: nothing of the caller's (keys, config dirs) leaks into the agent."""
     py_dir = str(Path(sys.executable).parent)  # so the agent's `python3` is ours (PyYAML is there)
     path = os.pathsep.join([py_dir, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
-    env = {"PATH": path, "HOME": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-           "TMPDIR": os.environ.get("TMPDIR", tempfile.gettempdir()), "TERM": "dumb", "NO_COLOR": "1",
-           # No telemetry from any tool we start (skills CLI reads both names).
-           "DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
+    env = {
+        "PATH": path,
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TMPDIR": os.environ.get("TMPDIR", tempfile.gettempdir()),
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+        # No telemetry from any tool we start (skills CLI reads both names).
+        "DISABLE_TELEMETRY": "1",
+        "DO_NOT_TRACK": "1",
+    }
     return env
 
 
 def claude_env(home: Path, base_url: str | None) -> dict[str, str]:
     env = base_env(home)
-    env.update({"CLAUDE_CONFIG_DIR": str(home / ".claude"), "DISABLE_AUTOUPDATER": "1",
-                "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-                "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1"})
+    env.update(
+        {
+            "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+        }
+    )
     if base_url:
         env.update({"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": DUMMY_KEY})
     else:
@@ -231,13 +262,12 @@ def codex_home(home: Path, base_url: str | None) -> Path:
         "[analytics]\nenabled = false\n"
         "[feedback]\nenabled = false\n"
         # Features that reach github.com / chatgpt.com at start-up (seen with strace); an eval needs none.
-        "[features]\n" + "".join(f"{name} = false\n" for name in CODEX_OFF_FEATURES) +
-        "[model_providers.evals]\n"
-        'name = "evals"\n' + provider +
-        'wire_api = "responses"\n'
+        "[features]\n" + "".join(f"{name} = false\n" for name in CODEX_OFF_FEATURES) + "[model_providers.evals]\n"
+        'name = "evals"\n' + provider + 'wire_api = "responses"\n'
         'env_key = "OPENAI_API_KEY"\n'
         "request_max_retries = 0\nstream_max_retries = 0\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     return ch
 
 
@@ -249,6 +279,7 @@ def codex_env(home: Path, base_url: str | None) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------- one attempt
+
 
 def prepare_skill_copy(dest: Path, skill_root: Path = SKILL_ROOT) -> dict:
     """Copy the skill root for installing; write a stand-in SKILL.md only when the tree has none."""
@@ -263,8 +294,15 @@ def prepare_skill_copy(dest: Path, skill_root: Path = SKILL_ROOT) -> dict:
 def install_skill(skills_cli: list[str], skill_copy: Path, project: Path, home: Path, agent: str) -> dict:
     argv = [*skills_cli, "add", str(skill_copy), "--skill", SKILL_NAME, "-a", agent, "-y"]
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=project, env=base_env(home), capture_output=True, text=True,
-                          timeout=SKILLS_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        argv,
+        cwd=project,
+        env=base_env(home),
+        capture_output=True,
+        text=True,
+        timeout=SKILLS_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
     installed = project / PROJECT_SKILL_DIRS[agent] / SKILL_NAME / "SKILL.md"
     if proc.returncode != 0 or not installed.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -274,8 +312,16 @@ def install_skill(skills_cli: list[str], skill_copy: Path, project: Path, home: 
 
 def agent_argv(agent: str, cli: list[str], prompt: str, model: str | None) -> list[str]:
     if agent == CLAUDE:
-        argv = [*cli, "-p", prompt, "--output-format", "stream-json", "--verbose",
-                "--allowedTools", CLAUDE_ALLOWED_TOOLS]
+        argv = [
+            *cli,
+            "-p",
+            prompt,
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--allowedTools",
+            CLAUDE_ALLOWED_TOOLS,
+        ]
         if model:
             argv += ["--model", model]
         return argv
@@ -290,8 +336,16 @@ def run_bounded(argv: list[str], cwd: Path, env: dict, timeout_s: float) -> tupl
 
     Returns (exit code or None on timeout, stdout, stderr).
     """
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, out, err
@@ -304,9 +358,20 @@ def run_bounded(argv: list[str], cwd: Path, env: dict, timeout_s: float) -> tupl
         return None, out, f"timed out after {timeout_s} s\n{err}"
 
 
-def run_attempt(*, agent: str, case: dict, attempt: int, with_skill: bool, out: Path, cli: list[str],
-                skills_cli: list[str] | None, script_path: Path | None, model: str | None = None,
-                timeout_s: float | None = None, grade: bool = True) -> dict:
+def run_attempt(
+    *,
+    agent: str,
+    case: dict,
+    attempt: int,
+    with_skill: bool,
+    out: Path,
+    cli: list[str],
+    skills_cli: list[str] | None,
+    script_path: Path | None,
+    model: str | None = None,
+    timeout_s: float | None = None,
+    grade: bool = True,
+) -> dict:
     """Run one case once; returns the row for results.json (also written as attempt files)."""
     case_id = case["id"]
     adir = out / agent / ("with-skill" if with_skill else "without-skill") / case_id / f"attempt-{attempt}"
@@ -315,12 +380,18 @@ def run_attempt(*, agent: str, case: dict, attempt: int, with_skill: bool, out: 
     project, home = adir / "project", adir / "home"
     project.mkdir(parents=True)
     home.mkdir()
-    record: dict = {"case": case_id, "agent": agent, "attempt": attempt, "with_skill": with_skill,
-                    "scripted_model": script_path is not None}
+    record: dict = {
+        "case": case_id,
+        "agent": agent,
+        "attempt": attempt,
+        "with_skill": with_skill,
+        "scripted_model": script_path is not None,
+    }
     if with_skill:
         if skills_cli is None:
-            raise RunError("the skills CLI is not installed (npm install skills@%s, or set SKILLS_CLI)"
-                           % SKILLS_NPM_VERSION)
+            raise RunError(
+                "the skills CLI is not installed (npm install skills@%s, or set SKILLS_CLI)" % SKILLS_NPM_VERSION
+            )
         with tempfile.TemporaryDirectory(prefix="skillcopy-") as tmp:
             copy = Path(tmp) / SKILL_NAME
             record["skill_source"] = prepare_skill_copy(copy)
@@ -346,13 +417,26 @@ def run_attempt(*, agent: str, case: dict, attempt: int, with_skill: bool, out: 
             server.stop()
     transcript.write_text(stdout, encoding="utf-8")
     (adir / "stderr.txt").write_text(stderr, encoding="utf-8")
-    meta = {"agent": agent, "invocation": argv, "prompt": prompt, "with_skill": with_skill,
-            "scripted_model": server is not None, "case": case_id, "cwd": str(project), "exit_code": exit_code,
-            "seconds": seconds, "cli_version": cli_version(cli)}
+    meta = {
+        "agent": agent,
+        "invocation": argv,
+        "prompt": prompt,
+        "with_skill": with_skill,
+        "scripted_model": server is not None,
+        "case": case_id,
+        "cwd": str(project),
+        "exit_code": exit_code,
+        "seconds": seconds,
+        "cli_version": cli_version(cli),
+    }
     if server:
-        meta["scripted"] = {"script": str(script_path), "label": sm.SCRIPTED_LABEL,
-                            "requests": len(server.requests), "turns_served": server.turns_served(),
-                            "request_log": str(adir / "model-requests.jsonl")}
+        meta["scripted"] = {
+            "script": str(script_path),
+            "label": sm.SCRIPTED_LABEL,
+            "requests": len(server.requests),
+            "turns_served": server.turns_served(),
+            "request_log": str(adir / "model-requests.jsonl"),
+        }
     Path(str(transcript) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     record.update({"transcript": str(transcript), "exit_code": exit_code, "seconds": seconds})
     if grade:
@@ -365,6 +449,7 @@ def grade_transcript(case: dict, transcript: Path, agent: str) -> dict | None:
     """Grade with evals.grader; an unreadable transcript (the CLI crashed) is None, which report counts as failed."""
     from evals import grader
     from evals.transcripts import UnreadableTranscript
+
     try:
         return grader.grade(case, str(transcript), agent=agent)
     except UnreadableTranscript:
@@ -373,18 +458,28 @@ def grade_transcript(case: dict, transcript: Path, agent: str) -> dict | None:
 
 # --------------------------------------------------------------------------------------------- results
 
-def results_file(records: list[dict], command: str, scripted: bool, agent: str, cli: list[str],
-                 model: str | None) -> dict:
+
+def results_file(
+    records: list[dict], command: str, scripted: bool, agent: str, cli: list[str], model: str | None
+) -> dict:
     """results.json in the input format of ``python3 -m evals report`` (evals/report.py)."""
-    return {"agent": agent, "scripted_model": scripted,
-            "model": sm.SCRIPTED_MODEL_NAME if scripted else model, "cli_version": cli_version(cli),
-            "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-            "machine": f"{platform.node() or 'host'}: {platform.platform()}, {os.cpu_count()} CPUs",
-            "command": command,
-            "note": (f"{sm.SCRIPTED_LABEL}S: model turns replayed from evals/scripted/ on 127.0.0.1; the CLI, the "
-                     "skills install, tool execution and transcripts are real; token counts and costs are "
-                     "synthetic. A plumbing check, never a model's score.") if scripted else "",
-            "runs": records}
+    return {
+        "agent": agent,
+        "scripted_model": scripted,
+        "model": sm.SCRIPTED_MODEL_NAME if scripted else model,
+        "cli_version": cli_version(cli),
+        "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "machine": f"{platform.node() or 'host'}: {platform.platform()}, {os.cpu_count()} CPUs",
+        "command": command,
+        "note": (
+            f"{sm.SCRIPTED_LABEL}S: model turns replayed from evals/scripted/ on 127.0.0.1; the CLI, the "
+            "skills install, tool execution and transcripts are real; token counts and costs are "
+            "synthetic. A plumbing check, never a model's score."
+        )
+        if scripted
+        else "",
+        "runs": records,
+    }
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -407,22 +502,45 @@ exit status: 0 every graded attempt passed; 1 some attempt failed; 2 the run cou
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 -m evals run", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python3 -m evals run",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--agent", required=True, choices=AGENTS)
-    p.add_argument("--cases", nargs="+", metavar="ID", help="case ids (default: every case that has a script "
-                   "when scripted, every case when live)")
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        metavar="ID",
+        help="case ids (default: every case that has a script when scripted, every case when live)",
+    )
     p.add_argument("--attempts", type=int, default=1, metavar="N", help="runs per case and skill mode (default 1)")
     skill = p.add_mutually_exclusive_group()
     skill.add_argument("--with-skill", dest="skill_mode", action="store_const", const="with", help="(default)")
     skill.add_argument("--without-skill", dest="skill_mode", action="store_const", const="without")
-    skill.add_argument("--both", dest="skill_mode", action="store_const", const="both",
-                       help="each case with and without the skill, for the uplift")
+    skill.add_argument(
+        "--both",
+        dest="skill_mode",
+        action="store_const",
+        const="both",
+        help="each case with and without the skill, for the uplift",
+    )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--scripted", dest="source", action="store_const", const="scripted",
-                     help="replay evals/scripted/ on 127.0.0.1 (default without an API key)")
-    src.add_argument("--live", dest="source", action="store_const", const="live",
-                     help="the real model API (default with ANTHROPIC_API_KEY / OPENAI_API_KEY)")
+    src.add_argument(
+        "--scripted",
+        dest="source",
+        action="store_const",
+        const="scripted",
+        help="replay evals/scripted/ on 127.0.0.1 (default without an API key)",
+    )
+    src.add_argument(
+        "--live",
+        dest="source",
+        action="store_const",
+        const="live",
+        help="the real model API (default with ANTHROPIC_API_KEY / OPENAI_API_KEY)",
+    )
     p.add_argument("--model", help="model name for --live runs")
     p.add_argument("--out", type=Path, help="output folder (default: a new temporary folder)")
     p.add_argument("--evals", type=Path, default=EVALS_JSON, help="cases file (default: evals/evals.json)")
@@ -463,8 +581,10 @@ def _main(args, argv: list[str]) -> int:
     cli = find_agent_cli(args.agent)
     if cli is None:
         pkg = CLAUDE_PYPI if args.agent == CLAUDE else CODEX_PYPI
-        raise RunError(f"the {args.agent} CLI is not installed (pip install {pkg[0]}=={pkg[1]}, or set "
-                       f"{'CLAUDE_CLI' if args.agent == CLAUDE else 'CODEX_CLI'})")
+        raise RunError(
+            f"the {args.agent} CLI is not installed (pip install {pkg[0]}=={pkg[1]}, or set "
+            f"{'CLAUDE_CLI' if args.agent == CLAUDE else 'CODEX_CLI'})"
+        )
     modes = {"with": [True], "without": [False], "both": [True, False]}[args.skill_mode]
     skills_cli = find_skills_cli(allow_npx=not args.no_npx) if True in modes else None
     out = args.out or Path(tempfile.mkdtemp(prefix=f"evals-{args.agent}-"))
@@ -473,13 +593,24 @@ def _main(args, argv: list[str]) -> int:
     for case_id in wanted:
         for with_skill in modes:
             for n in range(1, args.attempts + 1):
-                rec = run_attempt(agent=args.agent, case=cases[case_id], attempt=n, with_skill=with_skill, out=out,
-                                  cli=cli, skills_cli=skills_cli, script_path=scripts.get(case_id) if scripted else None,
-                                  model=args.model, timeout_s=args.timeout)
+                rec = run_attempt(
+                    agent=args.agent,
+                    case=cases[case_id],
+                    attempt=n,
+                    with_skill=with_skill,
+                    out=out,
+                    cli=cli,
+                    skills_cli=skills_cli,
+                    script_path=scripts.get(case_id) if scripted else None,
+                    model=args.model,
+                    timeout_s=args.timeout,
+                )
                 g = rec.get("grade") or {}
                 verdict = {True: "PASS", False: "FAIL"}.get(g.get("passed"), "FAIL (unreadable transcript)")
-                print(f"{verdict:8} {args.agent} {case_id} {'with' if with_skill else 'without'}-skill "
-                      f"attempt {n} ({rec['seconds']} s) {rec['transcript']}")
+                print(
+                    f"{verdict:8} {args.agent} {case_id} {'with' if with_skill else 'without'}-skill "
+                    f"attempt {n} ({rec['seconds']} s) {rec['transcript']}"
+                )
                 records.append(rec)
     command = shlex.join(["python3", "-m", "evals", "run", *argv])
     results = results_file(records, command, scripted, args.agent, cli, args.model)

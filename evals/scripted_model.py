@@ -149,7 +149,11 @@ class ScriptedModel:
         """The full assistant message for this request, and the script turn it answers (None: side request)."""
         tool_names = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
         if "Bash" not in tool_names:
-            index, content, stop = None, [{"type": "text", "text": labelled("side request; nothing to add.")}], "end_turn"
+            index, content, stop = (
+                None,
+                [{"type": "text", "text": labelled("side request; nothing to add.")}],
+                "end_turn",
+            )
         else:
             index = self.anthropic_turn_index(body)
             turn = self.turn(index)
@@ -165,45 +169,102 @@ class ScriptedModel:
                     content.append({"type": "tool_use", "id": tool_id, "name": "Skill", "input": {"skill": self.skill}})
                 else:
                     command = self.command_for(turn)
-                    content.append({"type": "tool_use", "id": tool_id, "name": "Bash",
-                                    "input": {"command": command, "description": f"{SCRIPTED_LABEL} command"}})
+                    content.append(
+                        {
+                            "type": "tool_use",
+                            "id": tool_id,
+                            "name": "Bash",
+                            "input": {"command": command, "description": f"{SCRIPTED_LABEL} command"},
+                        }
+                    )
                 stop = "tool_use"
         out_len = len(json.dumps(content))
-        usage = turn_usage = {"input_tokens": _tokens(raw_len), "output_tokens": _tokens(out_len),
-                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        usage = turn_usage = {
+            "input_tokens": _tokens(raw_len),
+            "output_tokens": _tokens(out_len),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
         if index is not None and isinstance(self.turn(index).get("usage"), dict):
             usage = {**turn_usage, **self.turn(index)["usage"]}
         tag = "side" if index is None else str(index)
-        message = {"id": f"msg_scripted_{tag}_{int(time.time() * 1000)}", "type": "message", "role": "assistant",
-                   "model": SCRIPTED_MODEL_NAME, "content": content, "stop_reason": stop, "stop_sequence": None,
-                   "usage": usage}
+        message = {
+            "id": f"msg_scripted_{tag}_{int(time.time() * 1000)}",
+            "type": "message",
+            "role": "assistant",
+            "model": SCRIPTED_MODEL_NAME,
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": usage,
+        }
         return message, index
 
     @staticmethod
     def anthropic_sse(message: dict) -> bytes:
         """The streaming form of a message, event by event as the Messages API sends it."""
+
         def ev(name: str, data: dict) -> str:
             return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
         usage = message["usage"]
-        start = {**message, "content": [], "stop_reason": None,
-                 "usage": {**usage, "output_tokens": 1}}
+        start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
         parts = [ev("message_start", {"type": "message_start", "message": start})]
         for i, block in enumerate(message["content"]):
             if block["type"] == "text":
-                parts.append(ev("content_block_start", {"type": "content_block_start", "index": i,
-                                                        "content_block": {"type": "text", "text": ""}}))
-                parts.append(ev("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                        "delta": {"type": "text_delta", "text": block["text"]}}))
+                parts.append(
+                    ev(
+                        "content_block_start",
+                        {"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
+                    )
+                )
+                parts.append(
+                    ev(
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": i,
+                            "delta": {"type": "text_delta", "text": block["text"]},
+                        },
+                    )
+                )
             else:
-                parts.append(ev("content_block_start", {"type": "content_block_start", "index": i, "content_block": {
-                    "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
-                parts.append(ev("content_block_delta", {"type": "content_block_delta", "index": i, "delta": {
-                    "type": "input_json_delta", "partial_json": json.dumps(block["input"])}}))
+                parts.append(
+                    ev(
+                        "content_block_start",
+                        {
+                            "type": "content_block_start",
+                            "index": i,
+                            "content_block": {
+                                "type": "tool_use",
+                                "id": block["id"],
+                                "name": block["name"],
+                                "input": {},
+                            },
+                        },
+                    )
+                )
+                parts.append(
+                    ev(
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": i,
+                            "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+                        },
+                    )
+                )
             parts.append(ev("content_block_stop", {"type": "content_block_stop", "index": i}))
-        parts.append(ev("message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                                          "usage": {"output_tokens": usage["output_tokens"]}}))
+        parts.append(
+            ev(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                    "usage": {"output_tokens": usage["output_tokens"]},
+                },
+            )
+        )
         parts.append(ev("message_stop", {"type": "message_stop"}))
         return "".join(parts).encode()
 
@@ -234,8 +295,13 @@ class ScriptedModel:
         tag = "side" if index is None else str(index)
 
         def message(text: str, n: int) -> dict:
-            return {"type": "message", "id": f"msg_scripted_{tag}_{n}", "role": "assistant", "status": "completed",
-                    "content": [{"type": "output_text", "text": labelled(text), "annotations": []}]}
+            return {
+                "type": "message",
+                "id": f"msg_scripted_{tag}_{n}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": labelled(text), "annotations": []}],
+            }
 
         if turn.get("say"):
             items.append(message(turn["say"], 0))
@@ -251,11 +317,23 @@ class ScriptedModel:
             except KeyError as exc:
                 items.append(message(f"cannot run a command: {exc.args[0]}", 1))
             else:
-                items.append({"type": "function_call", "id": f"fc_scripted_{tag}", "call_id": f"call_scripted_{tag}",
-                              "name": name, "arguments": json.dumps(args), "status": "completed"})
+                items.append(
+                    {
+                        "type": "function_call",
+                        "id": f"fc_scripted_{tag}",
+                        "call_id": f"call_scripted_{tag}",
+                        "name": name,
+                        "arguments": json.dumps(args),
+                        "status": "completed",
+                    }
+                )
         out_len = len(json.dumps(items))
-        usage = {"input_tokens": _tokens(raw_len), "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens": _tokens(out_len), "output_tokens_details": {"reasoning_tokens": 0}}
+        usage = {
+            "input_tokens": _tokens(raw_len),
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": _tokens(out_len),
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
         if isinstance(turn.get("usage"), dict):
             usage.update(turn["usage"])
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
@@ -269,15 +347,31 @@ class ScriptedModel:
         base = {"id": response_id, "object": "response", "model": SCRIPTED_MODEL_NAME, "created_at": int(time.time())}
         parts = [ev({"type": "response.created", "response": {**base, "status": "in_progress", "output": []}})]
         for i, item in enumerate(items):
-            parts.append(ev({"type": "response.output_item.added", "output_index": i,
-                             "item": {**item, "status": "in_progress"}}))
+            parts.append(
+                ev({"type": "response.output_item.added", "output_index": i, "item": {**item, "status": "in_progress"}})
+            )
             if item["type"] == "message":
                 text = item["content"][0]["text"]
-                parts.append(ev({"type": "response.output_text.delta", "item_id": item["id"], "output_index": i,
-                                 "content_index": 0, "delta": text}))
+                parts.append(
+                    ev(
+                        {
+                            "type": "response.output_text.delta",
+                            "item_id": item["id"],
+                            "output_index": i,
+                            "content_index": 0,
+                            "delta": text,
+                        }
+                    )
+                )
             parts.append(ev({"type": "response.output_item.done", "output_index": i, "item": item}))
-        parts.append(ev({"type": "response.completed",
-                         "response": {**base, "status": "completed", "output": items, "usage": usage}}))
+        parts.append(
+            ev(
+                {
+                    "type": "response.completed",
+                    "response": {**base, "status": "completed", "output": items, "usage": usage},
+                }
+            )
+        )
         return "".join(parts).encode()
 
 
@@ -296,9 +390,16 @@ class _QuietServer(ThreadingHTTPServer):
 class ScriptedModelServer:
     """The HTTP server around a ScriptedModel. Use as a context manager; ``base_url`` is set once started."""
 
-    def __init__(self, script: dict, skill: str, skill_dir: str, log_path: str | Path | None = None,
-                 idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
-                 fail_with_status: int | None = None):
+    def __init__(
+        self,
+        script: dict,
+        skill: str,
+        skill_dir: str,
+        log_path: str | Path | None = None,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
+        fail_with_status: int | None = None,
+    ):
         self.model = ScriptedModel(script, skill, skill_dir)
         self.log_path = Path(log_path) if log_path else None
         self.idle_timeout_s = idle_timeout_s
@@ -393,8 +494,15 @@ def _make_handler(server: ScriptedModelServer):
 
         def do_GET(self) -> None:
             server._last = time.monotonic()
-            server.record({"time": time.time(), "method": "GET", "path": self.path, "dialect": None,
-                           "headers": _headers(self.headers)})
+            server.record(
+                {
+                    "time": time.time(),
+                    "method": "GET",
+                    "path": self.path,
+                    "dialect": None,
+                    "headers": _headers(self.headers),
+                }
+            )
             path = self.path.split("?")[0].rstrip("/")
             if path.endswith("/models"):
                 self._send(200, json.dumps({"object": "list", "data": [], "models": []}).encode())
@@ -407,8 +515,9 @@ def _make_handler(server: ScriptedModelServer):
         def do_POST(self) -> None:
             server._last = time.monotonic()
             path = self.path.split("?")[0].rstrip("/")
-            dialect = ("anthropic" if path.endswith("/messages") else
-                       "responses" if path.endswith("/responses") else None)
+            dialect = (
+                "anthropic" if path.endswith("/messages") else "responses" if path.endswith("/responses") else None
+            )
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY_BYTES:
                 self.close_connection = True
@@ -418,8 +527,15 @@ def _make_handler(server: ScriptedModelServer):
                 body = json.loads(raw) if raw else {}
             except ValueError:
                 body = {"_unparsed": raw[:2000].decode("utf-8", "replace")}
-            entry = {"time": time.time(), "method": "POST", "path": self.path, "dialect": dialect,
-                     "headers": _headers(self.headers), "body": body, "turn": None}
+            entry = {
+                "time": time.time(),
+                "method": "POST",
+                "path": self.path,
+                "dialect": dialect,
+                "headers": _headers(self.headers),
+                "body": body,
+                "turn": None,
+            }
             if len(server.requests) >= MAX_REQUESTS:
                 server.record(entry)
                 return self._error(429, f"request limit {MAX_REQUESTS} reached", dialect or "responses")
@@ -450,9 +566,19 @@ def _make_handler(server: ScriptedModelServer):
             rid = f"resp_scripted_{'side' if index is None else index}_{len(server.requests)}"
             if body.get("stream", True):
                 return self._send(200, server.model.responses_sse(items, usage, rid), "text/event-stream")
-            return self._send(200, json.dumps({"id": rid, "object": "response", "status": "completed",
-                                               "model": SCRIPTED_MODEL_NAME, "output": items,
-                                               "usage": usage}).encode())
+            return self._send(
+                200,
+                json.dumps(
+                    {
+                        "id": rid,
+                        "object": "response",
+                        "status": "completed",
+                        "model": SCRIPTED_MODEL_NAME,
+                        "output": items,
+                        "usage": usage,
+                    }
+                ).encode(),
+            )
 
     return Handler
 

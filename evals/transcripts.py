@@ -123,15 +123,15 @@ class ToolCall:
     """One action the agent took: a shell command, a file read, a skill load..."""
 
     id: str
-    tool: str                      # "Bash", "Read", "Skill", "command_execution", "exec_command", "file_change", ...
+    tool: str  # "Bash", "Read", "Skill", "command_execution", "exec_command", "file_change", ...
     input: dict = field(default_factory=dict)
-    command: str | None = None     # the shell text after unwrapping bash -lc, when it is a command
+    command: str | None = None  # the shell text after unwrapping bash -lc, when it is a command
     segments: list[list[str]] = field(default_factory=list)  # simple commands as word lists
-    operators: list[str] = field(default_factory=list)       # separators between segments, in order
+    operators: list[str] = field(default_factory=list)  # separators between segments, in order
     output: str = ""
     exit_code: int | None = None
-    is_error: bool | None = None   # None while no result was seen
-    denied: bool = False           # Claude Code refused it (permission_denied)
+    is_error: bool | None = None  # None while no result was seen
+    denied: bool = False  # Claude Code refused it (permission_denied)
 
     @property
     def succeeded(self) -> bool:
@@ -145,7 +145,7 @@ class ToolCall:
 @dataclass
 class SkillLoad:
     name: str
-    how: str        # "Skill tool", "Read", "command", "slash-prompt", "skill base message"
+    how: str  # "Skill tool", "Read", "command", "slash-prompt", "skill base message"
     evidence: str
 
 
@@ -154,11 +154,11 @@ class Transcript:
     agent: str
     path: str | None = None
     final_answer: str = ""
-    messages: list[str] = field(default_factory=list)        # every assistant text, in order
+    messages: list[str] = field(default_factory=list)  # every assistant text, in order
     tool_calls: list[ToolCall] = field(default_factory=list)
     skills_loaded: list[SkillLoad] = field(default_factory=list)
     skills_available: list[str] = field(default_factory=list)
-    usage: dict = field(default_factory=dict)                 # input/output/cache tokens + total_tokens
+    usage: dict = field(default_factory=dict)  # input/output/cache tokens + total_tokens
     usage_source: str = ""
     num_turns: int | None = None
     cost_usd: float | None = None
@@ -181,16 +181,25 @@ class Transcript:
 
     def summary(self) -> dict:
         return {
-            "agent": self.agent, "path": self.path, "final_answer": self.final_answer,
-            "tool_calls": len(self.tool_calls), "commands": [c.command for c in self.commands],
-            "skills_loaded": [(s.name, s.how) for s in self.skills_loaded], "usage": self.usage,
-            "usage_source": self.usage_source, "num_turns": self.num_turns, "cost_usd": self.cost_usd,
-            "is_error": self.is_error, "error": self.error, "unknown_events": self.unknown_events,
+            "agent": self.agent,
+            "path": self.path,
+            "final_answer": self.final_answer,
+            "tool_calls": len(self.tool_calls),
+            "commands": [c.command for c in self.commands],
+            "skills_loaded": [(s.name, s.how) for s in self.skills_loaded],
+            "usage": self.usage,
+            "usage_source": self.usage_source,
+            "num_turns": self.num_turns,
+            "cost_usd": self.cost_usd,
+            "is_error": self.is_error,
+            "error": self.error,
+            "unknown_events": self.unknown_events,
             "bad_lines": self.bad_lines,
         }
 
 
 # --------------------------------------------------------------------------- shell words
+
 
 def unwrap_shell(command: str | list) -> str:
     """``bash -lc 'X'`` -> ``X`` (repeatedly); an argv list is joined first."""
@@ -252,6 +261,7 @@ def _set_command(call: ToolCall, raw) -> None:
 
 # --------------------------------------------------------------------------- skill detection
 
+
 def _skill_from_path(path: str, require_skills_dir: bool) -> str | None:
     parts = [p for p in str(path).replace("\\", "/").split("/") if p]
     if len(parts) < 2 or parts[-1] != "SKILL.md":
@@ -274,6 +284,7 @@ def _skills_read_by_command(call: ToolCall) -> list[str]:
 
 
 # --------------------------------------------------------------------------- loading
+
 
 def _iter_json_events(text: str) -> tuple[list[dict], int]:
     """JSON Lines, or one (pretty-printed) JSON object / array of objects."""
@@ -346,8 +357,9 @@ def read_transcript(path: str | os.PathLike, agent: str | None = None, meta: dic
     return t
 
 
-def read_events(events: list[dict], agent: str | None = None, meta: dict | None = None,
-                source: str | None = None) -> Transcript:
+def read_events(
+    events: list[dict], agent: str | None = None, meta: dict | None = None, source: str | None = None
+) -> Transcript:
     """Parse already-decoded events (one dict per CLI line)."""
     meta = dict(meta or {})
     where = source or "transcript"
@@ -372,13 +384,15 @@ def read_events(events: list[dict], agent: str | None = None, meta: dict | None 
         if first:
             t.skills_loaded.insert(0, SkillLoad(first[0], "slash-prompt", f"prompt starts with '/{first[0]}'"))
     if "total_tokens" not in t.usage:
-        t.usage["total_tokens"] = sum(int(t.usage.get(k) or 0) for k in
-                                      ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                       "cache_read_input_tokens"))
+        t.usage["total_tokens"] = sum(
+            int(t.usage.get(k) or 0)
+            for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        )
     return t
 
 
 # --------------------------------------------------------------------------- Claude Code
+
 
 def _dict(x) -> dict:
     """A field that should be an object: anything else reads as empty (a CLI bug must not crash grading)."""
@@ -400,8 +414,9 @@ def _text_of(content) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(_text_of(c.get("text", c.get("content", ""))) if isinstance(c, dict) else str(c)
-                         for c in content)
+        return "\n".join(
+            _text_of(c.get("text", c.get("content", ""))) if isinstance(c, dict) else str(c) for c in content
+        )
     return "" if content is None else str(content)
 
 
@@ -488,8 +503,13 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
     tool_loads = []
     for c in t.tool_calls:
         if c.tool == "Skill" and isinstance(c.input.get("skill"), str) and not c.is_error and not c.denied:
-            tool_loads.append(SkillLoad(c.input["skill"].lstrip("/"), "Skill tool",
-                                        f"tool_use {c.id} Skill {{'skill': {c.input['skill']!r}}}"))
+            tool_loads.append(
+                SkillLoad(
+                    c.input["skill"].lstrip("/"),
+                    "Skill tool",
+                    f"tool_use {c.id} Skill {{'skill': {c.input['skill']!r}}}",
+                )
+            )
         elif c.tool == "Read" and not c.is_error and not c.denied:
             name = _skill_from_path(str(c.input.get("file_path", "")), require_skills_dir=True)
             if name:
@@ -530,11 +550,12 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
 
 # --------------------------------------------------------------------------- Codex
 
+
 def _read_codex(events: list[dict], t: Transcript) -> None:
     calls: dict[str, ToolCall] = {}
     usage = {"input_tokens": 0, "cached_input_tokens": 0, "output_tokens": 0, "reasoning_output_tokens": 0}
     turns = 0
-    legacy_total = None   # msg-generation token_count.info.total_token_usage (running total)
+    legacy_total = None  # msg-generation token_count.info.total_token_usage (running total)
     legacy_flat = False
     last_task_message = None
 
@@ -575,8 +596,9 @@ def _read_codex(events: list[dict], t: Transcript) -> None:
             mtype = msg.get("type")
             cid = str(msg.get("call_id") or ev.get("id") or len(calls))
             if mtype == "exec_command_begin":
-                call = ToolCall(id=cid, tool="exec_command", input={"command": msg.get("command"),
-                                                                    "cwd": msg.get("cwd")})
+                call = ToolCall(
+                    id=cid, tool="exec_command", input={"command": msg.get("command"), "cwd": msg.get("cwd")}
+                )
                 _set_command(call, msg.get("command") or "")
                 calls[cid] = call
                 t.tool_calls.append(call)
@@ -585,21 +607,24 @@ def _read_codex(events: list[dict], t: Transcript) -> None:
             elif mtype == "exec_command_end":
                 call = calls.get(cid)
                 if call is not None:
-                    call.output = str(msg.get("aggregated_output") or "\n".join(
-                        x for x in (msg.get("stdout"), msg.get("stderr")) if x))
+                    call.output = str(
+                        msg.get("aggregated_output")
+                        or "\n".join(x for x in (msg.get("stdout"), msg.get("stderr")) if x)
+                    )
                     if isinstance(msg.get("exit_code"), int):
                         call.exit_code = msg["exit_code"]
                         call.is_error = call.exit_code != 0
             elif mtype in ("patch_apply_begin", "mcp_tool_call_begin", "web_search_begin"):
-                call = ToolCall(id=cid, tool=mtype.rsplit("_begin", 1)[0], input={k: v for k, v in msg.items()
-                                                                                   if k != "type"})
+                call = ToolCall(
+                    id=cid, tool=mtype.rsplit("_begin", 1)[0], input={k: v for k, v in msg.items() if k != "type"}
+                )
                 calls[cid] = call
                 t.tool_calls.append(call)
             elif mtype in ("patch_apply_end", "mcp_tool_call_end", "web_search_end"):
                 call = calls.get(cid)
                 if call is not None:
                     ok = msg.get("success")
-                    call.is_error = (ok is False)
+                    call.is_error = ok is False
             elif mtype == "agent_message":
                 text = msg.get("message") or msg.get("text") or msg.get("content")
                 if isinstance(text, str) and text:
@@ -619,9 +644,18 @@ def _read_codex(events: list[dict], t: Transcript) -> None:
                 if mtype == "error":
                     t.is_error = True
                     t.error = str(msg.get("message") or "error")
-            elif mtype in ("task_started", "agent_reasoning", "agent_reasoning_delta", "agent_message_delta",
-                           "exec_command_output_delta", "session_configured", "agent_reasoning_raw_content",
-                           "plan_update", "turn_diff", "background_event"):
+            elif mtype in (
+                "task_started",
+                "agent_reasoning",
+                "agent_reasoning_delta",
+                "agent_message_delta",
+                "exec_command_output_delta",
+                "session_configured",
+                "agent_reasoning_raw_content",
+                "plan_update",
+                "turn_diff",
+                "background_event",
+            ):
                 pass
             else:
                 t.unknown_events += 1
@@ -676,8 +710,9 @@ def _codex_item(item: dict, typ: str, calls: dict[str, ToolCall], t: Transcript)
             code = item.get("exit_code")
             call.exit_code = code if isinstance(code, int) else None
             status = item.get("status")
-            call.is_error = (status == "failed" or status == "declined"
-                             or (call.exit_code is not None and call.exit_code != 0))
+            call.is_error = (
+                status == "failed" or status == "declined" or (call.exit_code is not None and call.exit_code != 0)
+            )
         return
     if typ == "item.completed":
         status = item.get("status")

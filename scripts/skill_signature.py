@@ -51,24 +51,45 @@ def _default_root() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    s = sub.add_parser("sign", help="write DIR/skill.oms.sig over every file of the skill",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, description=DESCRIPTION)
+    s = sub.add_parser(
+        "sign",
+        help="write DIR/skill.oms.sig over every file of the skill",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+    )
     s.add_argument("dir", nargs="?", metavar="DIR", help="skill folder (default: this skill)")
     s.add_argument("--key", required=True, help="private key (PEM) of the signing certificate")
     s.add_argument("--cert", required=True, help="signing (leaf) certificate, PEM")
-    s.add_argument("--chain", action="append", default=[], metavar="PEM",
-                   help="chain certificate, repeat in order: intermediate, then root")
+    s.add_argument(
+        "--chain",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="chain certificate, repeat in order: intermediate, then root",
+    )
     s.add_argument("--output", metavar="PATH", help="write the bundle here instead of DIR/skill.oms.sig")
-    s.add_argument("--allow-untracked", action="store_true",
-                   help="sign even when the folder and git's tracked files disagree (not for releases)")
-    v = sub.add_parser("verify", help="check DIR against its skill.oms.sig and a trusted root",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, description=DESCRIPTION)
+    s.add_argument(
+        "--allow-untracked",
+        action="store_true",
+        help="sign even when the folder and git's tracked files disagree (not for releases)",
+    )
+    v = sub.add_parser(
+        "verify",
+        help="check DIR against its skill.oms.sig and a trusted root",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+    )
     v.add_argument("dir", nargs="?", metavar="DIR", help="skill folder (default: this skill)")
-    v.add_argument("--root", default=None, metavar="PEM",
-                   help="trusted root certificate (default: signing/root.crt.pem shipped with this skill)")
+    v.add_argument(
+        "--root",
+        default=None,
+        metavar="PEM",
+        help="trusted root certificate (default: signing/root.crt.pem shipped with this skill)",
+    )
     v.add_argument("--signature", metavar="PATH", help="bundle to check (default: DIR/skill.oms.sig)")
     f = sub.add_parser("files", help="list the files the signature covers")
     f.add_argument("dir", nargs="?", metavar="DIR", help="skill folder (default: this skill)")
@@ -97,8 +118,10 @@ def run(args) -> int:
             sys.stderr.write(f"  {problem}\n")
         return EXIT_FINDINGS
     chain = " <- ".join(ok.chain) if ok.chain else ok.signer
-    print(f"verified: {len(ok.files)} files of {root} match skill.oms.sig (subject '{ok.subject}', "
-          f"signed by '{ok.signer}', chain {chain}, root {trust})")
+    print(
+        f"verified: {len(ok.files)} files of {root} match skill.oms.sig (subject '{ok.subject}', "
+        f"signed by '{ok.signer}', chain {chain}, root {trust})"
+    )
     return 0
 
 
@@ -118,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug in the skill: one line, traceback only on request
         if os.environ.get("MFSDP_DEBUG") == "1":
             raise
-        sys.stderr.write(f"{PROG} {args.command}: internal error: {type(exc).__name__}: {exc} "
-                         f"(rerun with MFSDP_DEBUG=1 for the traceback)\n")
+        sys.stderr.write(
+            f"{PROG} {args.command}: internal error: {type(exc).__name__}: {exc} "
+            f"(rerun with MFSDP_DEBUG=1 for the traceback)\n"
+        )
         return EXIT_INTERNAL
 
 

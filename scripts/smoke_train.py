@@ -57,8 +57,7 @@ STRATEGIES = ("ddp", "distopt") + FSDP_STRATEGIES
 MODEL_SHAPES = {
     "tiny": dict(num_layers=2, hidden_size=256, ffn_hidden_size=688, num_attention_heads=4, num_query_groups=2),
     "small": dict(num_layers=2, hidden_size=768, ffn_hidden_size=2688, num_attention_heads=16, num_query_groups=8),
-    "llama-1b": dict(num_layers=16, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=32,
-                     num_query_groups=8),
+    "llama-1b": dict(num_layers=16, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=32, num_query_groups=8),
 }
 NULL_TOKENIZER_VOCAB = 32000  # NullTokenizer needs an explicit vocabulary size; Llama 2's size.
 
@@ -82,13 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-length", type=int, default=512)
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--micro-batch-size", type=int, default=1)
-    p.add_argument("--save-resume", action="store_true",
-                   help="save at the last iteration, reload into a fresh model, compare forward loss")
+    p.add_argument(
+        "--save-resume",
+        action="store_true",
+        help="save at the last iteration, reload into a fresh model, compare forward loss",
+    )
     p.add_argument("--out", required=True, help="folder for rank<R>.json, run_config.yaml and checkpoints")
     return p
 
 
 # --------------------------------------------------------------------------- config
+
 
 def minimal_fsdp_overrides(strategy: str) -> tuple[dict, str]:
     """The overrides ``mfsdp.py enable`` applies, with the sharding strategy chosen."""
@@ -103,16 +106,19 @@ def strategy_overrides(strategy: str) -> tuple[dict, str]:
     if strategy in FSDP_STRATEGIES:
         return minimal_fsdp_overrides(strategy)
     distopt = strategy == "distopt"
-    return ({
-        "dist.use_megatron_fsdp": False,
-        "ddp.use_megatron_fsdp": False,
-        "ddp.use_distributed_optimizer": distopt,
-        "optimizer.use_distributed_optimizer": distopt,
-        # overlap_param_gather only exists for the distributed optimizer's all-gather.
-        "ddp.overlap_param_gather": distopt,
-        "optimizer.overlap_param_gather": distopt,
-        "checkpoint.ckpt_format": "torch_dist",
-    }, "plain Bridge settings")
+    return (
+        {
+            "dist.use_megatron_fsdp": False,
+            "ddp.use_megatron_fsdp": False,
+            "ddp.use_distributed_optimizer": distopt,
+            "optimizer.use_distributed_optimizer": distopt,
+            # overlap_param_gather only exists for the distributed optimizer's all-gather.
+            "ddp.overlap_param_gather": distopt,
+            "optimizer.overlap_param_gather": distopt,
+            "checkpoint.ckpt_format": "torch_dist",
+        },
+        "plain Bridge settings",
+    )
 
 
 def build_config(args, save_dir: str | None = None, load_dir: str | None = None):
@@ -121,19 +127,43 @@ def build_config(args, save_dir: str | None = None, load_dir: str | None = None)
     import torch.nn.functional as F
     from megatron.bridge.models.gpt_provider import GPTModelProvider
     from megatron.bridge.training.config import (
-        CheckpointConfig, ConfigContainer, DistributedDataParallelConfig, DistributedInitConfig, LoggerConfig,
-        MockGPTDatasetConfig, OptimizerConfig, RNGConfig, SchedulerConfig, TokenizerConfig, TrainingConfig,
+        CheckpointConfig,
+        ConfigContainer,
+        DistributedDataParallelConfig,
+        DistributedInitConfig,
+        LoggerConfig,
+        MockGPTDatasetConfig,
+        OptimizerConfig,
+        RNGConfig,
+        SchedulerConfig,
+        TokenizerConfig,
+        TrainingConfig,
         ValidationConfig,
     )
 
     shape = MODEL_SHAPES[args.model]
     model = GPTModelProvider(
-        normalization="RMSNorm", activation_func=F.silu, gated_linear_unit=True, position_embedding_type="rope",
-        rotary_base=500_000, add_bias_linear=False, share_embeddings_and_output_weights=False,
-        attention_dropout=0.0, hidden_dropout=0.0, init_method_std=0.01, layernorm_epsilon=1e-5,
-        seq_length=args.seq_length, tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-        context_parallel_size=1, sequence_parallel=False, attention_softmax_in_fp32=True,
-        make_vocab_size_divisible_by=128, vocab_size=None, bf16=True, params_dtype=torch.bfloat16,
+        normalization="RMSNorm",
+        activation_func=F.silu,
+        gated_linear_unit=True,
+        position_embedding_type="rope",
+        rotary_base=500_000,
+        add_bias_linear=False,
+        share_embeddings_and_output_weights=False,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        init_method_std=0.01,
+        layernorm_epsilon=1e-5,
+        seq_length=args.seq_length,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        context_parallel_size=1,
+        sequence_parallel=False,
+        attention_softmax_in_fp32=True,
+        make_vocab_size_divisible_by=128,
+        vocab_size=None,
+        bf16=True,
+        params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
         # No APEX in plain PyTorch images: the fused wgrad accumulation kernel is missing
         # and ColumnParallelLinear raises at the first step if this stays True.
@@ -144,31 +174,69 @@ def build_config(args, save_dir: str | None = None, load_dir: str | None = None)
     cfg = ConfigContainer(
         model=model,
         dist=DistributedInitConfig(),
-        train=TrainingConfig(train_iters=iters, global_batch_size=args.global_batch_size,
-                             micro_batch_size=args.micro_batch_size, exit_signal_handler=True),
+        train=TrainingConfig(
+            train_iters=iters,
+            global_batch_size=args.global_batch_size,
+            micro_batch_size=args.micro_batch_size,
+            exit_signal_handler=True,
+        ),
         validation=ValidationConfig(eval_interval=iters + 1, eval_iters=0),
-        optimizer=OptimizerConfig(optimizer="adam", bf16=True, fp16=False, adam_beta1=0.9, adam_beta2=0.95,
-                                  adam_eps=1e-5, clip_grad=1.0, lr=3e-4, min_lr=3e-5, weight_decay=0.01),
-        scheduler=SchedulerConfig(lr_decay_style="cosine", lr_warmup_iters=2, lr_warmup_init=0.0,
-                                  lr_decay_iters=iters, start_weight_decay=0.01, end_weight_decay=0.01,
-                                  weight_decay_incr_style="constant", override_opt_param_scheduler=True),
-        ddp=DistributedDataParallelConfig(check_for_nan_in_grad=True, grad_reduce_in_fp32=True,
-                                          overlap_grad_reduce=True, average_in_collective=False),
-        dataset=MockGPTDatasetConfig(seq_length=args.seq_length, random_seed=1234, reset_attention_mask=False,
-                                     reset_position_ids=False, eod_mask_loss=False, num_dataset_builder_threads=1,
-                                     data_sharding=True, dataloader_type="single", num_workers=1),
+        optimizer=OptimizerConfig(
+            optimizer="adam",
+            bf16=True,
+            fp16=False,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            adam_eps=1e-5,
+            clip_grad=1.0,
+            lr=3e-4,
+            min_lr=3e-5,
+            weight_decay=0.01,
+        ),
+        scheduler=SchedulerConfig(
+            lr_decay_style="cosine",
+            lr_warmup_iters=2,
+            lr_warmup_init=0.0,
+            lr_decay_iters=iters,
+            start_weight_decay=0.01,
+            end_weight_decay=0.01,
+            weight_decay_incr_style="constant",
+            override_opt_param_scheduler=True,
+        ),
+        ddp=DistributedDataParallelConfig(
+            check_for_nan_in_grad=True, grad_reduce_in_fp32=True, overlap_grad_reduce=True, average_in_collective=False
+        ),
+        dataset=MockGPTDatasetConfig(
+            seq_length=args.seq_length,
+            random_seed=1234,
+            reset_attention_mask=False,
+            reset_position_ids=False,
+            eod_mask_loss=False,
+            num_dataset_builder_threads=1,
+            data_sharding=True,
+            dataloader_type="single",
+            num_workers=1,
+        ),
         logger=LoggerConfig(log_interval=1, log_memory_to_tensorboard=False),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=NULL_TOKENIZER_VOCAB),
-        checkpoint=CheckpointConfig(save=save_dir, load=load_dir, save_interval=iters if save_dir else None,
-                                    fully_parallel_save=True, async_save=False),
+        checkpoint=CheckpointConfig(
+            save=save_dir,
+            load=load_dir,
+            save_interval=iters if save_dir else None,
+            fully_parallel_save=True,
+            async_save=False,
+        ),
         rng=RNGConfig(seed=1234),
     )
     from mfsdp_lib.enable import apply_to_object
 
     overrides, source = strategy_overrides(args.strategy)
     apply_to_object(cfg, overrides)
-    return cfg, {"overrides": {k: _jsonable(v) for k, v in overrides.items()}, "overrides_source": source,
-                 "applied_by": "mfsdp_lib.enable.apply_to_object"}
+    return cfg, {
+        "overrides": {k: _jsonable(v) for k, v in overrides.items()},
+        "overrides_source": source,
+        "applied_by": "mfsdp_lib.enable.apply_to_object",
+    }
 
 
 def _jsonable(v):
@@ -183,6 +251,7 @@ def run_our_check(yaml_path: str) -> dict:
         return {"available": False, "why": f"mfsdp_lib rules not importable: {exc}"}
     try:
         import torch
+
         arch = "sm_%d%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else None
     except ImportError:
         arch = None
@@ -197,6 +266,7 @@ def run_our_check(yaml_path: str) -> dict:
 
 # --------------------------------------------------------------------------- training
 
+
 class _StepMeter:
     """Callback functions: CUDA-synchronised wall time and reduced loss per step."""
 
@@ -206,11 +276,13 @@ class _StepMeter:
 
     def start(self, ctx):
         import torch
+
         torch.cuda.synchronize()
         self._t0 = time.perf_counter()
 
     def end(self, ctx):
         import torch
+
         torch.cuda.synchronize()
         dt = time.perf_counter() - self._t0
         loss = None
@@ -220,9 +292,16 @@ class _StepMeter:
         # Allocated memory between steps: activations are freed, so this is the model
         # state (weights, gradient buffers, fp32 master weights, Adam moments) plus any
         # buffers the strategy keeps; the figure the memory estimator's model state predicts.
-        self.steps.append({"iteration": int(ctx.state.train_state.step), "time_s": dt, "loss": loss,
-                           "skipped": bool(ctx.skipped_iter), "allocated_bytes": torch.cuda.memory_allocated(),
-                           "grad_norm": None if ctx.grad_norm is None else float(ctx.grad_norm)})
+        self.steps.append(
+            {
+                "iteration": int(ctx.state.train_state.step),
+                "time_s": dt,
+                "loss": loss,
+                "skipped": bool(ctx.skipped_iter),
+                "allocated_bytes": torch.cuda.memory_allocated(),
+                "grad_norm": None if ctx.grad_norm is None else float(ctx.grad_norm),
+            }
+        )
 
 
 def forward_only_loss(forward_step_func, setup_out) -> float | None:
@@ -246,9 +325,13 @@ def forward_only_loss(forward_step_func, setup_out) -> float | None:
     with torch.no_grad():
         out = fwd_bwd(
             forward_step_func=prepare_forward_step_func(forward_step_func, state),
-            data_iterator=setup_out.train_data_iterator, model=model, num_microbatches=get_num_microbatches(),
-            seq_length=cfg.model.seq_length, micro_batch_size=cfg.train.micro_batch_size,
-            decoder_seq_length=cfg.model.seq_length, forward_only=True,
+            data_iterator=setup_out.train_data_iterator,
+            model=model,
+            num_microbatches=get_num_microbatches(),
+            seq_length=cfg.model.seq_length,
+            micro_batch_size=cfg.train.micro_batch_size,
+            decoder_seq_length=cfg.model.seq_length,
+            forward_only=True,
             p2p_communicator=P2PCommunicator(pp_group=pgs.pp, config=get_model_config(model[0])),
             pg_collection=pgs,
         )
@@ -280,6 +363,7 @@ def _setup(cfg, meter=None):
 
 def _validate(cfg) -> dict:
     from megatron.bridge.training.config import runtime_config_update
+
     try:
         runtime_config_update(cfg)
         return {"ok": True}
@@ -315,11 +399,20 @@ def run(args) -> dict:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     os.makedirs(out, exist_ok=True)
     ckpt_dir = os.path.join(out, "checkpoints") if args.save_resume else None
-    record: dict = {"rank": rank, "world_size": world, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-                    "strategy": args.strategy, "model": args.model, "seq_length": args.seq_length,
-                    "global_batch_size": args.global_batch_size, "micro_batch_size": args.micro_batch_size,
-                    "iters": args.iters, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                    "versions": _versions(), "ckpt_dir": ckpt_dir}
+    record: dict = {
+        "rank": rank,
+        "world_size": world,
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "strategy": args.strategy,
+        "model": args.model,
+        "seq_length": args.seq_length,
+        "global_batch_size": args.global_batch_size,
+        "micro_batch_size": args.micro_batch_size,
+        "iters": args.iters,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "versions": _versions(),
+        "ckpt_dir": ckpt_dir,
+    }
     try:
         from megatron.bridge.training.gpt_step import forward_step
         from megatron.bridge.training.train import _finish_train, train
@@ -339,8 +432,18 @@ def run(args) -> dict:
         so, manager = _setup(cfg, meter)
         record["allocated_after_setup_bytes"] = torch.cuda.memory_allocated()
         record["parameters"] = _count_parameters(so.model)
-        train(forward_step, so.model, so.optimizer, so.scheduler, so.train_data_iterator, so.valid_data_iterator,
-              so.state, so.checkpoint_manager, so.pg_collection, callback_manager=manager)
+        train(
+            forward_step,
+            so.model,
+            so.optimizer,
+            so.scheduler,
+            so.train_data_iterator,
+            so.valid_data_iterator,
+            so.state,
+            so.checkpoint_manager,
+            so.pg_collection,
+            callback_manager=manager,
+        )
         record["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         record["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         record["steps"] = meter.steps
@@ -360,8 +463,11 @@ def run(args) -> dict:
             _finish_train(so2.state, so2.checkpoint_manager)
             delta = None if before is None or after is None else abs(after - before)
             record["save_resume"] = {
-                "loss_before_save": before, "loss_after_load": after, "abs_delta": delta,
-                "rtol": RESUME_RTOL, "atol": RESUME_ATOL,
+                "loss_before_save": before,
+                "loss_after_load": after,
+                "abs_delta": delta,
+                "rtol": RESUME_RTOL,
+                "atol": RESUME_ATOL,
                 "equal": delta is not None and delta <= RESUME_ATOL + RESUME_RTOL * abs(before),
             }
         else:
@@ -400,6 +506,7 @@ def _write(out: str, rank: int, record: dict) -> None:
 
 def _versions() -> dict:
     from importlib import metadata
+
     got = {}
     for name in ("torch", "megatron-bridge", "megatron-core", "megatron-fsdp", "transformer-engine"):
         try:
@@ -419,6 +526,7 @@ def main(argv=None) -> int:
         return 2
     run(args)
     import torch.distributed as dist
+
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

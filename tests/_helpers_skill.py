@@ -44,7 +44,7 @@ def read(rel: str) -> str:
 def frontmatter(text: str) -> tuple[dict, str]:
     assert text.startswith("---\n"), "SKILL.md must start with a YAML frontmatter block"
     end = text.index("\n---\n", 4)
-    return yaml.safe_load(text[4:end]), text[end + 5:]
+    return yaml.safe_load(text[4:end]), text[end + 5 :]
 
 
 def estimate_tokens(text: str) -> int:

@@ -34,10 +34,24 @@ def _download(req: str, pattern: str, platform: str | None = None) -> Path:
     found = sorted(CACHE.glob(pattern))
     if found:
         return found[-1]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", "-d", str(CACHE), req]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "-d",
+        str(CACHE),
+        req,
+    ]
     if platform:
-        cmd[cmd.index("-d"):cmd.index("-d")] = ["--platform", platform]
+        cmd[cmd.index("-d") : cmd.index("-d")] = ["--platform", platform]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     found = sorted(CACHE.glob(pattern))
     if proc.returncode != 0 or not found:

@@ -52,21 +52,35 @@ def shared_dir() -> Path:
     return SHARED
 
 
-def run_cli(*args: str, input: str | bytes | None = None, env: dict | None = None, cwd=None,
-            timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, input: str | bytes | None = None, env: dict | None = None, cwd=None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run ``python3 scripts/mfsdp.py ARGS`` and capture text output."""
     full_env = dict(os.environ)
     full_env.pop("MFSDP_DEBUG", None)
     if env:
         full_env.update(env)
     if isinstance(input, bytes):
-        proc = subprocess.run([sys.executable, str(MFSDP), *args], input=input, capture_output=True,
-                              env=full_env, cwd=cwd, timeout=timeout)
-        return subprocess.CompletedProcess(proc.args, proc.returncode,
-                                           proc.stdout.decode("utf-8", "replace"),
-                                           proc.stderr.decode("utf-8", "replace"))
-    return subprocess.run([sys.executable, str(MFSDP), *args], input=input, capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, str(MFSDP), *args],
+            input=input,
+            capture_output=True,
+            env=full_env,
+            cwd=cwd,
+            timeout=timeout,
+        )
+        return subprocess.CompletedProcess(
+            proc.args, proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
+        )
+    return subprocess.run(
+        [sys.executable, str(MFSDP), *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture

@@ -76,23 +76,42 @@ def _skills_cli() -> str:
 
 
 @pytest.mark.slow
-def test_skills_add_installs_a_folder_the_validator_accepts_and_the_tools_run_from(tmp_path, cli,
-                                                                                 bridge_wheel, mcore_wheel):
+def test_skills_add_installs_a_folder_the_validator_accepts_and_the_tools_run_from(
+    tmp_path, cli, bridge_wheel, mcore_wheel
+):
     skills = _skills_cli()
     project = tmp_path / "project"
     project.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     env = dict(os.environ, HOME=str(tmp_path / "home"), DO_NOT_TRACK="1", DISABLE_TELEMETRY="1")
     source = _copy_skill(tmp_path / "src" / NAME)
-    proc = subprocess.run([skills, "add", str(source), "-a", "claude-code", "-y", "--copy"], cwd=project,
-                          env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [skills, "add", str(source), "-a", "claude-code", "-y", "--copy"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     installed = project / ".claude" / "skills" / NAME
     assert (installed / "SKILL.md").is_file(), proc.stdout[-2000:]
     check = _validate(installed)
     assert check.returncode == 0, check.stdout + check.stderr
     # The installed copy's own scripts run (Claude Code invokes them from there).
-    run = subprocess.run([sys.executable, str(installed / "scripts" / "mfsdp.py"), "anchors",
-                          "--bridge-src", str(bridge_wheel), "--mcore-src", str(mcore_wheel)],
-                         capture_output=True, text=True, timeout=120, cwd=project)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(installed / "scripts" / "mfsdp.py"),
+            "anchors",
+            "--bridge-src",
+            str(bridge_wheel),
+            "--mcore-src",
+            str(mcore_wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=project,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr

@@ -15,19 +15,18 @@ import pytest
 from mfsdp_lib import PINNED_BRIDGE, PINNED_MCORE, anchors, sources
 
 
-
 # ------------------------------------------------------------------ syntax
 
 
 def test_extract_symbol_and_message_forms_with_line_of_citation():
-    doc = textwrap.dedent('''\
+    doc = textwrap.dedent("""\
         intro
         see `megatron/bridge/training/config.py` :: `ConfigContainer.validate` and
         `megatron/core/x.py` ::
           "Some assertion text, with 'quotes'."
         `megatron/core/x.py` :: "A long message that is cited by its prefix ..."
         `megatron/core/x.py`: not an anchor, and `config.py` :: `Foo` is not one either
-        ''')
+        """)
     got = anchors.extract(doc, "DOC.md")
     assert [(a.file, a.kind, a.symbol, a.cited_in) for a in got] == [
         ("megatron/bridge/training/config.py", "symbol", "ConfigContainer.validate", ["DOC.md:2"]),
@@ -42,7 +41,7 @@ def test_bare_line_number_citation_is_detected():
 
 
 def test_file_index_symbols_fields_and_messages():
-    src = textwrap.dedent('''\
+    src = textwrap.dedent("""\
         import os
         LIMIT = 3
         if True:
@@ -60,7 +59,7 @@ def test_file_index_symbols_fields_and_messages():
             class Inner:
                 def deep(self):
                     pass
-        ''')
+        """)
     idx = anchors.FileIndex(src)
     assert idx.find_symbol("LIMIT") == (2, 2)
     assert idx.find_symbol("guarded") == (4, 5)
@@ -160,7 +159,7 @@ def test_reported_lines_point_at_the_cited_thing(cli, bridge_src, mcore_src):
             name = a["symbol"].rsplit(".", 1)[-1]
             assert name in first, (a, first)
         else:
-            span = " ".join(lines[a["lines"][0] - 1:a["lines"][1]])
+            span = " ".join(lines[a["lines"][0] - 1 : a["lines"][1]])
             word = max(a["symbol"].replace("...", "").split(), key=len).strip("'\".,!{}")
             assert word in span, (a, span)
 
@@ -201,8 +200,10 @@ def _edited_bridge_copy(bridge_src: Path, dest: Path) -> Path:
     # renamed method
     text = text.replace("def _validate_and_apply_megatron_fsdp_configs(", "def _validate_megatron_fsdp(")
     # reworded assertion
-    text = text.replace('"Megatron-FSDP requires the fsdp_dtensor checkpointing format!"',
-                        '"Megatron-FSDP requires the fsdp_dtensor checkpoint format."')
+    text = text.replace(
+        '"Megatron-FSDP requires the fsdp_dtensor checkpointing format!"',
+        '"Megatron-FSDP requires the fsdp_dtensor checkpoint format."',
+    )
     cfg.write_text(text)
     # moved to another file
     ck = dest / "megatron/bridge/training/checkpointing.py"
@@ -216,8 +217,9 @@ def _edited_bridge_copy(bridge_src: Path, dest: Path) -> Path:
 
 def test_edited_copy_reports_moved_renamed_and_reworded_anchors(cli, tmp_path, bridge_src, mcore_wheel):
     pristine = sources.locate("bridge", str(bridge_src))
-    orig_lines = anchors.FileIndex(pristine.read_text("megatron/bridge/training/config.py")) \
-        .find_symbol("ConfigContainer.validate")
+    orig_lines = anchors.FileIndex(pristine.read_text("megatron/bridge/training/config.py")).find_symbol(
+        "ConfigContainer.validate"
+    )
     edited = _edited_bridge_copy(bridge_src, tmp_path / "bridge")
     proc, out = _run_json(cli, "--bridge-src", str(edited), "--mcore-src", str(mcore_wheel))
     assert proc.returncode == 1, proc.stderr
@@ -284,15 +286,18 @@ def test_unusable_source_argument_exits_2(cli, bad, mcore_wheel):
 
 def test_skill_dir_without_anchors_exits_2(cli, tmp_path, bridge_wheel, mcore_wheel):
     (tmp_path / "SKILL.md").write_text("---\nname: x\ndescription: y\n---\nno anchors here\n")
-    proc = cli("anchors", "--skill-dir", str(tmp_path), "--bridge-src", str(bridge_wheel),
-               "--mcore-src", str(mcore_wheel))
+    proc = cli(
+        "anchors", "--skill-dir", str(tmp_path), "--bridge-src", str(bridge_wheel), "--mcore-src", str(mcore_wheel)
+    )
     assert proc.returncode == 2 and "no code anchors" in proc.stderr
 
 
 def test_anchor_to_a_path_no_distribution_ships_is_drifted(cli, tmp_path, bridge_wheel, mcore_wheel):
     (tmp_path / "SKILL.md").write_text(
-        "`megatron/bridge/training/config.py` :: `ConfigContainer`\n`megatron/legacy/model.py` :: `GPT`\n")
-    proc, out = _run_json(cli, "--skill-dir", str(tmp_path), "--bridge-src", str(bridge_wheel),
-                          "--mcore-src", str(mcore_wheel))
+        "`megatron/bridge/training/config.py` :: `ConfigContainer`\n`megatron/legacy/model.py` :: `GPT`\n"
+    )
+    proc, out = _run_json(
+        cli, "--skill-dir", str(tmp_path), "--bridge-src", str(bridge_wheel), "--mcore-src", str(mcore_wheel)
+    )
     assert proc.returncode == 1
     assert [a["status"] for a in out["anchors"]] == ["found", "drifted"]

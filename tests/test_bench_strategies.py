@@ -28,11 +28,24 @@ def _committed(name: str) -> dict:
 
 def test_strategy_result_is_rebuilt_from_raw(tmp_path):
     committed = _committed("gpu_strategies_1xh200.json")
-    _run("benchmarks/bench_strategies.py", "--assemble", "--iters", "20", "--tag", "1xh200",
-         "--raw-dir", str(RAW / "gpu_strategies_1xh200"),
-         "--repeat-raw-dir", str(RAW / "gpu_strategies_1xh200_repeats" / "run_a_8iters"),
-         "--repeat-raw-dir", str(RAW / "gpu_strategies_1xh200_repeats" / "run_b_8iters"),
-         "--machine", committed["machine"], "--results-dir", str(tmp_path))
+    _run(
+        "benchmarks/bench_strategies.py",
+        "--assemble",
+        "--iters",
+        "20",
+        "--tag",
+        "1xh200",
+        "--raw-dir",
+        str(RAW / "gpu_strategies_1xh200"),
+        "--repeat-raw-dir",
+        str(RAW / "gpu_strategies_1xh200_repeats" / "run_a_8iters"),
+        "--repeat-raw-dir",
+        str(RAW / "gpu_strategies_1xh200_repeats" / "run_b_8iters"),
+        "--machine",
+        committed["machine"],
+        "--results-dir",
+        str(tmp_path),
+    )
     rebuilt = json.loads((tmp_path / "gpu_strategies_1xh200.json").read_text())
     assert set(rebuilt) == SHAPE and rebuilt["columns"] == committed["columns"]
     measured = [c for c in committed["columns"] if "estimate" not in c]
@@ -62,9 +75,21 @@ def test_fsdp_and_ddp_memory_differ_as_measured_at_dp1():
 
 def test_smoke_result_is_rebuilt_from_raw(tmp_path):
     committed = _committed("gpu_smoke_1xh200.json")
-    _run("benchmarks/gpu_smoke_result.py", "--raw-dir", str(RAW / "gpu_smoke_1xh200"),
-         "--pytest-log", "tests/fixtures/gpu-run/pytest_smoke.log", "--tag", "1xh200",
-         "--machine", committed["machine"], "--command", committed["command"], "--results-dir", str(tmp_path))
+    _run(
+        "benchmarks/gpu_smoke_result.py",
+        "--raw-dir",
+        str(RAW / "gpu_smoke_1xh200"),
+        "--pytest-log",
+        "tests/fixtures/gpu-run/pytest_smoke.log",
+        "--tag",
+        "1xh200",
+        "--machine",
+        committed["machine"],
+        "--command",
+        committed["command"],
+        "--results-dir",
+        str(tmp_path),
+    )
     rebuilt = json.loads((tmp_path / "gpu_smoke_1xh200.json").read_text())
     assert set(rebuilt) == SHAPE
     assert rebuilt["rows"] == committed["rows"] and rebuilt["date"] == committed["date"]

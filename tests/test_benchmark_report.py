@@ -26,10 +26,18 @@ mr = _load()
 
 
 def _result(bid, title, rows, **extra):
-    return {"benchmark": bid, "title": title, "date": "2026-12-02T18:30:00+00:00",
-            "machine": "1x NVIDIA H200 141GB, 16 cores", "command": f"python3 benchmarks/{bid}.py --iters 20",
-            "columns": ["strategy", "step time (s)", "peak GiB"], "rows": rows,
-            "notes": [f"note for {bid}"], "raw": extra.pop("raw", {}), **extra}
+    return {
+        "benchmark": bid,
+        "title": title,
+        "date": "2026-12-02T18:30:00+00:00",
+        "machine": "1x NVIDIA H200 141GB, 16 cores",
+        "command": f"python3 benchmarks/{bid}.py --iters 20",
+        "columns": ["strategy", "step time (s)", "peak GiB"],
+        "rows": rows,
+        "notes": [f"note for {bid}"],
+        "raw": extra.pop("raw", {}),
+        **extra,
+    }
 
 
 def _write(folder: Path, name: str, data) -> None:
@@ -38,14 +46,16 @@ def _write(folder: Path, name: str, data) -> None:
 
 
 def run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=60)
 
 
 def test_one_section_per_result_with_date_machine_command_table_notes(tmp_path):
     res = tmp_path / "results"
-    _write(res, "gpu_strategies_1xh200.json", _result("gpu_strategies_1xh200", "DDP vs FSDP (1 GPU)",
-                                                      [["ddp", 0.51234, 40.5], ["fsdp", 0.6, None]]))
+    _write(
+        res,
+        "gpu_strategies_1xh200.json",
+        _result("gpu_strategies_1xh200", "DDP vs FSDP (1 GPU)", [["ddp", 0.51234, 40.5], ["fsdp", 0.6, None]]),
+    )
     _write(res, "check_speed.json", _result("check_speed", "check speed", [["check", 0.0421, 1.0]]))
     out = tmp_path / "BENCHMARK.md"
     proc = run("--results", res, "--output", out)
@@ -68,8 +78,11 @@ def test_missing_measurements_are_stated_plainly(tmp_path):
     res = tmp_path / "results"
     _write(res, "gpu_strategies_1xh200.json", _result("gpu_strategies_1xh200", "one gpu", [["ddp", 1.0, 2.0]]))
     # A scripted-model eval run is shown but is not a real model's eval.
-    _write(res, "evals_claude-code.json", _result("evals_claude-code", "evals, scripted model",
-                                                  [["x", 1.0, 1.0]], raw={"scripted_model": True}))
+    _write(
+        res,
+        "evals_claude-code.json",
+        _result("evals_claude-code", "evals, scripted model", [["x", 1.0, 1.0]], raw={"scripted_model": True}),
+    )
     text = mr.render(mr.load_results(res))
     not_measured = text.split("## Not measured yet", 1)[1]
     assert "**DDP vs distributed optimizer vs Megatron FSDP on 2 GPUs" in not_measured
@@ -81,8 +94,11 @@ def test_missing_measurements_are_stated_plainly(tmp_path):
 
 def test_real_model_eval_counts_as_measured(tmp_path):
     res = tmp_path / "results"
-    _write(res, "evals_codex.json", _result("evals_codex", "codex evals", [["all", 0.8, 0.4]],
-                                            raw={"scripted_model": False}))
+    _write(
+        res,
+        "evals_codex.json",
+        _result("evals_codex", "codex evals", [["all", 0.8, 0.4]], raw={"scripted_model": False}),
+    )
     not_measured = mr.render(mr.load_results(res)).split("## Not measured yet", 1)[1]
     assert "real model in Codex" not in not_measured
     assert "real model in Claude Code" in not_measured
@@ -94,12 +110,15 @@ def test_no_results_says_nothing_was_measured(tmp_path):
     assert all(f"**{e.title}**: not measured" in text for e in mr.EXPECTED)
 
 
-@pytest.mark.parametrize("name,data,needle", [
-    ("bad.json", "{oops", "bad.json: not readable JSON"),
-    ("list.json", [], "list.json: the top level is not an object"),
-    ("short.json", {"benchmark": "x", "title": "t"}, "short.json: missing date, machine, command, columns, rows"),
-    ("rows.json", dict(_result("x", "t", [["a", 1]])), "rows.json: row 1 has 2 cells, columns has 3"),
-])
+@pytest.mark.parametrize(
+    "name,data,needle",
+    [
+        ("bad.json", "{oops", "bad.json: not readable JSON"),
+        ("list.json", [], "list.json: the top level is not an object"),
+        ("short.json", {"benchmark": "x", "title": "t"}, "short.json: missing date, machine, command, columns, rows"),
+        ("rows.json", dict(_result("x", "t", [["a", 1]])), "rows.json: row 1 has 2 cells, columns has 3"),
+    ],
+)
 def test_unusable_result_file_is_named_exit_2(tmp_path, name, data, needle):
     _write(tmp_path / "r", name, data)
     proc = run("--results", tmp_path / "r", "--output", tmp_path / "B.md")

@@ -22,9 +22,19 @@ BACKING = {
     "doc_only": {"source", "upstream_issue", "test", "pending_run", "run"},
     "unclear": {"source", "upstream_issue", "test", "pending_run", "run"},
 }
-SKILL_CARD_SECTIONS = ["Description", "Owner", "License", "Use case", "Known risks and mitigations",
-                       "References", "Skill output", "Evaluation agents", "Evaluation tasks and metrics",
-                       "Results", "Version"]
+SKILL_CARD_SECTIONS = [
+    "Description",
+    "Owner",
+    "License",
+    "Use case",
+    "Known risks and mitigations",
+    "References",
+    "Skill output",
+    "Evaluation agents",
+    "Evaluation tasks and metrics",
+    "Results",
+    "Version",
+]
 
 
 def _schema():
@@ -106,8 +116,11 @@ def test_skill_card_sections_license_and_version():
 
 def test_validated_on_is_the_date_and_machine_of_the_runs_behind_runtime_verified():
     """validated_on / validated_on_machine name the GPU run the runtime_verified items come from."""
-    refs = {e["ref"] for e in CARD["evidence"] if e["kind"] == "run"
-            and any("runtime_verified" in CARD["validation_status"][i] for i in e["covers"])}
+    refs = {
+        e["ref"]
+        for e in CARD["evidence"]
+        if e["kind"] == "run" and any("runtime_verified" in CARD["validation_status"][i] for i in e["covers"])
+    }
     gpu = [json.loads((ROOT / r).read_text()) for r in sorted(refs) if r.startswith("benchmarks/results/gpu_")]
     assert gpu, "no GPU run behind runtime_verified"
     for result in gpu:

@@ -29,6 +29,7 @@ def rules(report, severity=None):
 
 # --- the safe pickle reader ------------------------------------------------------------------------------
 
+
 def test_real_dcp_metadata_is_read_without_unpickling():
     summary, err = C.read_dcp_metadata(str(REAL_ITER / ".metadata"))
     assert err is None
@@ -51,8 +52,13 @@ def test_real_train_state_scalars():
 
 def test_repo_copy_matches_shared(shared_dir):
     src = shared_dir / "fixtures" / "real-h200-run" / "checkpoint_metadata_only"
-    for rel in ("latest_train_state.pt", "latest_checkpointed_iteration.txt", "iter_0000010/.metadata",
-                "iter_0000010/run_config.yaml", "iter_0000010/train_state.pt"):
+    for rel in (
+        "latest_train_state.pt",
+        "latest_checkpointed_iteration.txt",
+        "iter_0000010/.metadata",
+        "iter_0000010/run_config.yaml",
+        "iter_0000010/train_state.pt",
+    ):
         assert (src / rel).read_bytes() == (REAL_CKPT / rel).read_bytes(), rel
 
 
@@ -73,7 +79,7 @@ def test_pickle_reader_never_executes(tmp_path):
 
 @pytest.mark.parametrize("proto", [0, 2, 4, 5])
 def test_pickle_reader_plain_data_round_trip(proto):
-    value = {"a": [1, 2.5, "x", None, True], "b": (1, (2, 3)), "c": {"n": -(2 ** 70)}}
+    value = {"a": [1, 2.5, "x", None, True], "b": (1, (2, 3)), "c": {"n": -(2**70)}}
     if proto >= 3:  # protocols 0-2 pickle bytes as a _codecs.encode call, which stays an inert Call record
         value["d"] = b"\0\1"
     assert C.read_pickle_tree(pickle.dumps(value, protocol=proto)) == value
@@ -110,6 +116,7 @@ def test_train_state_unreadable_cases(tmp_path):
 
 # --- facts against the pinned sources -----------------------------------------------------------------------
 
+
 def test_file_names_match_bridge(bridge_src):
     text = (bridge_src / "megatron/bridge/training/utils/checkpoint_utils.py").read_text()
     assert f'TRAIN_STATE_FILE = "{C.TRAIN_STATE}"' in text
@@ -126,10 +133,12 @@ def test_file_names_match_bridge(bridge_src):
 
 def test_format_detection_order_matches_bridge(bridge_src):
     text = (bridge_src / "megatron/bridge/training/checkpointing.py").read_text()
-    body = text[text.index("def _get_checkpoint_format"):text.index("def find_checkpoint_rank_0")]
+    body = text[text.index("def _get_checkpoint_format") : text.index("def find_checkpoint_rank_0")]
     # torch_dist (metadata.json) first, then DCP .metadata -> fsdp_dtensor, then hf, else Unknown.
-    order = [body.index(s) for s in ("check_is_distributed_checkpoint", '".metadata"', "is_hf_checkpoint_dir",
-                                     "Unknown checkpoint format")]
+    order = [
+        body.index(s)
+        for s in ("check_is_distributed_checkpoint", '".metadata"', "is_hf_checkpoint_dir", "Unknown checkpoint format")
+    ]
     assert order == sorted(order)
 
 
@@ -300,6 +309,7 @@ def test_real_runs_are_self_consistent(root: Path):
 
 def test_permission_denied_is_inputerror_even_as_root(monkeypatch):
     """Root can read everything, so simulate the kernel's answer for an unreadable folder."""
+
     def deny(path):
         raise PermissionError(13, "Permission denied", path)
 
@@ -361,6 +371,7 @@ def test_train_state_zip_bomb_is_refused(tmp_path, monkeypatch):
 
 
 # --- fixture names survive `npx skills add` -------------------------------------------------------------------
+
 
 def test_no_committed_file_has_a_name_the_installer_drops():
     """The skills CLI never copies metadata.json: such a fixture would be missing (and unsigned) once installed."""

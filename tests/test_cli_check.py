@@ -35,8 +35,15 @@ def test_real_fixup_valid_and_two_flags_rejected_as_bridge_did(cli, shared_dir):
     """Bridge validated the fix-up and raised the checkpoint-format assert on the two-flag version."""
     fixup = cli("check", str(shared_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml"), *CLEAN_ENV)
     assert fixup.returncode == 0, fixup.stdout + fixup.stderr
-    two = cli("check", str(shared_dir / RECIPES / "llama3_8b_pretrain_default.yaml"),
-              "dist.use_megatron_fsdp=True", "ddp.use_megatron_fsdp=True", *CLEAN_ENV, "--format", "json")
+    two = cli(
+        "check",
+        str(shared_dir / RECIPES / "llama3_8b_pretrain_default.yaml"),
+        "dist.use_megatron_fsdp=True",
+        "ddp.use_megatron_fsdp=True",
+        *CLEAN_ENV,
+        "--format",
+        "json",
+    )
     assert two.returncode == 1
     errors = [f for f in _json(two)["findings"] if f["severity"] == "error"]
     assert [f["rule"] for f in errors] == ["MFSDP-CKPT-FORMAT"]
@@ -46,12 +53,21 @@ def test_real_fixup_valid_and_two_flags_rejected_as_bridge_did(cli, shared_dir):
 def test_embedded_default_same_verdicts(cli):
     assert cli("check", *CLEAN_ENV).returncode == 0
     p = cli("check", "dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true", *CLEAN_ENV)
-    assert p.returncode == 1 and "MFSDP-CKPT-FORMAT" in p.stdout and "fix: checkpoint.ckpt_format=fsdp_dtensor" in p.stdout
+    assert (
+        p.returncode == 1 and "MFSDP-CKPT-FORMAT" in p.stdout and "fix: checkpoint.ckpt_format=fsdp_dtensor" in p.stdout
+    )
 
 
 def test_json_contract(cli):
-    p = cli("check", "ddp.use_megatron_fsdp=true", "train.check_weight_hash_across_dp_replicas_interval=5",
-            "ddp.data_parallel_sharding_strategy=optim_grads_params", *CLEAN_ENV, "--format", "json")
+    p = cli(
+        "check",
+        "ddp.use_megatron_fsdp=true",
+        "train.check_weight_hash_across_dp_replicas_interval=5",
+        "ddp.data_parallel_sharding_strategy=optim_grads_params",
+        *CLEAN_ENV,
+        "--format",
+        "json",
+    )
     out = _json(p)
     assert set(out) >= {"ok", "findings"} and out["ok"] is False
     for f in out["findings"]:
@@ -82,16 +98,19 @@ def test_gpu_arch_advice(cli):
     assert p.returncode == 2 and "unknown GPU architecture" in p.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["/nonexistent/run_config.yaml"], "no such file"),
-    (["ddp.data_parallel_sharding_strategy=optim_grad_params"], "did you mean 'optim_grads_params'"),
-    (["ddp.use_megatron_fsdp=maybe"], "expected a bool"),
-    (["model.num_layers=2.5"], "expected an int"),
-    (["dpp.use_megatron_fsdp=true"], "did you mean 'ddp'"),
-    (["ddp.use_megatron_fsdp"], "write it as section.key=value"),
-    (["run.yaml", "ddp.use_megatron_fsdp"], "expected section.key=value"),
-    (["--env", "NOVALUE"], "expected NAME=VALUE"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["/nonexistent/run_config.yaml"], "no such file"),
+        (["ddp.data_parallel_sharding_strategy=optim_grad_params"], "did you mean 'optim_grads_params'"),
+        (["ddp.use_megatron_fsdp=maybe"], "expected a bool"),
+        (["model.num_layers=2.5"], "expected an int"),
+        (["dpp.use_megatron_fsdp=true"], "did you mean 'ddp'"),
+        (["ddp.use_megatron_fsdp"], "write it as section.key=value"),
+        (["run.yaml", "ddp.use_megatron_fsdp"], "expected section.key=value"),
+        (["--env", "NOVALUE"], "expected NAME=VALUE"),
+    ],
+)
 def test_unusable_input_one_line_exit_2(cli, args, needle):
     p = cli("check", *args)
     assert p.returncode == 2, p.stdout + p.stderr
@@ -123,8 +142,10 @@ def test_without_pyyaml_one_line_exit_2(root):
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['yaml'] = None; sys.path.insert(0, 'scripts'); import mfsdp; "
-            "sys.exit(mfsdp.main(['check']))")
+    code = (
+        "import sys; sys.modules['yaml'] = None; sys.path.insert(0, 'scripts'); import mfsdp; "
+        "sys.exit(mfsdp.main(['check']))"
+    )
     p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and "pip install PyYAML" in p.stderr and "Traceback" not in p.stderr
@@ -145,8 +166,10 @@ def test_base_layers_a_partial_file_on_the_recipe(cli, tmp_path):
 
 def _trained_run_configs(root):
     """run_config.yaml files that real Bridge jobs trained with (role gpu's runs on an H200)."""
-    return sorted(list((root / "benchmarks" / "results" / "raw").glob("**/run_config.yaml"))
-                  + list((root / "tests" / "fixtures" / "gpu-run").glob("**/run_config.yaml")))
+    return sorted(
+        list((root / "benchmarks" / "results" / "raw").glob("**/run_config.yaml"))
+        + list((root / "tests" / "fixtures" / "gpu-run").glob("**/run_config.yaml"))
+    )
 
 
 def test_every_config_that_really_trained_passes(root):

@@ -19,16 +19,19 @@ def run_json(cli, *args):
     return proc, json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("name,code,fmt", [
-    ("fsdp_dtensor_ok", 0, "fsdp_dtensor"),
-    ("torch_dist_ddp", 0, "torch_dist"),
-    ("hf_llama", 0, "hf"),
-    ("tracker_missing", 1, "fsdp_dtensor"),
-    ("no_payload", 1, None),
-    ("config_torch_dist_dcp_on_disk", 1, "fsdp_dtensor"),
-    ("dtensor_without_mfsdp", 1, "fsdp_dtensor"),
-    ("legacy_torch", 1, "torch"),
-])
+@pytest.mark.parametrize(
+    "name,code,fmt",
+    [
+        ("fsdp_dtensor_ok", 0, "fsdp_dtensor"),
+        ("torch_dist_ddp", 0, "torch_dist"),
+        ("hf_llama", 0, "hf"),
+        ("tracker_missing", 1, "fsdp_dtensor"),
+        ("no_payload", 1, None),
+        ("config_torch_dist_dcp_on_disk", 1, "fsdp_dtensor"),
+        ("dtensor_without_mfsdp", 1, "fsdp_dtensor"),
+        ("legacy_torch", 1, "torch"),
+    ],
+)
 def test_exit_codes_and_json(cli, name, code, fmt):
     proc, obj = run_json(cli, str(CKPT / name))
     assert proc.returncode == code

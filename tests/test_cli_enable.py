@@ -85,8 +85,9 @@ def test_in_place_needs_config(cli):
 
 
 def test_unfixable_error_reported_exit_1(cli):
-    p = cli("enable", "model.cpu_offloading=true", "model.pipeline_model_parallel_size=2", "--emit", "overrides",
-            *CLEAN_ENV)
+    p = cli(
+        "enable", "model.cpu_offloading=true", "model.pipeline_model_parallel_size=2", "--emit", "overrides", *CLEAN_ENV
+    )
     assert p.returncode == 1 and "MFSDP-CPU-OFFLOAD-PP" in p.stderr
 
 
@@ -156,14 +157,17 @@ def test_in_place_with_nothing_to_change_writes_nothing(cli, tmp_path):
 # The live path itself needs an importable Megatron-Bridge; it ran on the H200 (evidence:
 # benchmarks/results/gpu_live_mode_1xh200.json). What can fail without Bridge is tested here.
 
+
 def test_recipe_failure_is_one_line_input_error_not_internal():
     """On the offline H200 the Llama recipe raised a multi-line ValueError from the HF hub: exit 2, one line."""
     from mfsdp_lib import cli_enable
     from mfsdp_lib.findings import InputError
 
     def offline_recipe():
-        raise ValueError("Failed to load configuration from meta-llama/Meta-Llama-3-8B after 4 attempts.\n"
-                         "Check your internet connection or see how to run the library in offline mode")
+        raise ValueError(
+            "Failed to load configuration from meta-llama/Meta-Llama-3-8B after 4 attempts.\n"
+            "Check your internet connection or see how to run the library in offline mode"
+        )
 
     with pytest.raises(InputError) as err:
         cli_enable._call_recipe("llama3_8b_pretrain_config", offline_recipe)

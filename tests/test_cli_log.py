@@ -16,11 +16,23 @@ from conftest import MFSDP
 FACT_KEYS = {"iterations", "loss", "skipped_iterations", "nan_iterations", "checkpoints", "pytest", "signatures"}
 
 
-@pytest.mark.parametrize("name,code", [
-    ("multirank_interleaved.log", 0), ("ansi_cr.log", 0), ("resume.log", 0), ("pytest_pass.log", 0),
-    ("truncated.log", 0), ("nan_loss.log", 1), ("nan_check_raised.log", 1), ("oom.log", 1),
-    ("ckpt_format_assert.log", 1), ("pytest_fail.log", 1), ("empty.log", 2), ("binary.bin", 2),
-])
+@pytest.mark.parametrize(
+    "name,code",
+    [
+        ("multirank_interleaved.log", 0),
+        ("ansi_cr.log", 0),
+        ("resume.log", 0),
+        ("pytest_pass.log", 0),
+        ("truncated.log", 0),
+        ("nan_loss.log", 1),
+        ("nan_check_raised.log", 1),
+        ("oom.log", 1),
+        ("ckpt_format_assert.log", 1),
+        ("pytest_fail.log", 1),
+        ("empty.log", 2),
+        ("binary.bin", 2),
+    ],
+)
 def test_fixture_exit_codes(cli, name, code):
     proc = cli("log", str(LOGS / name))
     assert proc.returncode == code, proc.stdout + proc.stderr
@@ -95,8 +107,13 @@ def test_permission_denied(cli, tmp_path):
 def test_pipe_path_streams():
     """A pipe given as a path, as bash's <(cmd) does (/dev/fd/N), is read to its end."""
     r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, str(MFSDP), "log", f"/dev/fd/{r}"], pass_fds=(r,),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(MFSDP), "log", f"/dev/fd/{r}"],
+        pass_fds=(r,),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(r)
 
     def feed():
@@ -113,17 +130,24 @@ def test_pipe_path_streams():
 
 def test_plain_imports_only(root):
     """ckpt and log load only the standard library and PyYAML (fast start, nothing optional needed)."""
-    code = ("import sys; sys.path.insert(0, 'scripts'); import mfsdp_lib.cli_ckpt, mfsdp_lib.cli_log; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'numpy', 'jsonschema', 'megatron', 'safetensors', 'yaml')]; print(bad)")
+    code = (
+        "import sys; sys.path.insert(0, 'scripts'); import mfsdp_lib.cli_ckpt, mfsdp_lib.cli_log; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'numpy', 'jsonschema', 'megatron', 'safetensors', 'yaml')]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # yaml too is imported lazily, only when a run_config.yaml is read
 
 
 def test_stdin_closed_is_exit_2():
     """`mfsdp.py log - <&-`: Python starts with sys.stdin None; that is unusable input, not a bug (exit 3)."""
-    p = subprocess.run([sys.executable, str(MFSDP), "log", "-"], stdin=subprocess.DEVNULL, capture_output=True,
-                       text=True, preexec_fn=lambda: os.close(0))
+    p = subprocess.run(
+        [sys.executable, str(MFSDP), "log", "-"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.close(0),
+    )
     assert p.returncode == 2, p.stderr
     assert "standard input is closed" in p.stderr and "Traceback" not in p.stderr
 

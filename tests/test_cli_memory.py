@@ -29,8 +29,16 @@ def test_json_contract(cli):
     assert proc.returncode == 0
     assert [r["name"] for r in out["strategies"]] == list(memory.STRATEGIES)
     for row in out["strategies"]:
-        for key in ("name", "params_gib", "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib",
-                    "total_gib", "fits"):
+        for key in (
+            "name",
+            "params_gib",
+            "grads_gib",
+            "optimizer_gib",
+            "buffers_gib",
+            "activations_gib",
+            "total_gib",
+            "fits",
+        ):
             assert key in row
         assert row["fits"] == (row["total_gib"] <= 80)
     assert isinstance(out["assumptions"], dict)
@@ -38,8 +46,9 @@ def test_json_contract(cli):
 
 
 def test_strategy_selection_and_params_suffix(cli):
-    proc, out = run_json(cli, "--params", "8.03B", "--dp", "4", "--strategy", "ddp,optim_grads_params",
-                         "--strategy", "ddp")
+    proc, out = run_json(
+        cli, "--params", "8.03B", "--dp", "4", "--strategy", "ddp,optim_grads_params", "--strategy", "ddp"
+    )
     assert [r["name"] for r in out["strategies"]] == ["ddp", "optim_grads_params"]
     assert out["model"]["params"] == 8_030_000_000
     assert out["strategies"][0]["activations_gib"] is None  # no shape, no activations
@@ -62,17 +71,20 @@ def test_text_table(cli):
     assert "assumptions:" in proc.stdout
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--params", "many"], "--params"),
-    (["--model", "gpt-17"], "unknown model"),
-    (["--model", "llama3-8b", "--dp", "0"], "dp"),
-    (["--model", "llama3-8b", "--strategy", "zero3"], "unknown strategy"),
-    (["--model", "llama3-8b", "--gpu-mem-gib", "-3"], "positive"),
-    (["--model", "llama3-8b", "--params", "1e9"], "not allowed"),
-    (["--dp", "8"], "nothing to size"),
-    (["a.yaml", "b.yaml"], "more than one CONFIG"),
-    (["--tp", "two"], "invalid int"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--params", "many"], "--params"),
+        (["--model", "gpt-17"], "unknown model"),
+        (["--model", "llama3-8b", "--dp", "0"], "dp"),
+        (["--model", "llama3-8b", "--strategy", "zero3"], "unknown strategy"),
+        (["--model", "llama3-8b", "--gpu-mem-gib", "-3"], "positive"),
+        (["--model", "llama3-8b", "--params", "1e9"], "not allowed"),
+        (["--dp", "8"], "nothing to size"),
+        (["a.yaml", "b.yaml"], "more than one CONFIG"),
+        (["--tp", "two"], "invalid int"),
+    ],
+)
 def test_bad_input_one_line_exit_2(cli, args, needle):
     proc = cli("memory", *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -113,11 +125,14 @@ def test_bad_override_is_one_line(cli):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "fulll" in proc.stderr
 
 
-@pytest.mark.parametrize("args", [
-    ["--model", "llama3-8b", "--seq-length", "9" * 400],  # int too large for float(): was exit 3
-    ["--model", "llama3-8b", "--micro-batch-size", "9" * 400],
-    ["--params", "1e308"],  # finite input, inf bytes: was "Infinity" in the JSON, which is not JSON
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--model", "llama3-8b", "--seq-length", "9" * 400],  # int too large for float(): was exit 3
+        ["--model", "llama3-8b", "--micro-batch-size", "9" * 400],
+        ["--params", "1e308"],  # finite input, inf bytes: was "Infinity" in the JSON, which is not JSON
+    ],
+)
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_absurd_sizes_are_input_errors(cli, args, fmt):
     proc = cli("memory", *args, "--format", fmt)

@@ -33,16 +33,48 @@ def test_single_node_command_is_torchrun_standalone():
     cmd = smoke.build_command(o, python="/py")
     assert cmd[:5] == ["/py", "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone"]
     assert cmd[5] == str(smoke.TRAIN_ENTRY) and cmd[5].endswith("scripts/smoke_train.py")
-    assert cmd[6:] == ["--strategy", "optim_grads_params", "--model", "small", "--iters", "10", "--seq-length", "512",
-                       "--global-batch-size", "8", "--micro-batch-size", "1", "--out", "/tmp/x", "--save-resume"]
+    assert cmd[6:] == [
+        "--strategy",
+        "optim_grads_params",
+        "--model",
+        "small",
+        "--iters",
+        "10",
+        "--seq-length",
+        "512",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "1",
+        "--out",
+        "/tmp/x",
+        "--save-resume",
+    ]
 
 
 def test_multi_node_torchrun_flags():
-    o = _opts("--nnodes", "2", "--node-rank", "1", "--master-addr", "node0", "--master-port", "6000",
-              "--nproc-per-node", "8", "--strategy", "ddp")
+    o = _opts(
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "node0",
+        "--master-port",
+        "6000",
+        "--nproc-per-node",
+        "8",
+        "--strategy",
+        "ddp",
+    )
     cmd = smoke.build_command(o, python="/py")
-    assert cmd[3:8] == ["--nproc-per-node=8", "--nnodes=2", "--node-rank=1", "--master-addr=node0",
-                        "--master-port=6000"]
+    assert cmd[3:8] == [
+        "--nproc-per-node=8",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--master-addr=node0",
+        "--master-port=6000",
+    ]
     assert "--standalone" not in cmd and "--save-resume" not in cmd
     assert cmd[cmd.index("--strategy") + 1] == "ddp"
 
@@ -71,14 +103,17 @@ def test_dry_run_prints_the_command(cli, tmp_path):
     assert not (tmp_path / "o").exists()  # a dry run creates nothing
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--nproc-per-node", "0"], "positive integer"),
-    (["--iters", "x"], "positive integer"),
-    (["--strategy", "zero3"], "invalid choice"),
-    (["--node-rank", "2", "--nnodes", "2"], "must be below --nnodes"),
-    (["--global-batch-size", "6", "--micro-batch-size", "4"], "not a multiple"),
-    (["--nnodes", "2"], "--master-addr"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--nproc-per-node", "0"], "positive integer"),
+        (["--iters", "x"], "positive integer"),
+        (["--strategy", "zero3"], "invalid choice"),
+        (["--node-rank", "2", "--nnodes", "2"], "must be below --nnodes"),
+        (["--global-batch-size", "6", "--micro-batch-size", "4"], "not a multiple"),
+        (["--nnodes", "2"], "--master-addr"),
+    ],
+)
 def test_bad_options_exit_2_with_one_line(cli, argv, needle):
     r = cli("smoke", *argv)
     assert r.returncode == 2
@@ -122,8 +157,10 @@ def test_fsdp_overrides_pick_the_strategy():
 
 
 def test_step_summary_skips_warmup_and_flags_nan():
-    steps = [{"time_s": t, "loss": l, "allocated_bytes": 5} for t, l in
-             [(9.0, 10.4), (1.0, 10.3), (0.5, 10.2), (0.7, 10.1), (0.6, 10.0)]]
+    steps = [
+        {"time_s": t, "loss": l, "allocated_bytes": 5}
+        for t, l in [(9.0, 10.4), (1.0, 10.3), (0.5, 10.2), (0.7, 10.1), (0.6, 10.0)]
+    ]
     s = smoke_train._summarise_steps(steps, tokens_per_step=4096)
     assert s["step_time_s_median"] == 0.6  # median of steps 3..5; the 9 s first step is left out
     assert s["tokens_per_s"] == pytest.approx(4096 / 0.6)
@@ -133,6 +170,7 @@ def test_step_summary_skips_warmup_and_flags_nan():
 
 
 # ----------------------------------------------------------------- checkpoint markers
+
 
 def test_checkpoint_format_fsdp_dtensor_on_real_metadata(tmp_path):
     real = Path(__file__).parent / "fixtures" / "gpu-run" / "checkpoints"  # this repo's own H200 smoke run
@@ -160,10 +198,22 @@ def test_checkpoint_format_reads_megatron_metadata_json(tmp_path):
 
 # ----------------------------------------------------------------- judging a run
 
+
 def _rank(out: Path, rank: int, **kw) -> None:
-    rec = {"rank": rank, "world_size": 2, "strategy": "optim_grads_params", "final_loss": 9.9, "finite": True,
-           "iterations": 10, "step_time_s_median": 0.1, "tokens_per_s": 40960.0, "peak_allocated_bytes": 2**30 + rank,
-           "bridge_validate": {"ok": True}, "ckpt_dir": None, "error": None}
+    rec = {
+        "rank": rank,
+        "world_size": 2,
+        "strategy": "optim_grads_params",
+        "final_loss": 9.9,
+        "finite": True,
+        "iterations": 10,
+        "step_time_s_median": 0.1,
+        "tokens_per_s": 40960.0,
+        "peak_allocated_bytes": 2**30 + rank,
+        "bridge_validate": {"ok": True},
+        "ckpt_dir": None,
+        "error": None,
+    }
     rec.update(kw)
     (out / f"rank{rank}.json").write_text(json.dumps(rec))
 
@@ -176,13 +226,16 @@ def test_summary_passes_and_lists_every_rank(tmp_path):
     assert s["peak_memory_bytes"] == {"0": 2**30, "1": 2**30 + 1}
 
 
-@pytest.mark.parametrize("exit_code, kw, save_resume", [
-    (1, {}, False),
-    (0, {"finite": False, "final_loss": float("nan")}, False),
-    (0, {"bridge_validate": {"ok": False, "error": "x"}}, False),
-    (0, {"error": "RuntimeError: boom"}, False),
-    (0, {"save_resume": {"equal": False}}, True),
-])
+@pytest.mark.parametrize(
+    "exit_code, kw, save_resume",
+    [
+        (1, {}, False),
+        (0, {"finite": False, "final_loss": float("nan")}, False),
+        (0, {"bridge_validate": {"ok": False, "error": "x"}}, False),
+        (0, {"error": "RuntimeError: boom"}, False),
+        (0, {"save_resume": {"equal": False}}, True),
+    ],
+)
 def test_summary_fails(tmp_path, exit_code, kw, save_resume):
     _rank(tmp_path, 0, **kw)
     assert smoke.summarise(tmp_path, exit_code, ["torchrun"], save_resume=save_resume)["pass"] is False
@@ -210,11 +263,14 @@ def test_gpu_harness_skips_with_reason_here():
         assert reason is None or "CUDA" in reason or "Megatron-Bridge" in reason
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--nnodes", "2"], "--master-addr"),  # printed '--master-addr=None' before
-    (["--nnodes", "2", "--master-addr", "n0", "--master-port", "99999"], "not a TCP port"),
-    (["--out", __file__], "is a file"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--nnodes", "2"], "--master-addr"),  # printed '--master-addr=None' before
+        (["--nnodes", "2", "--master-addr", "n0", "--master-port", "99999"], "not a TCP port"),
+        (["--out", __file__], "is a file"),
+    ],
+)
 def test_dry_run_refuses_a_command_that_cannot_work(cli, argv, needle):
     r = cli("smoke", "--dry-run", *argv)
     assert r.returncode == 2, r.stdout

@@ -49,8 +49,21 @@ def test_real_run_config_loads(shared_dir):
     assert isinstance(cfg["mixed_precision"], dict) and cfg["mixed_precision"]["bf16"] is True
 
 
-@pytest.mark.parametrize("raw,expected", [("True", True), ("yes", True), ("on", True), ("3", True), ("0", False),
-                                          ("false", False), ("No", False), (1, True), (0, False), (True, True)])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("True", True),
+        ("yes", True),
+        ("on", True),
+        ("3", True),
+        ("0", False),
+        ("false", False),
+        ("No", False),
+        (1, True),
+        (0, False),
+        (True, True),
+    ],
+)
 def test_bool_coercion_like_omegaconf(raw, expected):
     assert config_io.coerce("ddp.use_megatron_fsdp", raw) is expected
 
@@ -104,12 +117,17 @@ def test_yaml_syntax_error_has_line(tmp_path):
         config_io.load_effective(_write(tmp_path, "ddp:\n  a: 1\n b: [\n"))
 
 
-@pytest.mark.parametrize("text,match", [("- a\n- b\n", "top level must be a mapping"),
-                                        ("42\n", "top level must be a mapping"),
-                                        ("ddp: 3\n", "must be a mapping"),
-                                        ("ddp: null\n", "is null"),
-                                        ("env_vars:\n  A: [1]\n", "must be a scalar"),
-                                        ("mixed_precision: bf16_mix\n", "did you mean 'bf16_mixed'")])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("- a\n- b\n", "top level must be a mapping"),
+        ("42\n", "top level must be a mapping"),
+        ("ddp: 3\n", "must be a mapping"),
+        ("ddp: null\n", "is null"),
+        ("env_vars:\n  A: [1]\n", "must be a scalar"),
+        ("mixed_precision: bf16_mix\n", "did you mean 'bf16_mixed'"),
+    ],
+)
 def test_bad_shapes(tmp_path, text, match):
     with pytest.raises(InputError, match=match):
         config_io.load_effective(_write(tmp_path, text))
@@ -203,11 +221,15 @@ def test_write_atomic_backup_failure_is_input_error(tmp_path):
 DEEP = 50_000  # well past where libyaml's C composer overflowed the stack (about 20,000 levels)
 
 
-@pytest.mark.parametrize("text", [
-    "- " * DEEP + "x\n",  # block sequences on one line: 100 KB
-    "ddp: " + "[" * DEEP + "]" * DEEP + "\n",
-    "a: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n",
-], ids=["block-sequences", "flow-sequences", "flow-mappings"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- " * DEEP + "x\n",  # block sequences on one line: 100 KB
+        "ddp: " + "[" * DEEP + "]" * DEEP + "\n",
+        "a: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n",
+    ],
+    ids=["block-sequences", "flow-sequences", "flow-mappings"],
+)
 def test_deeply_nested_yaml_is_an_input_error_not_a_segfault(cli, tmp_path, text):
     """Run in a subprocess: the failure was SIGSEGV (exit -11), which kills pytest itself in-process."""
     path = tmp_path / "deep.yaml"

@@ -31,8 +31,10 @@ MIN_CASES = 100
 @pytest.fixture(scope="module")
 def verdicts():
     if not VERDICTS.is_file():
-        pytest.skip("tests/fixtures/differential/verdicts.json not present yet: role gpu generates it on a GPU "
-                    "machine with tests/differential/gen_verdicts.py; merge branch gpu to pick it up")
+        pytest.skip(
+            "tests/fixtures/differential/verdicts.json not present yet: role gpu generates it on a GPU "
+            "machine with tests/differential/gen_verdicts.py; merge branch gpu to pick it up"
+        )
     return differential.load(VERDICTS)
 
 
@@ -61,8 +63,11 @@ def test_base_config_accepted_by_us(verdicts):
 
 
 def test_we_reject_every_case_bridge_rejected(records):
-    bad = [(r["id"], r["bridge_error"], r["our_errors"], r["expected_rules"])
-           for r in records if r["agree"] is False and not r["bridge_ok"]]
+    bad = [
+        (r["id"], r["bridge_error"], r["our_errors"], r["expected_rules"])
+        for r in records
+        if r["agree"] is False and not r["bridge_ok"]
+    ]
     assert not bad, "Bridge raised; we found no error, or not the rule its message names:\n" + "\n".join(map(str, bad))
 
 
@@ -82,8 +87,14 @@ def test_cases_cover_the_rules(records):
     hit = {rule for r in records if not r["bridge_ok"] for rule in r["our_errors"]}
     # MFSDP-WEIGHT-HASH needs optim_grads_params together with the hash interval; the 0.6.2 verdicts
     # hold no such case (their FSDP base keeps Bridge's default no_shard), so tests/test_rules.py covers it.
-    fsdp_core = {"MFSDP-CKPT-FORMAT", "MFSDP-DTENSOR-NEEDS-MFSDP", "MFSDP-ENV-MAX-CONNECTIONS",
-                 "MFSDP-MANUAL-REG-NEEDS-NCCL-UB", "MFSDP-TP-PP-DP-MAPPING", "MFSDP-FSDP2-EXCLUSIVE"}
+    fsdp_core = {
+        "MFSDP-CKPT-FORMAT",
+        "MFSDP-DTENSOR-NEEDS-MFSDP",
+        "MFSDP-ENV-MAX-CONNECTIONS",
+        "MFSDP-MANUAL-REG-NEEDS-NCCL-UB",
+        "MFSDP-TP-PP-DP-MAPPING",
+        "MFSDP-FSDP2-EXCLUSIVE",
+    }
     assert fsdp_core <= hit, f"not exercised by any rejected case: {sorted(fsdp_core - hit)}"
 
 
@@ -92,5 +103,9 @@ def test_summary_counts_are_consistent(records):
     assert s["we_rejected_too"] == s["bridge_rejected"]
     assert s["we_accepted_too"] + s["documented_exceptions"] == s["bridge_accepted"]
     assert s["disagreements"] == 0
-    assert s["exact_rule"] + s["bridge_message_without_quote"] + sum(
-        1 for r in records if not r["bridge_ok"] and r["input_error"]) >= s["bridge_rejected"]
+    assert (
+        s["exact_rule"]
+        + s["bridge_message_without_quote"]
+        + sum(1 for r in records if not r["bridge_ok"] and r["input_error"])
+        >= s["bridge_rejected"]
+    )

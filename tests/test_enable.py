@@ -17,9 +17,12 @@ def _errors(cfg, env=None):
 
 def test_minimal_overrides_are_the_five():
     assert enable.MINIMAL_OVERRIDES == {
-        "dist.use_megatron_fsdp": True, "ddp.use_megatron_fsdp": True,
-        "ddp.data_parallel_sharding_strategy": "optim_grads_params", "ddp.average_in_collective": False,
-        "checkpoint.ckpt_format": "fsdp_dtensor"}
+        "dist.use_megatron_fsdp": True,
+        "ddp.use_megatron_fsdp": True,
+        "ddp.data_parallel_sharding_strategy": "optim_grads_params",
+        "ddp.average_in_collective": False,
+        "checkpoint.ckpt_format": "fsdp_dtensor",
+    }
 
 
 def test_plan_on_recipe_reproduces_the_real_fixup(shared_dir):
@@ -52,16 +55,24 @@ def test_load_kept_when_already_fsdp_dtensor(shared_dir):
     assert "checkpoint.load" not in {c.path for c in enable.plan(cfg)}
 
 
-@pytest.mark.parametrize("overrides,expected_path", [
-    (["checkpoint.also_save_hf_checkpoint=true"], "checkpoint.also_save_hf_checkpoint"),
-    (["dist.use_torch_fsdp2=true"], "dist.use_torch_fsdp2"),
-    (["dist.use_tp_pp_dp_mapping=true"], "dist.use_tp_pp_dp_mapping"),
-    (["ddp.fsdp_manual_registration=true"], "ddp.fsdp_manual_registration"),
-    (["train.check_weight_hash_across_dp_replicas_interval=10"], "train.check_weight_hash_across_dp_replicas_interval"),
-    (["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=1"], "env_vars.CUDA_DEVICE_MAX_CONNECTIONS"),
-    (["checkpoint.async_save=true", "checkpoint.use_persistent_ckpt_worker=false"],
-     "checkpoint.use_persistent_ckpt_worker"),  # fixed by the fix-point pass over the rule table
-])
+@pytest.mark.parametrize(
+    "overrides,expected_path",
+    [
+        (["checkpoint.also_save_hf_checkpoint=true"], "checkpoint.also_save_hf_checkpoint"),
+        (["dist.use_torch_fsdp2=true"], "dist.use_torch_fsdp2"),
+        (["dist.use_tp_pp_dp_mapping=true"], "dist.use_tp_pp_dp_mapping"),
+        (["ddp.fsdp_manual_registration=true"], "ddp.fsdp_manual_registration"),
+        (
+            ["train.check_weight_hash_across_dp_replicas_interval=10"],
+            "train.check_weight_hash_across_dp_replicas_interval",
+        ),
+        (["env_vars.CUDA_DEVICE_MAX_CONNECTIONS=1"], "env_vars.CUDA_DEVICE_MAX_CONNECTIONS"),
+        (
+            ["checkpoint.async_save=true", "checkpoint.use_persistent_ckpt_worker=false"],
+            "checkpoint.use_persistent_ckpt_worker",
+        ),  # fixed by the fix-point pass over the rule table
+    ],
+)
 def test_plan_fixes_what_follows(overrides, expected_path):
     cfg = config_io.load_effective(None, overrides)
     changes = enable.plan(cfg)
@@ -87,8 +98,10 @@ def test_model_decisions_are_left_to_the_user():
 
 
 def test_yaml_edit_keeps_comments_and_order():
-    text = ("# my run\nddp:\n  use_megatron_fsdp: false   # off for now\n  bucket_size: 100\n"
-            "checkpoint:\n  save: /ckpt\n  load: /ckpt\n\ntrain:\n  train_iters: 10\n")
+    text = (
+        "# my run\nddp:\n  use_megatron_fsdp: false   # off for now\n  bucket_size: 100\n"
+        "checkpoint:\n  save: /ckpt\n  load: /ckpt\n\ntrain:\n  train_iters: 10\n"
+    )
     data = config_io.parse_yaml(text, "t")
     cfg = config_io.merge_file(config_io._defaults(), data, "t")
     changes = enable.plan(cfg)
@@ -114,21 +127,29 @@ def test_yaml_edit_falls_back_to_redump_for_flow_style():
 def test_yaml_edit_null_section_and_quoting():
     text = "comm_overlap: null\ncheckpoint:\n  save: null\n"
     data = config_io.parse_yaml(text, "t")
-    changes = [enable.Change("comm_overlap.defer_embedding_wgrad_compute", None, False, "x"),
-               enable.Change("checkpoint.save", None, "/a b/#c: d", "x")]
+    changes = [
+        enable.Change("comm_overlap.defer_embedding_wgrad_compute", None, False, "x"),
+        enable.Change("checkpoint.save", None, "/a b/#c: d", "x"),
+    ]
     new, in_place = enable.yaml_edit(text, data, changes)
     assert in_place
-    assert yaml.safe_load(new) == {"comm_overlap": {"defer_embedding_wgrad_compute": False},
-                                   "checkpoint": {"save": "/a b/#c: d"}}
+    assert yaml.safe_load(new) == {
+        "comm_overlap": {"defer_embedding_wgrad_compute": False},
+        "checkpoint": {"save": "/a b/#c: d"},
+    }
 
 
 def test_renderers():
-    changes = [enable.Change("ddp.use_megatron_fsdp", False, True, "x"),
-               enable.Change("checkpoint.load", "/a", None, "x"),
-               enable.Change("checkpoint.save", None, "/my ckpt", "x"),
-               enable.Change("env_vars.CUDA_DEVICE_MAX_CONNECTIONS", 1, 32, "x")]
-    assert enable.render_overrides(changes) == ("ddp.use_megatron_fsdp=true\ncheckpoint.load=null\n"
-                                                "checkpoint.save='/my ckpt'\nenv_vars.CUDA_DEVICE_MAX_CONNECTIONS=32\n")
+    changes = [
+        enable.Change("ddp.use_megatron_fsdp", False, True, "x"),
+        enable.Change("checkpoint.load", "/a", None, "x"),
+        enable.Change("checkpoint.save", None, "/my ckpt", "x"),
+        enable.Change("env_vars.CUDA_DEVICE_MAX_CONNECTIONS", 1, 32, "x"),
+    ]
+    assert enable.render_overrides(changes) == (
+        "ddp.use_megatron_fsdp=true\ncheckpoint.load=null\n"
+        "checkpoint.save='/my ckpt'\nenv_vars.CUDA_DEVICE_MAX_CONNECTIONS=32\n"
+    )
     new_env = [enable.Change("env_vars.NVTE_CPU_OFFLOAD_V1", None, 1, "x")]
     assert enable.render_overrides(new_env) == "+env_vars.NVTE_CPU_OFFLOAD_V1=1\n"  # Hydra: adding a key
     py = enable.render_python(changes)
@@ -147,8 +168,14 @@ class _Obj:
 
 def test_apply_to_object():
     cfg = _Obj(ddp=_Obj(use_megatron_fsdp=False), checkpoint=_Obj(ckpt_format="torch_dist"), env_vars={})
-    enable.apply_to_object(cfg, {"ddp.use_megatron_fsdp": True, "checkpoint.ckpt_format": "fsdp_dtensor",
-                                 "env_vars.CUDA_DEVICE_MAX_CONNECTIONS": 32})
+    enable.apply_to_object(
+        cfg,
+        {
+            "ddp.use_megatron_fsdp": True,
+            "checkpoint.ckpt_format": "fsdp_dtensor",
+            "env_vars.CUDA_DEVICE_MAX_CONNECTIONS": 32,
+        },
+    )
     assert cfg.ddp.use_megatron_fsdp is True and cfg.checkpoint.ckpt_format == "fsdp_dtensor"
     assert cfg.env_vars == {"CUDA_DEVICE_MAX_CONNECTIONS": 32}
     with pytest.raises(InputError, match="no attribute 'use_megatron_fdsp'"):

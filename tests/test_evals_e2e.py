@@ -50,8 +50,10 @@ def _cli_or_skip(agent: str) -> list[str]:
     cli = runner.find_agent_cli(agent)
     if cli is None:
         pkg = runner.CLAUDE_PYPI if agent == runner.CLAUDE else runner.CODEX_PYPI
-        _absent(f"the {agent} CLI is not installed: pip install {pkg[0]}=={pkg[1]} (or set "
-                    f"{'CLAUDE_CLI' if agent == runner.CLAUDE else 'CODEX_CLI'})")
+        _absent(
+            f"the {agent} CLI is not installed: pip install {pkg[0]}=={pkg[1]} (or set "
+            f"{'CLAUDE_CLI' if agent == runner.CLAUDE else 'CODEX_CLI'})"
+        )
     return cli
 
 
@@ -59,8 +61,7 @@ def _cli_or_skip(agent: str) -> list[str]:
 def skills_cli() -> list[str]:
     cli = runner.find_skills_cli(allow_npx=False)
     if cli is None:
-        _absent(f"the skills CLI is not installed: npm install skills@{runner.SKILLS_NPM_VERSION} "
-                    "(or set SKILLS_CLI)")
+        _absent(f"the skills CLI is not installed: npm install skills@{runner.SKILLS_NPM_VERSION} (or set SKILLS_CLI)")
     return cli
 
 
@@ -78,10 +79,18 @@ def runs(tmp_path_factory, skills_cli, cases):
     def run(agent: str, case_id: str, with_skill: bool = True) -> dict:
         key = (agent, case_id, with_skill)
         if key not in done:
-            done[key] = runner.run_attempt(agent=agent, case=cases[case_id], attempt=1, with_skill=with_skill,
-                                           out=out, cli=_cli_or_skip(agent), skills_cli=skills_cli,
-                                           script_path=runner.SCRIPTED_DIR / f"{case_id}.json")
+            done[key] = runner.run_attempt(
+                agent=agent,
+                case=cases[case_id],
+                attempt=1,
+                with_skill=with_skill,
+                out=out,
+                cli=_cli_or_skip(agent),
+                skills_cli=skills_cli,
+                script_path=runner.SCRIPTED_DIR / f"{case_id}.json",
+            )
         return done[key]
+
     return run
 
 
@@ -107,6 +116,7 @@ def skill_description(record: dict) -> str:
     text = (Path(record["install"]["installed"]) / "SKILL.md").read_text()
     front = text.split("---")[1]
     import yaml
+
     return " ".join(str(yaml.safe_load(front)["description"]).split())
 
 
@@ -126,8 +136,11 @@ def meta_of(record: dict) -> dict:
 
 def assert_check_ran_and_case_passed(rec: dict, t) -> None:
     """`scripts/mfsdp.py check` ran on usable input (exit 0 or 1), the answer is labelled, all five dimensions pass."""
-    check = [c for c in t.commands
-             if any(len(w) > 2 and w[1].endswith("scripts/mfsdp.py") and w[2] == "check" for w in c.segments)]
+    check = [
+        c
+        for c in t.commands
+        if any(len(w) > 2 and w[1].endswith("scripts/mfsdp.py") and w[2] == "check" for w in c.segments)
+    ]
     assert check and check[0].exit_code in (0, 1) and not check[0].denied, [vars(c) for c in t.commands]
     assert t.final_answer.startswith(sm.SCRIPTED_LABEL)
     assert meta_of(rec)["scripted_model"] is True and meta_of(rec)["with_skill"] is True
@@ -137,6 +150,7 @@ def assert_check_ran_and_case_passed(rec: dict, t) -> None:
 
 
 # ------------------------------------------------------------------------------------------- Claude Code
+
 
 def test_claude_code_positive_case_end_to_end(runs):
     rec = runs(runner.CLAUDE, POSITIVE[runner.CLAUDE])
@@ -150,11 +164,18 @@ def test_claude_code_positive_case_end_to_end(runs):
     listing = listed_in(reqs[0]["body"], SKILL)
     assert listing and listing.startswith(skill_description(rec)[:40]), "the skill listing the model saw"
     # The Skill tool put our SKILL.md in front of the model (Claude Code's own message, not ours).
-    assert any(s.startswith("Base directory for this skill:") and s.splitlines()[0].endswith(f"/.claude/skills/{SKILL}")
-               for s in strings(reqs[1]["body"]["messages"]))
+    assert any(
+        s.startswith("Base directory for this skill:") and s.splitlines()[0].endswith(f"/.claude/skills/{SKILL}")
+        for s in strings(reqs[1]["body"]["messages"])
+    )
     # Our script really ran: its result came back to the model as the Bash tool_result.
-    result = next(b for m in reqs[2]["body"]["messages"] if m["role"] == "user" and isinstance(m["content"], list)
-                  for b in m["content"] if b.get("type") == "tool_result" and b["tool_use_id"] == "toolu_scripted_1")
+    result = next(
+        b
+        for m in reqs[2]["body"]["messages"]
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result" and b["tool_use_id"] == "toolu_scripted_1"
+    )
     assert "ckpt_format" in json.dumps(result["content"]), result
 
     t = read_transcript(rec["transcript"])
@@ -185,6 +206,7 @@ def test_claude_code_without_skill_baseline_fails(runs):
 
 # ------------------------------------------------------------------------------------------- Codex
 
+
 def test_codex_positive_case_end_to_end(runs):
     rec = runs(runner.CODEX, POSITIVE[runner.CODEX])
     assert rec["exit_code"] == 0, Path(rec["transcript"]).parent.joinpath("stderr.txt").read_text()[-2000:]
@@ -192,8 +214,11 @@ def test_codex_positive_case_end_to_end(runs):
     assert [r["turn"] for r in reqs] == [0, 1, 2]
     listing = listed_in(reqs[0]["body"], SKILL)
     assert listing and listing.startswith(skill_description(rec)[:40]), "Codex did not list the installed skill"
-    outputs = {i["call_id"]: i["output"] for i in reqs[2]["body"]["input"]
-               if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    outputs = {
+        i["call_id"]: i["output"]
+        for i in reqs[2]["body"]["input"]
+        if isinstance(i, dict) and i.get("type") == "function_call_output"
+    }
     assert f"name: {SKILL}" in outputs["call_scripted_0"]  # Codex's shell printed our SKILL.md to the model
     assert "use_tp_pp_dp_mapping" in str(outputs["call_scripted_1"])
 
@@ -214,6 +239,7 @@ def test_codex_negative_case_end_to_end(runs):
 
 # ------------------------------------------------------------------------------------------- the CLI entry
 
+
 def test_run_command_writes_results_that_report_reads(tmp_path, skills_cli):
     """`python3 -m evals run` then `python3 -m evals report`: the whole CLI path, labelled scripted throughout."""
     _cli_or_skip(runner.CLAUDE)
@@ -221,24 +247,61 @@ def test_run_command_writes_results_that_report_reads(tmp_path, skills_cli):
     env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
     if skills_cli and not os.environ.get("SKILLS_CLI"):
         env["SKILLS_CLI"] = shlex.join(skills_cli)
-    proc = subprocess.run([sys.executable, "-m", "evals", "run", "--agent", "claude-code", "--cases", NEGATIVE,
-                           POSITIVE[runner.CLAUDE], "--both", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evals",
+            "run",
+            "--agent",
+            "claude-code",
+            "--cases",
+            NEGATIVE,
+            POSITIVE[runner.CLAUDE],
+            "--both",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     # The no-skill baseline of the positive case fails its grade, so the run exits 1.
     assert proc.returncode == 1, proc.stdout + proc.stderr
     results = json.loads((out / "results.json").read_text())
     assert results["agent"] == "claude-code" and results["scripted_model"] is True
     assert sm.SCRIPTED_LABEL in results["note"]
     runs = {(r["case"], r["with_skill"]): r for r in results["runs"]}
-    assert set(runs) == {(NEGATIVE, True), (NEGATIVE, False), (POSITIVE[runner.CLAUDE], True),
-                         (POSITIVE[runner.CLAUDE], False)}
+    assert set(runs) == {
+        (NEGATIVE, True),
+        (NEGATIVE, False),
+        (POSITIVE[runner.CLAUDE], True),
+        (POSITIVE[runner.CLAUDE], False),
+    }
     assert runs[(POSITIVE[runner.CLAUDE], True)]["grade"]["passed"] is True
     assert runs[(POSITIVE[runner.CLAUDE], False)]["grade"]["passed"] is False
     assert all(Path(r["transcript"]).is_file() for r in results["runs"])
 
     tables = tmp_path / "tables"
-    rep = subprocess.run([sys.executable, "-m", "evals", "report", str(out / "results.json"), "--out-dir",
-                          str(tables), "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evals",
+            "report",
+            str(out / "results.json"),
+            "--out-dir",
+            str(tables),
+            "--format",
+            "json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rep.returncode == 0, rep.stderr
     summary = json.loads((tables / "evals_claude-code.json").read_text())
     assert "scripted model" in summary["title"]

@@ -27,11 +27,15 @@ def _run(case_id, name, with_skill, attempt=1):
 def _results(scripted=True, agent="claude-code"):
     c = "mfsdp-ckpt-format-assertion"
     return {
-        "agent": agent, "scripted_model": scripted, "cli_version": "2.1.332", "date": "2026-12-02T18:00:00+00:00",
-        "machine": "test host", "command": "python3 -m evals run --agent claude-code --attempts 2",
+        "agent": agent,
+        "scripted_model": scripted,
+        "cli_version": "2.1.332",
+        "date": "2026-12-02T18:00:00+00:00",
+        "machine": "test host",
+        "command": "python3 -m evals run --agent claude-code --attempts 2",
         "runs": [
-            _run(c, "claude_pass_ckpt_assertion.jsonl", True, 1),               # passes all five
-            _run(c, "claude_fail_security_rm_env.jsonl", True, 2),              # fails security only
+            _run(c, "claude_pass_ckpt_assertion.jsonl", True, 1),  # passes all five
+            _run(c, "claude_fail_security_rm_env.jsonl", True, 2),  # fails security only
             _run(c, "claude_fail_discoverability_not_loaded.jsonl", False, 1),  # baseline: no skill
             {"case": c, "attempt": 2, "with_skill": False, "transcript": None, "grade": None},  # CLI crashed
             _run("decoy-cuda-graphs", "claude_pass_decoy_cuda_graphs.jsonl", True),
@@ -55,8 +59,15 @@ def test_rates_and_uplift_per_dimension():
     assert _row(summary, "All five (case passes)") == ["All five (case passes)", 3, "67%", "33%", "+33 pp"]
     assert summary["raw"]["rates"]["all"] == {"with_skill": pytest.approx(2 / 3), "without_skill": pytest.approx(1 / 3)}
     per_case = {r[0]: r for r in cases["rows"]}
-    assert per_case["mfsdp-ckpt-format-assertion"] == ["mfsdp-ckpt-format-assertion", 2, "50%", 2, "0%", "+50 pp",
-                                                       "security"]
+    assert per_case["mfsdp-ckpt-format-assertion"] == [
+        "mfsdp-ckpt-format-assertion",
+        2,
+        "50%",
+        2,
+        "0%",
+        "+50 pp",
+        "security",
+    ]
     assert per_case["decoy-cuda-graphs"][2] == "100%"
 
 
@@ -93,8 +104,13 @@ def test_cli_writes_both_files_atomically(tmp_path):
     res = tmp_path / "with.json"
     res.write_text(json.dumps(_results()))
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "evals", "report", str(res), "--out-dir", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "evals", "report", str(res), "--out-dir", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     files = sorted(p.name for p in out.iterdir())
     assert files == ["evals_claude-code.json", "evals_claude-code_cases.json"]  # no temp files left
@@ -108,7 +124,12 @@ def test_cli_writes_both_files_atomically(tmp_path):
 def test_cli_bad_results_exit_2(tmp_path, content):
     res = tmp_path / "r.json"
     res.write_text(content)
-    proc = subprocess.run([sys.executable, "-m", "evals", "report", str(res), "--out-dir", str(tmp_path / "o")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "evals", "report", str(res), "--out-dir", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert not (tmp_path / "o").exists()

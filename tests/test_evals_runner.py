@@ -25,9 +25,11 @@ URL = "http://127.0.0.1:1234"
 
 def test_bad_arguments_exit_2_with_one_line(capsys, monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    cases = [["--agent", "claude-code", "--scripted", "--cases", "no-such-case"],
-             ["--agent", "claude-code", "--scripted", "--attempts", "0"],
-             ["--agent", "claude-code", "--live"]]
+    cases = [
+        ["--agent", "claude-code", "--scripted", "--cases", "no-such-case"],
+        ["--agent", "claude-code", "--scripted", "--attempts", "0"],
+        ["--agent", "claude-code", "--live"],
+    ]
     for argv in cases:
         assert runner.main(argv) == 2
         err = capsys.readouterr().err
@@ -140,8 +142,18 @@ def test_every_script_matches_its_case():
 
 def test_results_file_shape_is_what_report_reads(tmp_path):
     from evals import report
-    rec = {"case": "decoy-unrelated-csv", "agent": "codex", "attempt": 1, "with_skill": True,
-           "scripted_model": True, "transcript": "t.jsonl", "exit_code": 0, "seconds": 1.0, "grade": None}
+
+    rec = {
+        "case": "decoy-unrelated-csv",
+        "agent": "codex",
+        "attempt": 1,
+        "with_skill": True,
+        "scripted_model": True,
+        "transcript": "t.jsonl",
+        "exit_code": 0,
+        "seconds": 1.0,
+        "grade": None,
+    }
     res = runner.results_file([rec], "python3 -m evals run --agent codex", True, "codex", ["/bin/true"], None)
     assert res["agent"] == "codex" and res["scripted_model"] is True and res["runs"] == [rec]
     assert sm.SCRIPTED_LABEL in res["note"] and res["model"] == sm.SCRIPTED_MODEL_NAME
@@ -152,10 +164,15 @@ def test_results_file_shape_is_what_report_reads(tmp_path):
 def test_timeout_kills_the_cli_and_what_it_spawned(tmp_path):
     import os
     import time
+
     pidfile = tmp_path / "pid"
     t0 = time.monotonic()
-    code, out, err = runner.run_bounded(["bash", "-c", f"sleep 60 & echo $! > {pidfile}; echo started; wait"],
-                                        cwd=tmp_path, env={"PATH": os.environ["PATH"]}, timeout_s=1)
+    code, out, err = runner.run_bounded(
+        ["bash", "-c", f"sleep 60 & echo $! > {pidfile}; echo started; wait"],
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"]},
+        timeout_s=1,
+    )
     assert code is None and out == "started\n" and err.startswith("timed out after 1 s")
     assert time.monotonic() - t0 < 30
     pid = int(pidfile.read_text())
@@ -175,8 +192,10 @@ def test_timeout_kills_the_cli_and_what_it_spawned(tmp_path):
 
 def test_run_bounded_returns_exit_code_and_output(tmp_path):
     import os
-    code, out, err = runner.run_bounded(["bash", "-c", "echo o; echo e >&2; exit 3"], cwd=tmp_path,
-                                        env={"PATH": os.environ["PATH"]}, timeout_s=30)
+
+    code, out, err = runner.run_bounded(
+        ["bash", "-c", "echo o; echo e >&2; exit 3"], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, timeout_s=30
+    )
     assert (code, out, err) == (3, "o\n", "e\n")
 
 
@@ -186,10 +205,13 @@ def test_help_run_examples_name_cases_the_scripted_model_can_play():
     from evals import __main__ as cli
 
     scripted = {p.stem for p in (ROOT / "evals" / "scripted").glob("*.json")}
-    examples = [line.split() for line in (cli.EPILOG + runner.EPILOG).splitlines() if " run --agent" in line
-                and "--cases" in line and "--live" not in line and "API_KEY" not in line]
+    examples = [
+        line.split()
+        for line in (cli.EPILOG + runner.EPILOG).splitlines()
+        if " run --agent" in line and "--cases" in line and "--live" not in line and "API_KEY" not in line
+    ]
     assert examples
     for argv in examples:
-        cases = argv[argv.index("--cases") + 1:]
-        cases = cases[:next((i for i, a in enumerate(cases) if a.startswith(("-", "#"))), len(cases))]
+        cases = argv[argv.index("--cases") + 1 :]
+        cases = cases[: next((i for i, a in enumerate(cases) if a.startswith(("-", "#"))), len(cases))]
         assert set(cases) <= scripted, f"{' '.join(argv)}: no scripted reply for {set(cases) - scripted}"

@@ -23,8 +23,9 @@ KEYS = {"id", "question", "expected_skill", "expected_script", "ground_truth", "
 
 
 def _validate(argv=(), cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "evals", "validate", *argv], capture_output=True, text=True,
-                          cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "evals", "validate", *argv], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
 
 
 def test_validate_cli_accepts_the_shipped_cases():
@@ -44,26 +45,38 @@ def test_every_case_has_exactly_the_six_keys_and_unique_ids():
 
 def test_cases_cover_what_users_ask():
     text = " ".join(c["question"] for c in EVALS)
-    for topic in ("Megatron-FSDP requires the fsdp_dtensor checkpointing format!", "torch_dist",
-                  "CUDA_DEVICE_MAX_CONNECTIONS", "cpu_offloading", "use_tp_pp_dp_mapping", "use_torch_fsdp2",
-                  "use_distributed_optimizer", "out of GPU memory", "log", "verify"):
+    for topic in (
+        "Megatron-FSDP requires the fsdp_dtensor checkpointing format!",
+        "torch_dist",
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "cpu_offloading",
+        "use_tp_pp_dp_mapping",
+        "use_torch_fsdp2",
+        "use_distributed_optimizer",
+        "out of GPU memory",
+        "log",
+        "verify",
+    ):
         assert topic in text, topic
     decoys = " ".join(c["question"] for c in EVALS if c["expected_skill"] is None)
     for topic in ("torchtitan", "DeepSpeed", "DDP", "CUDA graphs", "CSV"):
         assert topic in decoys, topic
 
 
-@pytest.mark.parametrize("mutate, expect", [
-    (lambda c: c[0].update(extra=1), "Additional properties"),
-    (lambda c: c[0].pop("ground_truth"), "'ground_truth' is a required property"),
-    (lambda c: c[0].update(expected_script="mfsdp.py check"), "does not match"),
-    (lambda c: c[0].update(expected_behavior="one string"), "is not of type 'array'"),
-    (lambda c: c[0].update(expected_skill=""), "does not match"),
-    (lambda c: c[1].update(id=c[0]["id"]), "duplicate id"),
-    (lambda c: c[0].update(expected_script="scripts/mfsdp.py frobnicate"), "'frobnicate' is not a command"),
-    (lambda c: c[0].update(expected_script="scripts/nothere.py check"), "does not exist"),
-    (lambda c: c.__setitem__(slice(None), c[:3]), "coverage"),
-])
+@pytest.mark.parametrize(
+    "mutate, expect",
+    [
+        (lambda c: c[0].update(extra=1), "Additional properties"),
+        (lambda c: c[0].pop("ground_truth"), "'ground_truth' is a required property"),
+        (lambda c: c[0].update(expected_script="mfsdp.py check"), "does not match"),
+        (lambda c: c[0].update(expected_behavior="one string"), "is not of type 'array'"),
+        (lambda c: c[0].update(expected_skill=""), "does not match"),
+        (lambda c: c[1].update(id=c[0]["id"]), "duplicate id"),
+        (lambda c: c[0].update(expected_script="scripts/mfsdp.py frobnicate"), "'frobnicate' is not a command"),
+        (lambda c: c[0].update(expected_script="scripts/nothere.py check"), "does not exist"),
+        (lambda c: c.__setitem__(slice(None), c[:3]), "coverage"),
+    ],
+)
 def test_validate_reports_each_kind_of_problem(mutate, expect):
     cases = copy.deepcopy(EVALS)
     mutate(cases)
@@ -110,11 +123,19 @@ def test_ground_truth_passes_its_own_checks_and_a_non_answer_fails(case):
 
 def test_kv_accepts_the_ways_answers_write_a_setting():
     rx = checks.kv("ddp.use_megatron_fsdp", "True")
-    for text in ("ddp.use_megatron_fsdp=True", "cfg.ddp.use_megatron_fsdp = True", "set `ddp.use_megatron_fsdp` to true",
-                 "ddp:\n  overlap_grad_reduce: true\n  use_megatron_fsdp: true\n"):
+    for text in (
+        "ddp.use_megatron_fsdp=True",
+        "cfg.ddp.use_megatron_fsdp = True",
+        "set `ddp.use_megatron_fsdp` to true",
+        "ddp:\n  overlap_grad_reduce: true\n  use_megatron_fsdp: true\n",
+    ):
         assert re.search(rx, text, re.I | re.M), text
-    for text in ("dist.use_megatron_fsdp=True", "ddp.use_megatron_fsdp=False", "ddp.use_megatron_fsdp_v2=True",
-                 "dist:\n  use_megatron_fsdp: true\n"):
+    for text in (
+        "dist.use_megatron_fsdp=True",
+        "ddp.use_megatron_fsdp=False",
+        "ddp.use_megatron_fsdp_v2=True",
+        "dist:\n  use_megatron_fsdp: true\n",
+    ):
         assert not re.search(rx, text, re.I | re.M), text
 
 

@@ -13,7 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from evals.transcripts import (  # noqa: E402
-    CLAUDE, CODEX, UnreadableTranscript, read_events, read_transcript, split_commands, unwrap_shell,
+    CLAUDE,
+    CODEX,
+    UnreadableTranscript,
+    read_events,
+    read_transcript,
+    split_commands,
+    unwrap_shell,
 )
 
 HAND = ROOT / "tests" / "fixtures" / "transcripts"
@@ -44,8 +50,10 @@ def test_reads_every_shared_sample(shared_dir):
 
 def test_gleam_messages_in_stream_order(shared_dir):
     d = shared_dir / "transcripts" / "claude" / "gleam_cli2.1.x_bash_ls"
-    events = [json.loads((d / f"{n}.json").read_text())
-              for n in ("system_message", "assistant_message", "user_message", "result_success")]
+    events = [
+        json.loads((d / f"{n}.json").read_text())
+        for n in ("system_message", "assistant_message", "user_message", "result_success")
+    ]
     t = read_events(events)
     assert t.agent == CLAUDE and t.cli_version == "2.1.3"
     assert [c.command for c in t.commands] == ["ls -la"]
@@ -94,11 +102,16 @@ def test_claude_permission_denied_marks_calls(shared_dir):
 def test_codex_current_generation(shared_dir):
     t = read_transcript(shared_dir / "transcripts" / "codex" / "generated_cli0.163.0_skill_cmds.jsonl")
     assert t.agent == CODEX
-    assert [c.command for c in t.commands] == ["cat /home/dev/.codex/skills/hello-skill/SKILL.md",
-                                               "echo hello > out.txt && cat out.txt", "ls /nonexistent-dir"]
+    assert [c.command for c in t.commands] == [
+        "cat /home/dev/.codex/skills/hello-skill/SKILL.md",
+        "echo hello > out.txt && cat out.txt",
+        "ls /nonexistent-dir",
+    ]
     assert [(s.name, s.how) for s in t.skills_loaded] == [("hello-skill", "command")]
     assert [c.exit_code for c in t.commands] == [0, 0, 2] and t.commands[2].is_error
-    assert t.usage["input_tokens"] == 4600 and t.usage["output_tokens"] == 160 and t.usage["cached_input_tokens"] == 2400
+    assert (
+        t.usage["input_tokens"] == 4600 and t.usage["output_tokens"] == 160 and t.usage["cached_input_tokens"] == 2400
+    )
     assert t.final_answer == "Done: out.txt contains hello." and not t.is_error
 
 
@@ -145,8 +158,11 @@ def test_unknown_events_and_fields_are_tolerated(shared_dir):
         noisy += [e, {"type": "stream_event", "event": {"type": "content_block_delta"}}]
     base, t = read_events(events), read_events(noisy)
     assert t.unknown_events == len(events)
-    assert (t.final_answer, [c.command for c in t.commands], t.usage) == \
-        (base.final_answer, [c.command for c in base.commands], base.usage)
+    assert (t.final_answer, [c.command for c in t.commands], t.usage) == (
+        base.final_answer,
+        [c.command for c in base.commands],
+        base.usage,
+    )
 
 
 @pytest.mark.parametrize("content", [b"", b"\x00\x01\xff binary", b"not json at all\n", b'{"foo": 1}\n', b"[1, 2]\n"])
@@ -177,30 +193,42 @@ def test_truncated_stream_keeps_what_was_read(tmp_path):
     assert t.is_error and "no result line" in t.error  # cut short: recorded as an error, not a crash
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("bash -lc ls", "ls"),
-    ("/bin/bash -lc 'cat test.js'", "cat test.js"),
-    (["bash", "-lc", "python3 scripts/mfsdp.py check a.yaml"], "python3 scripts/mfsdp.py check a.yaml"),
-    ("bash -lc \"sh -c 'rm -rf /'\"", "rm -rf /"),
-    ("python3 scripts/mfsdp.py check", "python3 scripts/mfsdp.py check"),
-    ("bash -lc 'unbalanced", "bash -lc 'unbalanced"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("bash -lc ls", "ls"),
+        ("/bin/bash -lc 'cat test.js'", "cat test.js"),
+        (["bash", "-lc", "python3 scripts/mfsdp.py check a.yaml"], "python3 scripts/mfsdp.py check a.yaml"),
+        ("bash -lc \"sh -c 'rm -rf /'\"", "rm -rf /"),
+        ("python3 scripts/mfsdp.py check", "python3 scripts/mfsdp.py check"),
+        ("bash -lc 'unbalanced", "bash -lc 'unbalanced"),
+    ],
+)
 def test_unwrap_shell(raw, expected):
     assert unwrap_shell(raw) == expected
 
 
 def test_split_commands_honours_quotes():
     segs, ops = split_commands("cd /p && python3 scripts/mfsdp.py check 'a && b.yaml' | tee o; echo done")
-    assert segs == [["cd", "/p"], ["python3", "scripts/mfsdp.py", "check", "a && b.yaml"], ["tee", "o"],
-                    ["echo", "done"]]
+    assert segs == [
+        ["cd", "/p"],
+        ["python3", "scripts/mfsdp.py", "check", "a && b.yaml"],
+        ["tee", "o"],
+        ["echo", "done"],
+    ]
     assert ops == ["&&", "|", ";"]
 
 
 def test_cli_grade_exit_2_on_unreadable(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text("garbage\n")
-    proc = subprocess.run([sys.executable, "-m", "evals", "grade", "--case", "decoy-cuda-graphs", str(p)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "evals", "grade", "--case", "decoy-cuda-graphs", str(p)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no Claude Code or Codex event" in proc.stderr
 
 
@@ -209,16 +237,53 @@ def test_cli_grade_exit_2_on_unreadable(tmp_path):
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_FIELDS = ["message", "content", "usage", "item", "msg", "result", "skills", "text", "command", "error", "is_error",
-           "num_turns", "tool_use_result", "input", "exit_code", "info", "status", "type", "name", "id"]
+_FIELDS = [
+    "message",
+    "content",
+    "usage",
+    "item",
+    "msg",
+    "result",
+    "skills",
+    "text",
+    "command",
+    "error",
+    "is_error",
+    "num_turns",
+    "tool_use_result",
+    "input",
+    "exit_code",
+    "info",
+    "status",
+    "type",
+    "name",
+    "id",
+]
 # floats include inf and nan (json.loads reads 1e999 and NaN), integers include ones too large for a float
-_leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.just(10 ** 400) | st.text(max_size=12)
-_json = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=3)
-                     | st.dictionaries(st.sampled_from(_FIELDS), kids, max_size=4), max_leaves=12)
-_types = st.sampled_from(["system", "assistant", "user", "result", "item.completed", "item.started", "turn.completed",
-                          "turn.failed", "error", "thread.started", "x.unknown"])
-_event = st.builds(lambda t, extra: {**extra, "type": t}, _types,
-                   st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=4))
+_leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.just(10**400) | st.text(max_size=12)
+_json = st.recursive(
+    _leaf,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(_FIELDS), kids, max_size=4),
+    max_leaves=12,
+)
+_types = st.sampled_from(
+    [
+        "system",
+        "assistant",
+        "user",
+        "result",
+        "item.completed",
+        "item.started",
+        "turn.completed",
+        "turn.failed",
+        "error",
+        "thread.started",
+        "x.unknown",
+    ]
+)
+_event = st.builds(
+    lambda t, extra: {**extra, "type": t}, _types, st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=4)
+)
 _legacy = st.builds(lambda m: {"id": "1", "msg": m}, st.dictionaries(st.sampled_from(_FIELDS), _json, max_size=4))
 
 
@@ -235,31 +300,52 @@ def test_random_events_never_crash(events):
     assert set(r["dimensions"]) == set(grader.DIMENSIONS)
 
 
-@pytest.mark.parametrize("events", [
-    [{"type": "assistant", "message": [1]}],
-    [{"type": "user", "message": "x"}],
-    [{"type": "system", "subtype": "init", "skills": [None, {"name": "a"}]}],
-    [{"type": "assistant", "message": {"content": [{"type": "text", "text": 5}]}}],
-    [{"type": "result", "usage": {"input_tokens": "7"}, "result": None}],
-    [{"type": "user", "isSynthetic": True, "message": {"content": [{"type": "text", "text": None}]}}],
-])
+@pytest.mark.parametrize(
+    "events",
+    [
+        [{"type": "assistant", "message": [1]}],
+        [{"type": "user", "message": "x"}],
+        [{"type": "system", "subtype": "init", "skills": [None, {"name": "a"}]}],
+        [{"type": "assistant", "message": {"content": [{"type": "text", "text": 5}]}}],
+        [{"type": "result", "usage": {"input_tokens": "7"}, "result": None}],
+        [{"type": "user", "isSynthetic": True, "message": {"content": [{"type": "text", "text": None}]}}],
+    ],
+)
 def test_malformed_fields_read_as_empty(events):
     t = read_events(events)
     assert t.agent == CLAUDE and isinstance(t.final_answer, str) and all(isinstance(m, str) for m in t.messages)
 
 
-@pytest.mark.parametrize("line", [
-    '{"type":"turn.completed","usage":{"input_tokens":1e999}}',
-    '{"type":"result","usage":{"input_tokens":-5,"output_tokens":1e400},"num_turns":1,"total_cost_usd":NaN}',
-    '{"type":"result","usage":{"input_tokens":5},"total_cost_usd":1e999,"is_error":false,"result":"x"}',
-    '{"type":"assistant","message":{"id":"a","content":[],"usage":{"output_tokens":Infinity}}}',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"type":"turn.completed","usage":{"input_tokens":1e999}}',
+        '{"type":"result","usage":{"input_tokens":-5,"output_tokens":1e400},"num_turns":1,"total_cost_usd":NaN}',
+        '{"type":"result","usage":{"input_tokens":5},"total_cost_usd":1e999,"is_error":false,"result":"x"}',
+        '{"type":"assistant","message":{"id":"a","content":[],"usage":{"output_tokens":Infinity}}}',
+    ],
+)
 def test_non_finite_numbers_grade_to_valid_json(tmp_path, line):
     """A count of 1e999 crashed grading (int(inf)); a cost of 1e999 printed Infinity, which is not JSON."""
     path = tmp_path / "t.jsonl"
     path.write_text(line + "\n")
-    proc = subprocess.run([sys.executable, "-m", "evals", "grade", "--case", "mfsdp-ckpt-format-assertion", str(path),
-                           "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "evals",
+            "grade",
+            "--case",
+            "mfsdp-ckpt-format-assertion",
+            str(path),
+            "--format",
+            "json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     json.loads(proc.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the grade JSON"))
 
@@ -274,7 +360,12 @@ def test_json_nested_too_deep_is_unreadable_not_a_traceback(tmp_path, sidecar):
         (tmp_path / "t.jsonl.meta.json").write_text(deep)
     else:
         path.write_text('{"type":"assistant","message":' + deep + "}\n" + deep + "\n")
-    proc = subprocess.run([sys.executable, "-m", "evals", "grade", "--case", "mfsdp-ckpt-format-assertion", str(path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "evals", "grade", "--case", "mfsdp-ckpt-format-assertion", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-500:]
     assert "Traceback" not in proc.stderr

@@ -25,18 +25,34 @@ SECTIONS = list(S.CONTAINER_KEYS) + ["dpp", "_target_"]
 KEYS = sorted({p.split(".", 1)[1] for p in S.FIELDS if "." in p}) + ["_target_", "use_megatron_fdsp", "bogus"]
 ENUM_VALUES = sorted({c for rec in S.FIELDS.values() if rec[2] for c in rec[2]}) + ["optim_grad_params", "bf16_mixed"]
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True, allow_infinity=True),
-                    st.sampled_from(ENUM_VALUES), st.sampled_from(["yes", "maybe", "True", "4", "2.5", "1", ""]),
-                    st.text(max_size=12))
-values = st.recursive(scalars, lambda c: st.one_of(st.lists(c, max_size=3),
-                                                   st.dictionaries(st.text(max_size=6), c, max_size=3)), max_leaves=6)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(ENUM_VALUES),
+    st.sampled_from(["yes", "maybe", "True", "4", "2.5", "1", ""]),
+    st.text(max_size=12),
+)
+values = st.recursive(
+    scalars,
+    lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)),
+    max_leaves=6,
+)
 sections = st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=8), values, max_size=6)
 configs = st.dictionaries(st.sampled_from(SECTIONS), st.one_of(sections, scalars), max_size=6)
-override = st.builds(lambda s, k, v: f"{s}.{k}={v}", st.sampled_from(SECTIONS), st.sampled_from(KEYS),
-                     st.sampled_from(ENUM_VALUES + ["true", "null", "3", "x y", "[1,2]", "maybe", "2.5"]))
+override = st.builds(
+    lambda s, k, v: f"{s}.{k}={v}",
+    st.sampled_from(SECTIONS),
+    st.sampled_from(KEYS),
+    st.sampled_from(ENUM_VALUES + ["true", "null", "3", "x y", "[1,2]", "maybe", "2.5"]),
+)
 overrides = st.lists(st.one_of(override, st.text(max_size=15)), max_size=4)
-envs = st.dictionaries(st.sampled_from([rules.MAX_CONN, "NVTE_CPU_OFFLOAD_V1", "PYTORCH_CUDA_ALLOC_CONF", "X"]),
-                       st.sampled_from(["1", "0", "32", "", "expandable_segments:True"]), max_size=3)
+envs = st.dictionaries(
+    st.sampled_from([rules.MAX_CONN, "NVTE_CPU_OFFLOAD_V1", "PYTORCH_CUDA_ALLOC_CONF", "X"]),
+    st.sampled_from(["1", "0", "32", "", "expandable_segments:True"]),
+    max_size=3,
+)
 
 
 def _run(argv):

@@ -78,8 +78,10 @@ def test_committed_verdicts_are_the_generators_cases():
     assert set(rules.DIFFERENTIAL_ENV) <= asked_env
     made = gen.generate_cases()
     if [{k: c[k] for k in ("id", "overrides", "env")} for c in doc["cases"]] != made:
-        warnings.warn("tests/differential/gen_verdicts.py now makes other cases than verdicts.json holds; "
-                      "rerun it on a GPU machine")
+        warnings.warn(
+            "tests/differential/gen_verdicts.py now makes other cases than verdicts.json holds; "
+            "rerun it on a GPU machine"
+        )
     for c in doc["cases"]:
         b = c["bridge"]
         assert set(b) == {"ok", "error_type", "error"}

@@ -28,7 +28,10 @@ def test_rows_say_what_the_h200_said():
     assert rows["A"]["exit"] == 0 and rows["A"]["Bridge runtime_config_update()"] == "accepted"
     assert rows["D"]["our errors"] == "MFSDP-ENV-MAX-CONNECTIONS" and rows["D"]["exit"] == 1
     assert rows["B"]["overrides on stdout"] == rows["A"]["overrides on stdout"] + 1  # the weight-hash interval cleared
-    assert rows["F"]["agreement"].startswith("disagree") and "ZeroDivisionError" in rows["F"]["Bridge runtime_config_update()"]
+    assert (
+        rows["F"]["agreement"].startswith("disagree")
+        and "ZeroDivisionError" in rows["F"]["Bridge runtime_config_update()"]
+    )
     # the two bugs the run showed: a failing recipe called a skill bug (exit 3), and log lines on stdout
     assert rows["E0"]["exit"] == 3 and "internal error" in rows["E0"]["Bridge runtime_config_update()"]
     assert rows["E"]["exit"] == 2

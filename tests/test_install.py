@@ -36,8 +36,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SKILL = sig.SKILL_NAME
 PINNED_CLI = "1.5.18"  # keep in step with SKILLS_CLI_VERSION in scripts/dev.sh
 PLANTED_SKIPS = ["scripts/__pycache__/junk.cpython-311.pyc", "tests/metadata.json", "__pypackages__/x/y.py"]
-PLACEHOLDER_SKILL_MD = (f"---\nname: {SKILL}\ndescription: Placeholder written by tests/test_install.py "
-                        "while SKILL.md is not merged yet.\n---\n\nPlaceholder.\n")
+PLACEHOLDER_SKILL_MD = (
+    f"---\nname: {SKILL}\ndescription: Placeholder written by tests/test_install.py "
+    "while SKILL.md is not merged yet.\n---\n\nPlaceholder.\n"
+)
 
 
 def _skills_cli() -> pathlib.Path:
@@ -53,8 +55,11 @@ def _skills_cli() -> pathlib.Path:
 def _source_files() -> list[str]:
     """What a commit of this working tree would hold (tracked + untracked-not-ignored), else the signed set."""
     if shutil.which("git") and (ROOT / ".git").exists():
-        proc = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
-                               "--exclude-standard"], capture_output=True, check=True)
+        proc = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+        )
         files = [f for f in proc.stdout.decode().split("\0") if f]
         return sorted(f for f in files if (ROOT / f).is_file() and f != sig.SIGNATURE_NAME)
     return [f for f in sig.signed_files(ROOT)]
@@ -84,8 +89,15 @@ def installed(tmp_path_factory):
     project.mkdir()
     home.mkdir()
     env = dict(os.environ, DISABLE_TELEMETRY="1", DO_NOT_TRACK="1", HOME=str(home), CI="1")
-    proc = subprocess.run([str(cli), "add", str(src), "--skill", SKILL, "-a", "claude-code", "-y"], cwd=project,
-                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(cli), "add", str(src), "--skill", SKILL, "-a", "claude-code", "-y"],
+        cwd=project,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {"src": src, "dest": project / ".claude" / "skills" / SKILL, "project": project, "log": proc.stdout}
 
@@ -104,8 +116,7 @@ def test_installs_into_the_claude_skills_folder(installed):
 def test_every_file_is_installed_byte_for_byte_minus_the_cli_skips(installed):
     src, dest = _tree(installed["src"]), _tree(installed["dest"])
     expected = {rel for rel in src if not _installer_skips(rel)}
-    assert set(dest) == expected, (f"missing: {sorted(expected - set(dest))}; "
-                                   f"unexpected: {sorted(set(dest) - expected)}")
+    assert set(dest) == expected, f"missing: {sorted(expected - set(dest))}; unexpected: {sorted(set(dest) - expected)}"
     for rel in PLANTED_SKIPS:  # the skip list in mfsdp_lib.signature matches the real CLI
         assert rel in src and rel not in dest
     for rel in expected:
@@ -122,12 +133,18 @@ def test_executable_bits_survive(installed):
 
 def test_mfsdp_help_runs_from_the_installed_copy(installed):
     dest = installed["dest"]
-    proc = subprocess.run([sys.executable, "scripts/mfsdp.py", "--help"], cwd=dest, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "scripts/mfsdp.py", "--help"], cwd=dest, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert "check" in proc.stdout and "enable" in proc.stdout
-    direct = subprocess.run([str(dest / "scripts" / "mfsdp.py"), "--help"], cwd=installed["project"],
-                            capture_output=True, text=True, timeout=60)
+    direct = subprocess.run(
+        [str(dest / "scripts" / "mfsdp.py"), "--help"],
+        cwd=installed["project"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert direct.returncode == 0, direct.stderr  # runnable by its shebang, from another folder
 
 
@@ -135,8 +152,13 @@ def test_check_runs_from_the_installed_copy(installed):
     dest = installed["dest"]
     if not (dest / "scripts" / "mfsdp_lib" / "cli_check.py").exists():
         pytest.skip("scripts/mfsdp_lib/cli_check.py is not in this checkout yet (the 'check' command)")
-    proc = subprocess.run([sys.executable, "scripts/mfsdp.py", "check", "--format", "json"], cwd=dest,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "scripts/mfsdp.py", "check", "--format", "json"],
+        cwd=dest,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     assert isinstance(report["ok"], bool) and isinstance(report["findings"], list)
@@ -161,8 +183,12 @@ def test_signature_made_on_the_source_verifies_on_the_installed_copy(installed, 
     # the signed set must be exactly what the CLI installs (planted skips included).
     src = tmp_path / SKILL
     shutil.copytree(installed["src"], src)
-    sig.sign(src, str(keys / "leaf.key.pem"), str(keys / "leaf.crt.pem"),
-             [str(keys / "ica.crt.pem"), str(keys / "root.crt.pem")])
+    sig.sign(
+        src,
+        str(keys / "leaf.key.pem"),
+        str(keys / "leaf.crt.pem"),
+        [str(keys / "ica.crt.pem"), str(keys / "root.crt.pem")],
+    )
     dest = tmp_path / "installed" / SKILL
     shutil.copytree(installed["dest"], dest)
     shutil.copy2(src / sig.SIGNATURE_NAME, dest / sig.SIGNATURE_NAME)

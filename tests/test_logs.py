@@ -27,7 +27,7 @@ class _Trickle:
         self.data, self.n, self.pos = data, n, 0
 
     def read(self, _size: int) -> bytes:
-        out = self.data[self.pos:self.pos + self.n]
+        out = self.data[self.pos : self.pos + self.n]
         self.pos += len(out)
         return out
 
@@ -42,6 +42,7 @@ def real_iteration_lines() -> list[str]:
 
 # --- the real log -------------------------------------------------------------------------------------------
 
+
 def test_real_log_facts():
     rep = L.analyse(open(REAL_LOG, "rb"), str(REAL_LOG))
     lines = real_iteration_lines()
@@ -52,8 +53,15 @@ def test_real_log_facts():
     assert loss["key"] == "lm loss" and loss["last"] == pytest.approx(1.002306e01)
     assert loss["first"] == float(re.search(r"lm loss: (\S+)", lines[0]).group(1))
     assert loss["last_finite"] is True
-    assert rep.saves == [{"iteration": 10, "path": "/workspace/checkpoints", "format": "fsdp_dtensor",
-                          "completed": True, "line": rep.saves[0]["line"]}]
+    assert rep.saves == [
+        {
+            "iteration": 10,
+            "path": "/workspace/checkpoints",
+            "format": "fsdp_dtensor",
+            "completed": True,
+            "line": rep.saves[0]["line"],
+        }
+    ]
     assert not L.judge(rep)
 
 
@@ -70,7 +78,7 @@ def test_bridge_still_prints_fields_this_parser_relies_on(bridge_src):
     assert '" iteration {:8d}/{:8d} |"' in text
     assert '" number of nan iterations: {:3d} |"' in text  # the last field: completeness marker
     assert "if avg >= 0.0:" in text  # why a NaN loss is absent rather than printed
-    body = text[text.index('" number of skipped iterations'):]
+    body = text[text.index('" number of skipped iterations') :]
     assert body.index("number of skipped iterations") < body.index("number of nan iterations")
     losses = (bridge_src / "megatron/bridge/training/losses.py").read_text()
     assert '{"lm loss": reporting_loss}' in losses
@@ -85,6 +93,7 @@ def test_checkpoint_messages_match_bridge(bridge_src):
 
 
 # --- derived fixtures ----------------------------------------------------------------------------------------
+
 
 def test_multirank_prefixes_and_ranks():
     rep = L.analyse(open(LOGS / "multirank_interleaved.log", "rb"))
@@ -128,8 +137,9 @@ def test_truncated_log_ignores_partial_line():
 
 def test_resume_log_counts_load_and_save():
     rep = L.analyse(open(LOGS / "resume.log", "rb"))
-    assert rep.loads == [{"iteration": 10, "path": "/workspace/checkpoints", "completed": True,
-                          "line": rep.loads[0]["line"]}]
+    assert rep.loads == [
+        {"iteration": 10, "path": "/workspace/checkpoints", "completed": True, "line": rep.loads[0]["line"]}
+    ]
     assert rep.saves[0]["iteration"] == 15 and rep.saves[0]["completed"]
     assert (rep.first_iteration, rep.last_iteration) == (11, 15)
 
@@ -141,11 +151,14 @@ def test_restart_detected_when_logs_are_appended():
     assert "MFSDP-LOG-RESTARTS" in rules(L.judge(rep), "info")
 
 
-@pytest.mark.parametrize("name,rule", [
-    ("oom.log", "MFSDP-LOG-CUDA-OOM"),
-    ("ckpt_format_assert.log", "MFSDP-LOG-CKPT-FORMAT-ASSERT"),
-    ("nan_check_raised.log", "MFSDP-LOG-NAN-CHECK"),
-])
+@pytest.mark.parametrize(
+    "name,rule",
+    [
+        ("oom.log", "MFSDP-LOG-CUDA-OOM"),
+        ("ckpt_format_assert.log", "MFSDP-LOG-CKPT-FORMAT-ASSERT"),
+        ("nan_check_raised.log", "MFSDP-LOG-NAN-CHECK"),
+    ],
+)
 def test_failure_fixtures(name, rule):
     found = L.judge(L.analyse(open(LOGS / name, "rb")))
     assert rule in rules(found, "error")
@@ -159,14 +172,17 @@ def test_pytest_summaries():
     assert "MFSDP-LOG-PYTEST-FAILED" in rules(L.judge(bad), "error")
 
 
-@pytest.mark.parametrize("summary,ok", [
-    ("===== 1 passed in 48.31s =====", True),
-    ("1 passed, 2 warnings in 3.02s", True),
-    ("====== 1 failed, 3 passed in 9.10s (0:00:09) ======", False),
-    ("===== 1 passed, 1 error in 2.00s =====", False),
-    ("===== no tests ran in 0.01s =====", False),
-    ("===== 2 skipped in 0.10s =====", False),
-])
+@pytest.mark.parametrize(
+    "summary,ok",
+    [
+        ("===== 1 passed in 48.31s =====", True),
+        ("1 passed, 2 warnings in 3.02s", True),
+        ("====== 1 failed, 3 passed in 9.10s (0:00:09) ======", False),
+        ("===== 1 passed, 1 error in 2.00s =====", False),
+        ("===== no tests ran in 0.01s =====", False),
+        ("===== 2 skipped in 0.10s =====", False),
+    ],
+)
 def test_pytest_summary_variants(summary, ok):
     rep = analyse_bytes(REAL_LOG.read_bytes() + summary.encode() + b"\n")
     assert rep.pytest is not None
@@ -180,30 +196,30 @@ SIGNATURE_LINES = {
     "MFSDP-LOG-CKPT-FORMAT-ASSERT": "[rank0]: AssertionError: Megatron-FSDP requires the fsdp_dtensor checkpointing format!",
     "MFSDP-LOG-DTENSOR-NEEDS-MFSDP": "[rank3]: AssertionError: fsdp_dtensor checkpoint format only supports Megatron FSDP",
     "MFSDP-LOG-CKPT-FORMAT-MISMATCH": "[rank0]: AssertionError: Checkpoint format 'torch_dist' from config differs from "
-                                      "inferred format 'fsdp_dtensor' for /ckpt/iter_0000010.",
+    "inferred format 'fsdp_dtensor' for /ckpt/iter_0000010.",
     "MFSDP-LOG-CKPT-UNKNOWN-FORMAT": "NotImplementedError: Unknown checkpoint format in /ckpt/iter_0000020",
     "MFSDP-LOG-HF-DIR-AS-LOAD": "ValueError: checkpoint.load does not support HuggingFace-format directories. Use "
-                                "checkpoint.load with a native Megatron checkpoint for resume training",
+    "checkpoint.load with a native Megatron checkpoint for resume training",
     "MFSDP-LOG-MFSDP-AND-FSDP2": "[default0]:ValueError: use_megatron_fsdp and use_torch_fsdp2 are mutually exclusive.",
     "MFSDP-LOG-CUDA-MAX-CONNECTIONS": "[rank1]: AssertionError: FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.",
     "MFSDP-LOG-TP-PP-DP-MAPPING": "AssertionError: use_tp_pp_dp_mapping is not supported with Megatron FSDP",
     "MFSDP-LOG-FSDP2-PG-COLLECTION": "[rank0]: TypeError: TorchFullyShardedDataParallel.__init__() got an unexpected "
-                                     "keyword argument 'pg_collection'",
+    "keyword argument 'pg_collection'",
     "MFSDP-LOG-CUDA-OOM": "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
-                          "total capacity of 79.10 GiB of which 1.2 GiB is free.",
+    "total capacity of 79.10 GiB of which 1.2 GiB is free.",
     "MFSDP-LOG-NCCL-TIMEOUT": "[rank1]:[E1202 16:55:43.421000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught "
-                              "collective operation timeout: WorkNCCL(SeqNum=12, OpType=_ALLGATHER_BASE, NumelIn=1, "
-                              "NumelOut=2, Timeout(ms)=600000) ran for 600018 milliseconds before timing out.",
+    "collective operation timeout: WorkNCCL(SeqNum=12, OpType=_ALLGATHER_BASE, NumelIn=1, "
+    "NumelOut=2, Timeout(ms)=600000) ran for 600018 milliseconds before timing out.",
     "MFSDP-LOG-NCCL-ERROR": "[rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/"
-                            "c10d/NCCLUtils.cpp:77, unhandled system error (run with NCCL_DEBUG=INFO for details)",
+    "c10d/NCCLUtils.cpp:77, unhandled system error (run with NCCL_DEBUG=INFO for details)",
     "MFSDP-LOG-NAN-CHECK": "RuntimeError: Rank 0, node h200-0, device 0, iteration 7: Unexpected result nan "
-                           "(message='found NaN in local forward loss calculation')",
+    "(message='found NaN in local forward loss calculation')",
     "MFSDP-LOG-DATASET-HELPERS": "ERROR:megatron.core.datasets.utils:Failed to compile the C++ dataset helper functions",
     "MFSDP-LOG-GRAD-ACCUM-FUSION": "[rank0]: RuntimeError: ColumnParallelLinear was called with "
-                                   "gradient_accumulation_fusion set to True but the custom CUDA extension "
-                                   "fused_weight_gradient_mlp_cuda module is not found. To use gradient_accumulation",
+    "gradient_accumulation_fusion set to True but the custom CUDA extension "
+    "fused_weight_gradient_mlp_cuda module is not found. To use gradient_accumulation",
     "MFSDP-LOG-HF-HUB-OFFLINE": "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and "
-                                "couldn't find them in the cached files.",
+    "couldn't find them in the cached files.",
 }
 
 # Lines that mention the same words but are not the failure: source shown in a traceback, prose, config echo.
@@ -251,14 +267,17 @@ def test_hf_offline_messages_match_pinned_hub_releases():
     """The three phrasings are those of transformers 5.25.0 / huggingface_hub 2.4.0 (checked when fetched)."""
     sig = next(s for s in L.SIGNATURES if s.rule == "MFSDP-LOG-HF-HUB-OFFLINE")
     rx = sig.compile()
-    for line in ("LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing traffic "
-                 "has been disabled. To enable hf.co look-ups and downloads online, set 'local_files_only' to False.",
-                 "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach https://huggingface.co/api/models/x: "
-                 "offline mode is enabled. To disable it, please unset the `HF_HUB_OFFLINE` environment variable."):
+    for line in (
+        "LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing traffic "
+        "has been disabled. To enable hf.co look-ups and downloads online, set 'local_files_only' to False.",
+        "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach https://huggingface.co/api/models/x: "
+        "offline mode is enabled. To disable it, please unset the `HF_HUB_OFFLINE` environment variable.",
+    ):
         assert rx.match(line)
 
 
 # --- the line reader -----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("chunk", [1, 7, 4096])
 def test_streaming_reassembles_lines_across_chunks(chunk, monkeypatch):
@@ -311,6 +330,7 @@ def test_arbitrary_bytes_never_crash(data):
 
 
 # --- real runs (the copied H200 run, plus any under tests/fixtures/gpu-run/) --------------------------------
+
 
 @pytest.mark.parametrize("path", real_logs(), ids=lambda p: p.name)
 def test_real_logs_parse(path):

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from mfsdp_lib import memory as m
 
-GIB = 1024 ** 3
+GIB = 1024**3
 FSDP_PKG = "megatron/core/distributed/fsdp/src/megatron_fsdp"
 
 
@@ -39,6 +39,7 @@ def rows_for(cfg=None, **kw) -> dict[str, m.StrategyMemory]:
 
 
 # ----------------------------------------------------------------------------- parameter counts
+
 
 def test_llama3_8b_count_by_hand():
     h, heads, groups, head_dim, ffn, vocab, layers = 4096, 32, 8, 128, 14336, 128256, 32
@@ -56,8 +57,9 @@ def test_llama3_8b_count_by_hand():
     assert abs(counts.total - 8.03e9) / 8.03e9 < 0.005
 
 
-@pytest.mark.parametrize("name,published", [("llama3-70b", 70.55e9), ("Meta-Llama-3.1-405B", 405.85e9),
-                                            ("Llama-3-8B", 8.03e9)])
+@pytest.mark.parametrize(
+    "name,published", [("llama3-70b", 70.55e9), ("Meta-Llama-3.1-405B", 405.85e9), ("Llama-3-8B", 8.03e9)]
+)
 def test_builtin_counts_within_half_percent(name, published):
     total = m.count_parameters(m.builtin_shape(name)).total
     assert abs(total - published) / published < 0.005
@@ -76,10 +78,20 @@ def test_count_shards_with_tp_and_pp():
 
 
 def test_moe_experts_sharded_over_ep():
-    shape = m.Shape(name="moe", hidden_size=1024, num_layers=2, num_attention_heads=8, vocab_size=1000,
-                    ffn_hidden_size=4096, gated_linear_unit=True, add_bias_linear=False,
-                    normalization="RMSNorm", num_moe_experts=8, moe_ffn_hidden_size=512,
-                    position_embedding_type="rope")
+    shape = m.Shape(
+        name="moe",
+        hidden_size=1024,
+        num_layers=2,
+        num_attention_heads=8,
+        vocab_size=1000,
+        ffn_hidden_size=4096,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        normalization="RMSNorm",
+        num_moe_experts=8,
+        moe_ffn_hidden_size=512,
+        position_embedding_type="rope",
+    )
     c1 = m.count_parameters(shape)
     expert = 1024 * 512 * 2 + 512 * 1024  # one SwiGLU expert
     assert c1.layer_experts == [8 * expert, 8 * expert]
@@ -91,8 +103,7 @@ def test_moe_experts_sharded_over_ep():
 
 
 def test_biases_layernorm_and_learned_positions_counted():
-    base = dict(name="gpt", hidden_size=64, num_layers=1, num_attention_heads=4, vocab_size=100,
-                seq_length=16)
+    base = dict(name="gpt", hidden_size=64, num_layers=1, num_attention_heads=4, vocab_size=100, seq_length=16)
     with_all = m.count_parameters(m.Shape(**base)).total  # mcore defaults: biases, LayerNorm, learned pos
     h, ffn = 64, 256
     layer = (h * 3 * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h) + 2 * 2 * h
@@ -111,14 +122,16 @@ def test_count_matches_real_bridge_run(shared_dir):
 def test_vocab_padding_follows_megatron(mcore_src):
     src = (mcore_src / "megatron/training/vocab_utils.py").read_text()
     assert "multiple = make_vocab_size_divisible_by * tensor_model_parallel_size" in src
-    shape = m.Shape(name="v", hidden_size=8, num_layers=1, num_attention_heads=1, vocab_size=128256,
-                    should_pad_vocab=True)
+    shape = m.Shape(
+        name="v", hidden_size=8, num_layers=1, num_attention_heads=1, vocab_size=128256, should_pad_vocab=True
+    )
     assert shape.padded_vocab(1) == 128256  # already a multiple of 128
     assert shape.padded_vocab(8) == 129024  # next multiple of 1024
     assert m.replace(shape, should_pad_vocab=False).padded_vocab(8) == 128256
 
 
 # ----------------------------------------------------------------------------- bytes per parameter
+
 
 def test_megatron_lm_ddp_and_distopt_bytes(mcore_src):
     src = (mcore_src / "megatron/training/theoretical_memory_usage.py").read_text()
@@ -153,8 +166,14 @@ def test_nothing_is_sharded_at_dp1():
 
 def _flags(src: str, strategy: str) -> tuple[bool, bool, bool]:
     block = re.search(rf'== "{strategy}":\n(.*?)(?:\n\s*elif|\n\s*else)', src, re.S).group(1)
-    return tuple("True" in re.search(rf"{name} = (\w+)", block).group(1) for name in (
-        "is_model_weight_buffer_distributed", "is_main_weight_buffer_distributed", "is_grad_buffer_distributed"))
+    return tuple(
+        "True" in re.search(rf"{name} = (\w+)", block).group(1)
+        for name in (
+            "is_model_weight_buffer_distributed",
+            "is_main_weight_buffer_distributed",
+            "is_grad_buffer_distributed",
+        )
+    )
 
 
 def test_fsdp_layout_matches_param_and_grad_buffer(mcore_src):
@@ -221,8 +240,14 @@ def test_deepspeed_zero2_comparison():
 
 def test_precision_aware_optimizer():
     P, n = 1e9, 8
-    cfg = {"optimizer": {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16",
-                         "exp_avg_sq_dtype": "bf16", "main_params_dtype": "fp32"}}
+    cfg = {
+        "optimizer": {
+            "use_precision_aware_optimizer": True,
+            "exp_avg_dtype": "bf16",
+            "exp_avg_sq_dtype": "bf16",
+            "main_params_dtype": "fp32",
+        }
+    }
     rows = rows_for(cfg, params=P, dp=n)
     # distopt: TE FusedAdam keeps the 16-bit remainder of fp32 masters + two bf16 moments
     assert rows["distopt"].optimizer == pytest.approx((2 + 2 + 2) * P / n)
@@ -247,8 +272,9 @@ def test_step_transient_and_total_composition():
 def test_optimizer_cpu_offload_fraction():
     P = 1e9
     full = rows_for(params=P, dp=4)["distopt"].optimizer
-    half = rows_for({"optimizer": {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5}},
-                    params=P, dp=4)["distopt"].optimizer
+    half = rows_for({"optimizer": {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5}}, params=P, dp=4)[
+        "distopt"
+    ].optimizer
     assert half == pytest.approx(full / 2)
 
 
@@ -283,11 +309,19 @@ def test_rs_queue_rule():
 
 # ----------------------------------------------------------------------------- activations
 
-GPT = m.Shape(name="gpt", hidden_size=1024, num_layers=4, num_attention_heads=16, vocab_size=51200,
-              ffn_hidden_size=4096, seq_length=2048)
+GPT = m.Shape(
+    name="gpt",
+    hidden_size=1024,
+    num_layers=4,
+    num_attention_heads=16,
+    vocab_size=51200,
+    ffn_hidden_size=4096,
+    seq_length=2048,
+)
 # GPT-3 style, as in the paper: MHA, GeLU MLP of 4h, dropout on, unfused activation.
-PAPER = m.ActivationSettings(2048, 2, hidden_dropout=0.1, bias_activation_fusion=False,
-                             gradient_accumulation_fusion=True)
+PAPER = m.ActivationSettings(
+    2048, 2, hidden_dropout=0.1, bias_activation_fusion=False, gradient_accumulation_fusion=True
+)
 
 
 def test_megatron_lm_formula_with_sp(mcore_src):
@@ -359,12 +393,14 @@ def test_activations_cp_recompute_pipeline_offload():
     base = m.activation_bytes(GPT, a)
     assert m.activation_bytes(GPT, a, cp=2) == pytest.approx(base / 2)
     per_layer = _per_layer(GPT, a)
-    full = m.activation_bytes(GPT, m.replace(a, recompute_granularity="full", recompute_method="uniform",
-                                             recompute_num_layers=1))
+    full = m.activation_bytes(
+        GPT, m.replace(a, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    )
     # each layer keeps only its 2sbh input; one layer is rematerialised at a time
     assert base - full == pytest.approx(L * per_layer - (L * 2 * s * b * h + per_layer))
-    block = m.activation_bytes(GPT, m.replace(a, recompute_granularity="full", recompute_method="block",
-                                              recompute_num_layers=2))
+    block = m.activation_bytes(
+        GPT, m.replace(a, recompute_granularity="full", recompute_method="block", recompute_num_layers=2)
+    )
     assert base - block == pytest.approx(2 * per_layer - (2 * 2 * s * b * h + per_layer))
     offloaded = m.activation_bytes(GPT, m.replace(a, offload_layers=1))
     assert base - offloaded == pytest.approx(per_layer)
@@ -383,10 +419,23 @@ def test_unfused_attention_stores_scores():
 
 # ----------------------------------------------------------------------------- report contract
 
-ROW_KEYS = {"name", "params_gib", "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib",
-            "fits", "model_state_gib", "step_transient_gib", "init_peak_gib", "after_step_gib",
-            "smallest_dp_that_fits", "configured",
-            "notes"}
+ROW_KEYS = {
+    "name",
+    "params_gib",
+    "grads_gib",
+    "optimizer_gib",
+    "buffers_gib",
+    "activations_gib",
+    "total_gib",
+    "fits",
+    "model_state_gib",
+    "step_transient_gib",
+    "init_peak_gib",
+    "after_step_gib",
+    "smallest_dp_that_fits",
+    "configured",
+    "notes",
+}
 
 
 def test_report_contract():
@@ -403,10 +452,19 @@ def test_report_contract():
 
 
 def test_report_reads_config():
-    cfg = {"model": {"hidden_size": 1024, "num_layers": 4, "num_attention_heads": 16, "vocab_size": 51200,
-                     "tensor_model_parallel_size": 2, "seq_length": 2048, "sequence_parallel": True},
-           "train": {"micro_batch_size": 2, "global_batch_size": 64},
-           "ddp": {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads"}}
+    cfg = {
+        "model": {
+            "hidden_size": 1024,
+            "num_layers": 4,
+            "num_attention_heads": 16,
+            "vocab_size": 51200,
+            "tensor_model_parallel_size": 2,
+            "seq_length": 2048,
+            "sequence_parallel": True,
+        },
+        "train": {"micro_batch_size": 2, "global_batch_size": 64},
+        "ddp": {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads"},
+    }
     r = m.report(cfg, dp=4)
     assert r["parallelism"]["tp"] == 2
     assert r["assumptions"]["seq_length"] == 2048 and r["assumptions"]["micro_batch_size"] == 2
@@ -425,19 +483,23 @@ def test_fits_and_smallest_dp_are_consistent(dp, gpu, strategy):
     if row["fits"]:
         assert smallest is not None and smallest <= dp
     if smallest is not None:
-        at = m.report(None, model="llama3-8b", dp=smallest, gpu_mem_gib=gpu, strategies=(strategy,),
-                      seq_length=2048)["strategies"][0]
+        at = m.report(None, model="llama3-8b", dp=smallest, gpu_mem_gib=gpu, strategies=(strategy,), seq_length=2048)[
+            "strategies"
+        ][0]
         assert at["fits"]
         if smallest > 1:
-            below = m.report(None, model="llama3-8b", dp=smallest - 1, gpu_mem_gib=gpu, strategies=(strategy,),
-                             seq_length=2048)["strategies"][0]
+            below = m.report(
+                None, model="llama3-8b", dp=smallest - 1, gpu_mem_gib=gpu, strategies=(strategy,), seq_length=2048
+            )["strategies"][0]
             assert not below["fits"]
 
 
 def test_memory_never_grows_with_dp():
     for strategy in set(m.STRATEGIES) - {"optim_grads"}:
-        totals = [m.report(None, model="llama3-70b", dp=dp, strategies=(strategy,))["strategies"][0]["total_gib"]
-                  for dp in (1, 2, 4, 8, 16, 64, 512)]
+        totals = [
+            m.report(None, model="llama3-70b", dp=dp, strategies=(strategy,))["strategies"][0]["total_gib"]
+            for dp in (1, 2, 4, 8, 16, 64, 512)
+        ]
         assert totals == sorted(totals, reverse=True), strategy
 
 
@@ -448,27 +510,35 @@ def test_model_state_api_matches_report():
         assert state[row["name"]]["model_state"] / GIB == pytest.approx(row["model_state_gib"], abs=0.001)
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"model": "gpt-17"}, "unknown model"),
-    ({"params": -5}, "positive"),
-    ({"params": "lots"}, "number"),
-    ({"params": 1e9, "model": "llama3-8b"}, "not both"),
-    ({"model": "llama3-8b", "dp": 0}, ">= 1"),
-    ({"model": "llama3-8b", "strategies": ("zero3",)}, "unknown strategy"),
-    ({"model": "llama3-8b", "gpu_mem_gib": -1}, "positive"),
-    ({}, "nothing to size"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"model": "gpt-17"}, "unknown model"),
+        ({"params": -5}, "positive"),
+        ({"params": "lots"}, "number"),
+        ({"params": 1e9, "model": "llama3-8b"}, "not both"),
+        ({"model": "llama3-8b", "dp": 0}, ">= 1"),
+        ({"model": "llama3-8b", "strategies": ("zero3",)}, "unknown strategy"),
+        ({"model": "llama3-8b", "gpu_mem_gib": -1}, "positive"),
+        ({}, "nothing to size"),
+    ],
+)
 def test_bad_input_raises_model_error(kwargs, needle):
     with pytest.raises(m.ModelError, match=needle):
         m.report(None, **kwargs)
 
 
-@pytest.mark.parametrize("model,needle", [
-    ({"hidden_size": 64, "num_layers": 2}, "model.num_attention_heads"),
-    ({"hidden_size": 64, "num_layers": 2, "num_attention_heads": 6, "num_query_groups": 4, "vocab_size": 10},
-     "multiple"),
-    ({"hidden_size": "wide", "num_layers": 2, "num_attention_heads": 4, "vocab_size": 10}, "integer"),
-])
+@pytest.mark.parametrize(
+    "model,needle",
+    [
+        ({"hidden_size": 64, "num_layers": 2}, "model.num_attention_heads"),
+        (
+            {"hidden_size": 64, "num_layers": 2, "num_attention_heads": 6, "num_query_groups": 4, "vocab_size": 10},
+            "multiple",
+        ),
+        ({"hidden_size": "wide", "num_layers": 2, "num_attention_heads": 4, "vocab_size": 10}, "integer"),
+    ],
+)
 def test_bad_config_raises_model_error(model, needle):
     with pytest.raises(m.ModelError, match=needle):
         m.report({"model": model})
@@ -487,8 +557,9 @@ def test_real_run_model_state_explains_measured_allocation(shared_dir):
     but a fixed framework overhead (workspaces), which is small in absolute terms."""
     run = shared_dir / "fixtures" / "real-h200-run"
     cfg = yaml.safe_load((run / "checkpoint_metadata_only" / "iter_0000010" / "run_config.yaml").read_text())
-    allocated = re.search(r"after 1 iterations\) memory \(GB\) \| mem-allocated-gigabytes: ([\d.]+)",
-                          (run / "fsdp_save.log").read_text())
+    allocated = re.search(
+        r"after 1 iterations\) memory \(GB\) \| mem-allocated-gigabytes: ([\d.]+)", (run / "fsdp_save.log").read_text()
+    )
     measured = float(allocated.group(1)) * 1e9  # Bridge reports GB = 1e9 bytes
     row = m.model_state(cfg)["optim_grads_params"]
     predicted = row["after_step"]
@@ -501,8 +572,9 @@ def test_mixed_precision_wins_over_model_fields():
     fp32 = m.estimate({"model": {"bf16": False}}, params=P)
     assert fp32.rows["ddp"].params == pytest.approx(4 * P)
     assert any("fp32 training assumed" in n for n in fp32.notes)
-    recipe = m.estimate({"model": {"bf16": False}, "mixed_precision": "bf16_mixed",
-                         "ddp": {"grad_reduce_in_fp32": False}}, params=P)
+    recipe = m.estimate(
+        {"model": {"bf16": False}, "mixed_precision": "bf16_mixed", "ddp": {"grad_reduce_in_fp32": False}}, params=P
+    )
     assert recipe.rows["ddp"].params == pytest.approx(2 * P)
     assert recipe.rows["ddp"].grads == pytest.approx(4 * P)  # bf16_mixed sets grad_reduce_in_fp32=True
     fp16 = m.estimate({"mixed_precision": "fp16_mixed"}, params=P)
@@ -524,8 +596,10 @@ def test_optim_grads_buckets_grow_with_dp(mcore_src):
     assert "ddp_config.bucket_size = max(40000000, 1000000 * pg_collection.dp_cp.size())" in src
     late = [rows_for(None, model="llama3-8b", dp=dp)["optim_grads"].buffers_late for dp in (8, 4096)]
     assert late[1] > late[0]
-    pinned = [rows_for({"ddp": {"bucket_size": 40_000_000}}, model="llama3-8b", dp=dp)["optim_grads"].buffers_late
-              for dp in (8, 4096)]
+    pinned = [
+        rows_for({"ddp": {"bucket_size": 40_000_000}}, model="llama3-8b", dp=dp)["optim_grads"].buffers_late
+        for dp in (8, 4096)
+    ]
     assert pinned[0] == pinned[1]
 
 
@@ -535,8 +609,13 @@ def test_model_construction_peak():
     row = report["strategies"][0]
     assert row["init_peak_gib"] == row["total_gib"] > row["model_state_gib"] + row["activations_gib"]
     assert any("init_model_with_meta_device" in n for n in row["notes"])
-    meta = m.report({"model": {"init_model_with_meta_device": True}}, model="llama3-8b", dp=512, seq_length=512,
-                    strategies=("optim_grads_params",))["strategies"][0]
+    meta = m.report(
+        {"model": {"init_model_with_meta_device": True}},
+        model="llama3-8b",
+        dp=512,
+        seq_length=512,
+        strategies=("optim_grads_params",),
+    )["strategies"][0]
     assert meta["init_peak_gib"] == 0 and meta["total_gib"] < row["total_gib"]
 
 
@@ -577,7 +656,8 @@ def test_layers_gathered_after_the_step(mcore_src):
     layer = 218_112_000
     assert row.gathered_after_step == pytest.approx(2 * 3 * layer)  # 500M elements of prefetch: 3 layers
     assert row.after_step == pytest.approx(row.model_state + row.step_transient + row.gathered_after_step)
-    off = rows_for({"ddp": {"fsdp_all_gather_in_start_param_sync": False}}, model="llama3-8b",
-                   dp=8)["optim_grads_params"]
+    off = rows_for({"ddp": {"fsdp_all_gather_in_start_param_sync": False}}, model="llama3-8b", dp=8)[
+        "optim_grads_params"
+    ]
     assert off.gathered_after_step == 0
     assert rows_for(None, model="llama3-8b", dp=1)["optim_grads_params"].gathered_after_step == 0

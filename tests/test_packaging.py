@@ -35,8 +35,9 @@ def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one():
 def test_dev_sh_subcommands_exist():
     for sub in ("demo", "test", "sign", "benchmark-md", "setup"):
         assert re.search(rf"^\s+{re.escape(sub)}\)", DEV, re.M), sub
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "dev.sh"), "no-such-job"], capture_output=True,
-                          text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "dev.sh"), "no-such-job"], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 2 and "bash scripts/dev.sh test" in proc.stderr
 
 
@@ -46,8 +47,9 @@ def test_extras_used_by_dev_sh_exist_and_are_pinned():
     assert re.search(r'^TEST_EXTRAS="all"$', DEV, re.M)
     skipped = set(re.search(r'^NOT_FOR_TESTS="([^"]*)"', DEV, re.M).group(1).split(","))
     named = set(extras) - skipped
-    for literal in re.findall(r'setup_python "([a-z,]+)"', DEV) + [re.search(r'^DEMO_EXTRAS="([^"]*)"', DEV,
-                                                                               re.M).group(1)]:
+    for literal in re.findall(r'setup_python "([a-z,]+)"', DEV) + [
+        re.search(r'^DEMO_EXTRAS="([^"]*)"', DEV, re.M).group(1)
+    ]:
         named |= set(literal.split(","))
     assert {"run", "test", "sign", "validate"} <= named <= set(extras), named - set(extras)
     for name in named | skipped:
@@ -67,8 +69,21 @@ def test_dev_sh_treats_an_empty_selection_as_no_failure():
     """pytest exits 5 when a selection runs no test; dev.sh (and so .ci/run) must not fail on it."""
     if not (ROOT / ".venv" / "bin" / "python").exists():
         pytest.skip(".venv is not set up (bash scripts/dev.sh test sets it up)")
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "dev.sh"), "test", "-q", "-p", "no:cacheprovider",
-                           "-k", "no_test_is_named_like_this_xyz"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "scripts" / "dev.sh"),
+            "test",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "no_test_is_named_like_this_xyz",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "selected no test (exit 5)" in proc.stderr
 
@@ -84,6 +99,7 @@ def test_demo_runs_twice():
     if not (ROOT / ".venv" / "bin" / "python").exists():
         pytest.skip(".venv is not set up (bash scripts/dev.sh test sets it up)")
     for attempt in (1, 2):
-        proc = subprocess.run(["bash", str(ROOT / "scripts" / "dev.sh"), "demo"], capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "dev.sh"), "demo"], capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == 0, f"run {attempt}: " + proc.stdout[-1500:] + proc.stderr[-1500:]

@@ -58,8 +58,9 @@ def _class_field_default(text: str, cls: str, field: str):
 
 
 def test_checkpoint_format_list_matches_megatron_core(mcore_src):
-    node = _class_field_default((mcore_src / "megatron/training/config/training_config.py").read_text(),
-                                "CheckpointConfig", "ckpt_format")
+    node = _class_field_default(
+        (mcore_src / "megatron/training/config/training_config.py").read_text(), "CheckpointConfig", "ckpt_format"
+    )
     literal = [e.value for e in node.annotation.slice.elts]  # Literal["torch", ...]
     default = node.value.value
     doc = read("references/checkpoints.md")
@@ -94,8 +95,13 @@ def test_fsdp2_wrap_path_no_longer_passes_pg_collection(mcore_src):
     """fsdp2.md: in megatron-core 0.19.2, _ddp_wrap gives pg_collection only to non-FSDP2 wrappers."""
     text = (mcore_src / "megatron/training/models/dist_utils.py").read_text()
     fn = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "_ddp_wrap")
-    guarded = [n for n in ast.walk(fn) if isinstance(n, ast.If) and ast.unparse(n.test) == "not use_torch_fsdp2"
-               and "dp_init_kwargs['pg_collection'] = pg_collection" in ast.unparse(n)]
+    guarded = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.If)
+        and ast.unparse(n.test) == "not use_torch_fsdp2"
+        and "dp_init_kwargs['pg_collection'] = pg_collection" in ast.unparse(n)
+    ]
     assert guarded, "pg_collection is passed to FSDP2 again: update references/fsdp2.md and card.yaml"
     # And TorchFullyShardedDataParallel still takes no pg_collection argument.
     tfsdp = (mcore_src / "megatron/core/distributed/torch_fully_sharded_data_parallel.py").read_text()

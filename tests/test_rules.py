@@ -15,126 +15,214 @@ import pytest
 from _helpers_config import text_in_source, wheel_file
 from mfsdp_lib import config_io, rules
 
-BASE = ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true",
-        "ddp.data_parallel_sharding_strategy=optim_grads_params", "ddp.average_in_collective=false",
-        "checkpoint.ckpt_format=fsdp_dtensor", "checkpoint.load=null"]
+BASE = [
+    "dist.use_megatron_fsdp=true",
+    "ddp.use_megatron_fsdp=true",
+    "ddp.data_parallel_sharding_strategy=optim_grads_params",
+    "ddp.average_in_collective=false",
+    "checkpoint.ckpt_format=fsdp_dtensor",
+    "checkpoint.load=null",
+]
 OFF = ["dist.use_megatron_fsdp=false", "ddp.use_megatron_fsdp=false", "checkpoint.ckpt_format=torch_dist"]
 MC = rules.MAX_CONN
 
 # rule -> ((trigger overrides, trigger env), (near-miss overrides, near-miss env))
 CASES = {
-    "MFSDP-FSDP2-EXCLUSIVE": ((["dist.use_torch_fsdp2=true"], {}),
-                              (["dist.use_megatron_fsdp=false", "dist.use_torch_fsdp2=true"], {})),
-    "MFSDP-CKPT-FORMAT": ((["checkpoint.ckpt_format=torch_dist"], {}),
-                          (["checkpoint.ckpt_format=torch_dist", "checkpoint.save=null"], {})),
-    "MFSDP-DTENSOR-NEEDS-MFSDP": ((["dist.use_megatron_fsdp=false", "ddp.use_megatron_fsdp=false"], {}),
-                                  (["dist.use_megatron_fsdp=false"], {})),
+    "MFSDP-FSDP2-EXCLUSIVE": (
+        (["dist.use_torch_fsdp2=true"], {}),
+        (["dist.use_megatron_fsdp=false", "dist.use_torch_fsdp2=true"], {}),
+    ),
+    "MFSDP-CKPT-FORMAT": (
+        (["checkpoint.ckpt_format=torch_dist"], {}),
+        (["checkpoint.ckpt_format=torch_dist", "checkpoint.save=null"], {}),
+    ),
+    "MFSDP-DTENSOR-NEEDS-MFSDP": (
+        (["dist.use_megatron_fsdp=false", "ddp.use_megatron_fsdp=false"], {}),
+        (["dist.use_megatron_fsdp=false"], {}),
+    ),
     "MFSDP-ENV-MAX-CONNECTIONS": (([], {MC: "1"}), ([], {MC: "32"})),
-    "MFSDP-MANUAL-REG-NEEDS-NCCL-UB": ((["ddp.fsdp_manual_registration=true"], {}),
-                                       (["ddp.fsdp_manual_registration=true", "ddp.nccl_ub=true",
-                                         "ddp.fsdp_double_buffer=true"], {})),
-    "MFSDP-WEIGHT-HASH": ((["train.check_weight_hash_across_dp_replicas_interval=100"], {}),
-                          (["train.check_weight_hash_across_dp_replicas_interval=100",
-                            "ddp.data_parallel_sharding_strategy=optim_grads"], {})),
-    "MFSDP-TP-PP-DP-MAPPING": ((["dist.use_tp_pp_dp_mapping=true"], {}),
-                               (OFF + ["dist.use_tp_pp_dp_mapping=true"], {})),
-    "MFSDP-ASYNC-FORMAT": ((OFF + ["checkpoint.async_save=true", "checkpoint.ckpt_format=torch"], {}),
-                           (["checkpoint.async_save=true"], {})),
-    "MFSDP-ASYNC-NEEDS-SAVE": ((["checkpoint.async_save=true", "checkpoint.save=null"], {}),
-                               (["checkpoint.async_save=true"], {})),
-    "MFSDP-ASYNC-PERSISTENT-WORKER": ((["checkpoint.async_save=true", "checkpoint.use_persistent_ckpt_worker=false"], {}),
-                                      (["checkpoint.use_persistent_ckpt_worker=false"], {})),
-    "MFSDP-HF-EXPORT-DTENSOR": ((["checkpoint.also_save_hf_checkpoint=true"], {}),
-                                (OFF + ["checkpoint.also_save_hf_checkpoint=true"], {})),
-    "MFSDP-HF-EXPORT-LOCAL": ((["checkpoint.also_save_hf_checkpoint=true", "checkpoint.non_persistent_ckpt_type=local"], {}),
-                              (["checkpoint.non_persistent_ckpt_type=local"], {})),
-    "MFSDP-HF-EXPORT-SOURCE": ((OFF + ["checkpoint.also_save_hf_checkpoint=true", "model.hf_model_id=null"], {}),
-                               (OFF + ["checkpoint.also_save_hf_checkpoint=true"], {})),
-    "MFSDP-CKPT-NO-GLOO": ((["dist.use_gloo_process_groups=false", "checkpoint.ckpt_format=torch",
-                             "checkpoint.save=null"], {}),
-                           (["dist.use_gloo_process_groups=false"], {})),
-    "MFSDP-MXFP8-REUSE-NEEDS-FP8-GATHER": ((["mixed_precision=null", "ddp.reuse_grad_buf_for_mxfp8_param_ag=true"], {}),
-                                           (["ddp.reuse_grad_buf_for_mxfp8_param_ag=true"], {})),  # preset overwrites
-    "MFSDP-MXFP8-REUSE-NON-FSDP": ((OFF + ["mixed_precision=null", "mixed_precision.fp8_param_gather=true",
-                                           "mixed_precision.fp8_recipe=mxfp8"], {}),
-                                   (OFF + ["mixed_precision=bf16_with_mxfp8_mixed"], {})),
+    "MFSDP-MANUAL-REG-NEEDS-NCCL-UB": (
+        (["ddp.fsdp_manual_registration=true"], {}),
+        (["ddp.fsdp_manual_registration=true", "ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true"], {}),
+    ),
+    "MFSDP-WEIGHT-HASH": (
+        (["train.check_weight_hash_across_dp_replicas_interval=100"], {}),
+        (
+            [
+                "train.check_weight_hash_across_dp_replicas_interval=100",
+                "ddp.data_parallel_sharding_strategy=optim_grads",
+            ],
+            {},
+        ),
+    ),
+    "MFSDP-TP-PP-DP-MAPPING": (
+        (["dist.use_tp_pp_dp_mapping=true"], {}),
+        (OFF + ["dist.use_tp_pp_dp_mapping=true"], {}),
+    ),
+    "MFSDP-ASYNC-FORMAT": (
+        (OFF + ["checkpoint.async_save=true", "checkpoint.ckpt_format=torch"], {}),
+        (["checkpoint.async_save=true"], {}),
+    ),
+    "MFSDP-ASYNC-NEEDS-SAVE": (
+        (["checkpoint.async_save=true", "checkpoint.save=null"], {}),
+        (["checkpoint.async_save=true"], {}),
+    ),
+    "MFSDP-ASYNC-PERSISTENT-WORKER": (
+        (["checkpoint.async_save=true", "checkpoint.use_persistent_ckpt_worker=false"], {}),
+        (["checkpoint.use_persistent_ckpt_worker=false"], {}),
+    ),
+    "MFSDP-HF-EXPORT-DTENSOR": (
+        (["checkpoint.also_save_hf_checkpoint=true"], {}),
+        (OFF + ["checkpoint.also_save_hf_checkpoint=true"], {}),
+    ),
+    "MFSDP-HF-EXPORT-LOCAL": (
+        (["checkpoint.also_save_hf_checkpoint=true", "checkpoint.non_persistent_ckpt_type=local"], {}),
+        (["checkpoint.non_persistent_ckpt_type=local"], {}),
+    ),
+    "MFSDP-HF-EXPORT-SOURCE": (
+        (OFF + ["checkpoint.also_save_hf_checkpoint=true", "model.hf_model_id=null"], {}),
+        (OFF + ["checkpoint.also_save_hf_checkpoint=true"], {}),
+    ),
+    "MFSDP-CKPT-NO-GLOO": (
+        (["dist.use_gloo_process_groups=false", "checkpoint.ckpt_format=torch", "checkpoint.save=null"], {}),
+        (["dist.use_gloo_process_groups=false"], {}),
+    ),
+    "MFSDP-MXFP8-REUSE-NEEDS-FP8-GATHER": (
+        (["mixed_precision=null", "ddp.reuse_grad_buf_for_mxfp8_param_ag=true"], {}),
+        (["ddp.reuse_grad_buf_for_mxfp8_param_ag=true"], {}),
+    ),  # preset overwrites
+    "MFSDP-MXFP8-REUSE-NON-FSDP": (
+        (
+            OFF + ["mixed_precision=null", "mixed_precision.fp8_param_gather=true", "mixed_precision.fp8_recipe=mxfp8"],
+            {},
+        ),
+        (OFF + ["mixed_precision=bf16_with_mxfp8_mixed"], {}),
+    ),
     "MFSDP-DDP-BUCKETS": ((["ddp.num_buckets=4", "ddp.bucket_size=1000"], {}), (["ddp.num_buckets=4"], {})),
     "MFSDP-PRECISION-BOTH": ((["mixed_precision=null", "model.fp16=true"], {}), (["model.fp16=true"], {})),
-    "MFSDP-PRECISION-AWARE-MISMATCH": ((["mixed_precision=null", "optimizer.use_precision_aware_optimizer=true",
-                                         "optimizer.bf16=false"], {}),
-                                       (["optimizer.use_precision_aware_optimizer=true", "optimizer.bf16=false"], {})),
-    "MFSDP-PRECISION-AWARE-NEEDS-DIST-OPT": ((["optimizer.use_precision_aware_optimizer=true",
-                                               "optimizer.use_distributed_optimizer=false"], {}),
-                                             (["optimizer.use_precision_aware_optimizer=true"], {})),
-    "MFSDP-PRECISION-AWARE-ADAM": ((["optimizer.use_precision_aware_optimizer=true", "optimizer.optimizer=sgd"], {}),
-                                   (["optimizer.optimizer=sgd"], {})),
-    "MFSDP-RECOMPUTE-FULL-METHOD": ((["model.recompute_granularity=full", "model.recompute_num_layers=1"], {}),
-                                    (["model.recompute_granularity=full", "model.recompute_num_layers=1",
-                                      "model.recompute_method=uniform"], {})),
-    "MFSDP-RECOMPUTE-FULL-NUM-LAYERS": ((["model.recompute_granularity=full", "model.recompute_method=block"], {}),
-                                        (["model.recompute_granularity=full", "model.recompute_method=block",
-                                          "model.recompute_num_layers=2"], {})),
-    "MFSDP-RECOMPUTE-SELECTIVE-NUM-LAYERS": ((["model.recompute_granularity=selective",
-                                               "model.recompute_num_layers=2"], {}),
-                                             (["model.recompute_granularity=selective"], {})),
-    "MFSDP-CPU-OFFLOAD-PP": ((["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2"], {}),
-                             (["model.pipeline_model_parallel_size=2"], {})),
-    "MFSDP-CPU-OFFLOAD-RECOMPUTE": ((["model.cpu_offloading=true", "model.recompute_granularity=full"], {}),
-                                    (["model.recompute_granularity=full"], {})),
-    "MFSDP-CPU-OFFLOAD-LAYERS": ((["model.cpu_offloading=true", "model.cpu_offloading_num_layers=32"], {}),
-                                 (["model.cpu_offloading=true", "model.cpu_offloading_num_layers=31"], {})),
-    "MFSDP-CPU-OFFLOAD-FINE-GRAINED": ((["model.cpu_offloading=true", "model.fine_grained_activation_offloading=true"],
-                                        {"NVTE_CPU_OFFLOAD_V1": "1"}),
-                                       (["model.fine_grained_activation_offloading=true"], {"NVTE_CPU_OFFLOAD_V1": "1"})),
-    "MFSDP-FINE-GRAINED-OFFLOAD-MODULES": ((["model.fine_grained_activation_offloading=true"], {}),
-                                           (["model.fine_grained_activation_offloading=true",
-                                             "model.offload_modules=[core_attn]"], {})),
-    "MFSDP-CPU-OFFLOAD-CUDA-GRAPH": ((["model.cpu_offloading=true", "model.cuda_graph_impl=local"], {}),
-                                     (["model.cpu_offloading=true", "model.cuda_graph_impl=full_iteration"], {})),
-    "MFSDP-FINE-GRAINED-OFFLOAD-IMPL": ((["model.fine_grained_activation_offloading=true",
-                                          "model.transformer_impl=local"], {}),
-                                        (["model.transformer_impl=local"], {})),
-    "MFSDP-FINE-GRAINED-OFFLOAD-ENV": ((["model.fine_grained_activation_offloading=true"], {}),
-                                       (["model.fine_grained_activation_offloading=true"], {"NVTE_CPU_OFFLOAD_V1": "1"})),
-    "MFSDP-FSDP2-DDP-FLAG": ((["dist.use_megatron_fsdp=false", "dist.use_torch_fsdp2=true"], {}),
-                             (["dist.use_megatron_fsdp=false"], {})),
-    "MFSDP-NCCL-UB-DOUBLE-BUFFER": ((["ddp.nccl_ub=true"], {}),
-                                    (["ddp.nccl_ub=true", "ddp.megatron_fsdp_max_pool_double_buffer=true"], {})),
-    "MFSDP-HSDP-OUTER-NEEDS-FULL-SHARD": ((["ddp.outer_dp_sharding_strategy=optim", "ddp.num_distributed_optimizer_instances=2",
-                                            "ddp.data_parallel_sharding_strategy=optim_grads"], {}),
-                                          (["ddp.outer_dp_sharding_strategy=optim",
-                                            "ddp.num_distributed_optimizer_instances=2"], {})),
-    "MFSDP-HSDP-OUTER-WITHOUT-HSDP": ((["ddp.outer_dp_sharding_strategy=optim"], {}),
-                                      (["ddp.outer_dp_sharding_strategy=optim",
-                                        "ddp.num_distributed_optimizer_instances=2"], {})),
+    "MFSDP-PRECISION-AWARE-MISMATCH": (
+        (["mixed_precision=null", "optimizer.use_precision_aware_optimizer=true", "optimizer.bf16=false"], {}),
+        (["optimizer.use_precision_aware_optimizer=true", "optimizer.bf16=false"], {}),
+    ),
+    "MFSDP-PRECISION-AWARE-NEEDS-DIST-OPT": (
+        (["optimizer.use_precision_aware_optimizer=true", "optimizer.use_distributed_optimizer=false"], {}),
+        (["optimizer.use_precision_aware_optimizer=true"], {}),
+    ),
+    "MFSDP-PRECISION-AWARE-ADAM": (
+        (["optimizer.use_precision_aware_optimizer=true", "optimizer.optimizer=sgd"], {}),
+        (["optimizer.optimizer=sgd"], {}),
+    ),
+    "MFSDP-RECOMPUTE-FULL-METHOD": (
+        (["model.recompute_granularity=full", "model.recompute_num_layers=1"], {}),
+        (["model.recompute_granularity=full", "model.recompute_num_layers=1", "model.recompute_method=uniform"], {}),
+    ),
+    "MFSDP-RECOMPUTE-FULL-NUM-LAYERS": (
+        (["model.recompute_granularity=full", "model.recompute_method=block"], {}),
+        (["model.recompute_granularity=full", "model.recompute_method=block", "model.recompute_num_layers=2"], {}),
+    ),
+    "MFSDP-RECOMPUTE-SELECTIVE-NUM-LAYERS": (
+        (["model.recompute_granularity=selective", "model.recompute_num_layers=2"], {}),
+        (["model.recompute_granularity=selective"], {}),
+    ),
+    "MFSDP-CPU-OFFLOAD-PP": (
+        (["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2"], {}),
+        (["model.pipeline_model_parallel_size=2"], {}),
+    ),
+    "MFSDP-CPU-OFFLOAD-RECOMPUTE": (
+        (["model.cpu_offloading=true", "model.recompute_granularity=full"], {}),
+        (["model.recompute_granularity=full"], {}),
+    ),
+    "MFSDP-CPU-OFFLOAD-LAYERS": (
+        (["model.cpu_offloading=true", "model.cpu_offloading_num_layers=32"], {}),
+        (["model.cpu_offloading=true", "model.cpu_offloading_num_layers=31"], {}),
+    ),
+    "MFSDP-CPU-OFFLOAD-FINE-GRAINED": (
+        (["model.cpu_offloading=true", "model.fine_grained_activation_offloading=true"], {"NVTE_CPU_OFFLOAD_V1": "1"}),
+        (["model.fine_grained_activation_offloading=true"], {"NVTE_CPU_OFFLOAD_V1": "1"}),
+    ),
+    "MFSDP-FINE-GRAINED-OFFLOAD-MODULES": (
+        (["model.fine_grained_activation_offloading=true"], {}),
+        (["model.fine_grained_activation_offloading=true", "model.offload_modules=[core_attn]"], {}),
+    ),
+    "MFSDP-CPU-OFFLOAD-CUDA-GRAPH": (
+        (["model.cpu_offloading=true", "model.cuda_graph_impl=local"], {}),
+        (["model.cpu_offloading=true", "model.cuda_graph_impl=full_iteration"], {}),
+    ),
+    "MFSDP-FINE-GRAINED-OFFLOAD-IMPL": (
+        (["model.fine_grained_activation_offloading=true", "model.transformer_impl=local"], {}),
+        (["model.transformer_impl=local"], {}),
+    ),
+    "MFSDP-FINE-GRAINED-OFFLOAD-ENV": (
+        (["model.fine_grained_activation_offloading=true"], {}),
+        (["model.fine_grained_activation_offloading=true"], {"NVTE_CPU_OFFLOAD_V1": "1"}),
+    ),
+    "MFSDP-FSDP2-DDP-FLAG": (
+        (["dist.use_megatron_fsdp=false", "dist.use_torch_fsdp2=true"], {}),
+        (["dist.use_megatron_fsdp=false"], {}),
+    ),
+    "MFSDP-NCCL-UB-DOUBLE-BUFFER": (
+        (["ddp.nccl_ub=true"], {}),
+        (["ddp.nccl_ub=true", "ddp.megatron_fsdp_max_pool_double_buffer=true"], {}),
+    ),
+    "MFSDP-HSDP-OUTER-NEEDS-FULL-SHARD": (
+        (
+            [
+                "ddp.outer_dp_sharding_strategy=optim",
+                "ddp.num_distributed_optimizer_instances=2",
+                "ddp.data_parallel_sharding_strategy=optim_grads",
+            ],
+            {},
+        ),
+        (["ddp.outer_dp_sharding_strategy=optim", "ddp.num_distributed_optimizer_instances=2"], {}),
+    ),
+    "MFSDP-HSDP-OUTER-WITHOUT-HSDP": (
+        (["ddp.outer_dp_sharding_strategy=optim"], {}),
+        (["ddp.outer_dp_sharding_strategy=optim", "ddp.num_distributed_optimizer_instances=2"], {}),
+    ),
     "MFSDP-FSDP2-EXPERIMENTAL": ((OFF + ["dist.use_torch_fsdp2=true"], {}), (OFF, {})),
-    "MFSDP-AVG-IN-COLLECTIVE": ((["ddp.average_in_collective=true"], {}),
-                                (["ddp.average_in_collective=true", "ddp.disable_symmetric_registration=true"], {})),
-    "MFSDP-NO-SHARD": ((["ddp.data_parallel_sharding_strategy=no_shard"], {}),
-                       (["ddp.data_parallel_sharding_strategy=optim"], {})),
-    "MFSDP-SHARDING-WITHOUT-FSDP": ((OFF + ["ddp.data_parallel_sharding_strategy=optim"], {}),
-                                    (["ddp.data_parallel_sharding_strategy=optim"], {})),
-    "MFSDP-ENV-MAX-CONN-TP-OVERLAP": ((["model.tp_comm_overlap=true"], {"@arch": "hopper"}),
-                                      (["model.tp_comm_overlap=true"], {"@arch": "blackwell"})),
-    "MFSDP-NCCL-UB-EXPANDABLE-SEGMENTS": ((["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true"], {}),  # recipe env_vars
-                                          (["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true"],
-                                           {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})),
-    "MFSDP-KEEP-FP8-TRANSPOSE-CACHE": ((["ddp.keep_fp8_transpose_cache=true"], {}),
-                                       (OFF + ["ddp.keep_fp8_transpose_cache=true"], {})),
-    "MFSDP-DEFER-EMBEDDING-WGRAD": ((["comm_overlap.tp_comm_overlap=false",
-                                      "comm_overlap.defer_embedding_wgrad_compute=true"], {}),
-                                    (["comm_overlap.tp_comm_overlap=false",
-                                      "comm_overlap.defer_embedding_wgrad_compute=false"], {})),
+    "MFSDP-AVG-IN-COLLECTIVE": (
+        (["ddp.average_in_collective=true"], {}),
+        (["ddp.average_in_collective=true", "ddp.disable_symmetric_registration=true"], {}),
+    ),
+    "MFSDP-NO-SHARD": (
+        (["ddp.data_parallel_sharding_strategy=no_shard"], {}),
+        (["ddp.data_parallel_sharding_strategy=optim"], {}),
+    ),
+    "MFSDP-SHARDING-WITHOUT-FSDP": (
+        (OFF + ["ddp.data_parallel_sharding_strategy=optim"], {}),
+        (["ddp.data_parallel_sharding_strategy=optim"], {}),
+    ),
+    "MFSDP-ENV-MAX-CONN-TP-OVERLAP": (
+        (["model.tp_comm_overlap=true"], {"@arch": "hopper"}),
+        (["model.tp_comm_overlap=true"], {"@arch": "blackwell"}),
+    ),
+    "MFSDP-NCCL-UB-EXPANDABLE-SEGMENTS": (
+        (["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true"], {}),  # recipe env_vars
+        (["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true"], {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}),
+    ),
+    "MFSDP-KEEP-FP8-TRANSPOSE-CACHE": (
+        (["ddp.keep_fp8_transpose_cache=true"], {}),
+        (OFF + ["ddp.keep_fp8_transpose_cache=true"], {}),
+    ),
+    "MFSDP-DEFER-EMBEDDING-WGRAD": (
+        (["comm_overlap.tp_comm_overlap=false", "comm_overlap.defer_embedding_wgrad_compute=true"], {}),
+        (["comm_overlap.tp_comm_overlap=false", "comm_overlap.defer_embedding_wgrad_compute=false"], {}),
+    ),
     "MFSDP-CUSTOM-FSDP-DEPRECATED": ((["ddp.use_custom_fsdp=true"], {}), ([], {})),
     "MFSDP-FLAGS-SYNC": ((["dist.use_megatron_fsdp=false"], {}), ([], {})),
-    "MFSDP-DIST-OPT-FORCED": ((["ddp.use_distributed_optimizer=false"], {}), (OFF + ["ddp.use_distributed_optimizer=false"], {})),
+    "MFSDP-DIST-OPT-FORCED": (
+        (["ddp.use_distributed_optimizer=false"], {}),
+        (OFF + ["ddp.use_distributed_optimizer=false"], {}),
+    ),
     "MFSDP-MXFP8-REUSE-OFF": ((["mixed_precision=bf16_with_mxfp8_mixed"], {}), (["mixed_precision=bf16_mixed"], {})),
-    "MFSDP-DECOUPLED-GRAD": ((["optimizer.use_precision_aware_optimizer=true"], {}),
-                             (["optimizer.use_precision_aware_optimizer=true",
-                               "ddp.megatron_fsdp_use_decoupled_grad=true"], {})),
-    "MFSDP-NCCL-UB-MANUAL-REG": ((["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true"], {}),
-                                 (["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true",
-                                   "ddp.fsdp_manual_registration=true"], {})),
+    "MFSDP-DECOUPLED-GRAD": (
+        (["optimizer.use_precision_aware_optimizer=true"], {}),
+        (["optimizer.use_precision_aware_optimizer=true", "ddp.megatron_fsdp_use_decoupled_grad=true"], {}),
+    ),
+    "MFSDP-NCCL-UB-MANUAL-REG": (
+        (["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true"], {}),
+        (["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true", "ddp.fsdp_manual_registration=true"], {}),
+    ),
     "MFSDP-META-DEVICE-INIT": (([], {}), (["model.init_model_with_meta_device=true"], {})),
 }
 
@@ -209,7 +297,9 @@ def test_findings_name_the_value_found():
     assert "123" in f.message and f.fix == "train.check_weight_hash_across_dp_replicas_interval=null"
 
 
-_QUOTE = re.compile(r"""(?:assert|ValueError|NotImplementedError|TypeError|docstring|: )\s*(['"])(.+?)\1(?=\s*(?:$|;|\(|/|'|"))""")
+_QUOTE = re.compile(
+    r"""(?:assert|ValueError|NotImplementedError|TypeError|docstring|: )\s*(['"])(.+?)\1(?=\s*(?:$|;|\(|/|'|"))"""
+)
 
 
 @pytest.mark.parametrize("rule", rules.RULES, ids=lambda r: r.id)
@@ -234,8 +324,21 @@ def test_source_anchor_exists_in_wheels(bridge_src, mcore_src, rule):
         assert re.search(rf"\b{re.escape(name)}\b", text), f"{rule.id}: {sym} not in {f}"
 
 
-@pytest.mark.parametrize("name,arch", [("H100", "hopper"), ("hopper", "hopper"), ("sm_90", "hopper"), ("9.0", "hopper"),
-                                       ("sm_100", "blackwell"), ("gb200", "blackwell"), ("sm_89", "ada"),
-                                       ("sm_80", "ampere"), ("pascal", None), ("sm_60", None), ("", None)])
+@pytest.mark.parametrize(
+    "name,arch",
+    [
+        ("H100", "hopper"),
+        ("hopper", "hopper"),
+        ("sm_90", "hopper"),
+        ("9.0", "hopper"),
+        ("sm_100", "blackwell"),
+        ("gb200", "blackwell"),
+        ("sm_89", "ada"),
+        ("sm_80", "ampere"),
+        ("pascal", None),
+        ("sm_60", None),
+        ("", None),
+    ],
+)
 def test_normalize_arch(name, arch):
     assert rules.normalize_arch(name) == arch

@@ -10,8 +10,9 @@ from mfsdp_lib import schema as S
 
 def test_reference_matches_table(root):
     doc = (root / "references" / "rules.md").read_text(encoding="utf-8")
-    assert doc == cli_rules.markdown(), ("references/rules.md is stale: run "
-                                         "'python3 scripts/mfsdp.py rules --write references/rules.md'")
+    assert doc == cli_rules.markdown(), (
+        "references/rules.md is stale: run 'python3 scripts/mfsdp.py rules --write references/rules.md'"
+    )
 
 
 def test_every_rule_and_default_is_in_the_doc(root):

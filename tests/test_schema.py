@@ -11,8 +11,15 @@ import ast
 
 import pytest
 
-from _helpers_config import (NoDefault, Unevaluable, class_fields, field_docstring, find_class, literal_choices,
-                             wheel_file)
+from _helpers_config import (
+    NoDefault,
+    Unevaluable,
+    class_fields,
+    field_docstring,
+    find_class,
+    literal_choices,
+    wheel_file,
+)
 from mfsdp_lib import schema as S
 
 TYPE_WORDS = {S.BOOL: "bool", S.INT: "int", S.FLOAT: "float", S.STR: "str"}
@@ -102,22 +109,31 @@ def _presets_from_source(bridge_src, mcore_src) -> dict:
     path = wheel_file(bridge_src, mcore_src, S.B_MP)
     tree = ast.parse(path.read_text())
     funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    registered = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
-                  and any(getattr(d, "id", None) == "register" for d in n.decorator_list)]
+    registered = [
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and any(getattr(d, "id", None) == "register" for d in n.decorator_list)
+    ]
     base = S._MP_BASE
 
     def run(name):
         out = None
         for stmt in funcs[name].body:
-            if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Call) and \
-                    getattr(stmt.value.func, "id", None) == "MixedPrecisionConfig":
+            if (
+                isinstance(stmt, ast.Return)
+                and isinstance(stmt.value, ast.Call)
+                and getattr(stmt.value.func, "id", None) == "MixedPrecisionConfig"
+            ):
                 out = dict(base)
                 for kw in stmt.value.keywords:
                     if kw.arg in base:
                         out[kw.arg] = ast.literal_eval(kw.value)
                 return out
-            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call) and \
-                    getattr(stmt.value.func, "id", None) in funcs:
+            if (
+                isinstance(stmt, ast.Assign)
+                and isinstance(stmt.value, ast.Call)
+                and getattr(stmt.value.func, "id", None) in funcs
+            ):
                 out = run(stmt.value.func.id)
             elif isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Attribute):
                 attr = stmt.targets[0].attr

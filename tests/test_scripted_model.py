@@ -22,18 +22,22 @@ from evals import scripted_model as sm  # noqa: E402
 
 SKILL = "nemo-mbridge-perf-megatron-fsdp"
 SKILL_DIR = f".claude/skills/{SKILL}"
-SCRIPT = {"scripted": True, "turns": [
-    {"load_skill": True},
-    {"say": "Checking the config.", "run": "python3 {skill_dir}/scripts/mfsdp.py check cfg.yaml"},
-    {"final": "The config has two errors."},
-]}
+SCRIPT = {
+    "scripted": True,
+    "turns": [
+        {"load_skill": True},
+        {"say": "Checking the config.", "run": "python3 {skill_dir}/scripts/mfsdp.py check cfg.yaml"},
+        {"final": "The config has two errors."},
+    ],
+}
 ANTHROPIC_TOOLS = [{"name": "Bash", "input_schema": {}}, {"name": "Skill", "input_schema": {}}]
 
 
 def post(url: str, body, headers: dict | None = None) -> tuple[int, str, str]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), resp.read().decode()
@@ -89,23 +93,34 @@ def test_binds_loopback_only(server):
 
 
 def test_anthropic_stream_first_turn_loads_the_skill(server):
-    status, ctype, text = post(server.base_url + "/v1/messages?beta=true",
-                               {"model": "m", "stream": True, "tools": ANTHROPIC_TOOLS, "messages": [user_turn()]})
+    status, ctype, text = post(
+        server.base_url + "/v1/messages?beta=true",
+        {"model": "m", "stream": True, "tools": ANTHROPIC_TOOLS, "messages": [user_turn()]},
+    )
     assert status == 200 and ctype.startswith("text/event-stream")
     msg = anthropic_from_sse(text)
     assert msg["stop_reason"] == "tool_use"
-    assert msg["content"] == [{"type": "tool_use", "id": "toolu_scripted_0", "name": "Skill", "input": {"skill": SKILL}}]
+    assert msg["content"] == [
+        {"type": "tool_use", "id": "toolu_scripted_0", "name": "Skill", "input": {"skill": SKILL}}
+    ]
     assert msg["model"] == sm.SCRIPTED_MODEL_NAME and "scripted" in msg["id"]
 
 
 def test_anthropic_turn_follows_the_ids_sent_back(server):
-    history = [user_turn(),
-               {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_scripted_0", "name": "Skill",
-                                                  "input": {"skill": SKILL}}]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_scripted_0",
-                                             "content": "Launching skill"}]}]
-    status, _, text = post(server.base_url + "/v1/messages",
-                           {"stream": True, "tools": ANTHROPIC_TOOLS, "messages": history})
+    history = [
+        user_turn(),
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_scripted_0", "name": "Skill", "input": {"skill": SKILL}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_scripted_0", "content": "Launching skill"}],
+        },
+    ]
+    status, _, text = post(
+        server.base_url + "/v1/messages", {"stream": True, "tools": ANTHROPIC_TOOLS, "messages": history}
+    )
     msg = anthropic_from_sse(text)
     assert [b["type"] for b in msg["content"]] == ["text", "tool_use"]
     assert msg["content"][0]["text"] == f"{sm.SCRIPTED_LABEL}: Checking the config."
@@ -130,8 +145,10 @@ def test_anthropic_side_request_does_not_advance(server):
 
 def test_past_the_script_end_gives_a_final_text():
     model = sm.ScriptedModel(SCRIPT, SKILL, SKILL_DIR)
-    body = {"tools": ANTHROPIC_TOOLS, "messages": [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_scripted_7"}]}]}
+    body = {
+        "tools": ANTHROPIC_TOOLS,
+        "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_scripted_7"}]}],
+    }
     msg, index = model.anthropic_message(body, 100)
     assert index == 8 and msg["stop_reason"] == "end_turn"
     assert msg["content"][0]["text"].startswith(sm.SCRIPTED_LABEL) and "no turn 8" in msg["content"][0]["text"]
@@ -144,15 +161,24 @@ def test_count_tokens_and_unknown_paths(server):
     assert status == 404
 
 
-@pytest.mark.parametrize("tool, expect", [
-    ("exec_command", {"cmd": f"cat {SKILL_DIR}/SKILL.md"}),
-    ("shell_command", {"command": f"cat {SKILL_DIR}/SKILL.md"}),
-    ("shell", {"command": ["bash", "-lc", f"cat {SKILL_DIR}/SKILL.md"]}),
-])
+@pytest.mark.parametrize(
+    "tool, expect",
+    [
+        ("exec_command", {"cmd": f"cat {SKILL_DIR}/SKILL.md"}),
+        ("shell_command", {"command": f"cat {SKILL_DIR}/SKILL.md"}),
+        ("shell", {"command": ["bash", "-lc", f"cat {SKILL_DIR}/SKILL.md"]}),
+    ],
+)
 def test_responses_skill_load_is_a_shell_read_of_skill_md(server, tool, expect):
-    status, ctype, text = post(server.base_url + "/v1/responses", {
-        "model": "gpt-5.5", "stream": True, "tools": [{"type": "function", "name": tool}],
-        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]})
+    status, ctype, text = post(
+        server.base_url + "/v1/responses",
+        {
+            "model": "gpt-5.5",
+            "stream": True,
+            "tools": [{"type": "function", "name": tool}],
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+        },
+    )
     assert status == 200 and ctype.startswith("text/event-stream")
     events = sse(text)
     assert events[0][0] == "response.created" and events[-1][0] == "response.completed"
@@ -165,9 +191,11 @@ def test_responses_skill_load_is_a_shell_read_of_skill_md(server, tool, expect):
 
 def test_responses_turns_and_final_message(server):
     tools = [{"type": "function", "name": "exec_command"}]
-    inp = [{"type": "message", "role": "user", "content": []},
-           {"type": "function_call", "call_id": "call_scripted_0", "name": "exec_command", "arguments": "{}"},
-           {"type": "function_call_output", "call_id": "call_scripted_0", "output": "SKILL.md text"}]
+    inp = [
+        {"type": "message", "role": "user", "content": []},
+        {"type": "function_call", "call_id": "call_scripted_0", "name": "exec_command", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_scripted_0", "output": "SKILL.md text"},
+    ]
     events = sse(post(server.base_url + "/v1/responses", {"stream": True, "tools": tools, "input": inp})[2])
     items = [d["item"] for n, d in events if n == "response.output_item.done"]
     assert [i["type"] for i in items] == ["message", "function_call"]
@@ -180,8 +208,11 @@ def test_responses_turns_and_final_message(server):
 
 
 def test_request_log_redacts_credentials(server, tmp_path):
-    post(server.base_url + "/v1/messages", {"tools": ANTHROPIC_TOOLS, "messages": [user_turn("secret-free")]},
-         headers={"x-api-key": "sk-should-not-appear", "Authorization": "Bearer sk-nor-this"})
+    post(
+        server.base_url + "/v1/messages",
+        {"tools": ANTHROPIC_TOOLS, "messages": [user_turn("secret-free")]},
+        headers={"x-api-key": "sk-should-not-appear", "Authorization": "Bearer sk-nor-this"},
+    )
     lines = (tmp_path / "log.jsonl").read_text().splitlines()
     assert len(lines) == len(server.requests) == 1
     entry = json.loads(lines[0])
@@ -198,10 +229,12 @@ def test_request_limit(monkeypatch, server):
 
 
 def test_oversized_body_is_refused_unread(server):
-    host, port = server.base_url[len("http://"):].split(":")
+    host, port = server.base_url[len("http://") :].split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n" % (sm.MAX_BODY_BYTES + 1))
+        s.sendall(
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (sm.MAX_BODY_BYTES + 1)
+        )
         assert s.recv(100).startswith(b"HTTP/1.1 413")
 
 
@@ -223,14 +256,17 @@ def test_stops_by_itself_when_idle():
         urllib.request.urlopen(url + "/v1/models", timeout=2)
 
 
-@pytest.mark.parametrize("bad, why", [
-    ({"turns": [{"final": "x"}]}, '"scripted": true'),
-    ({"scripted": True, "turns": []}, "non-empty"),
-    ({"scripted": True, "turns": [{"final": "x"}, {"run": "ls"}]}, "not the last"),
-    ({"scripted": True, "turns": [{"run": "ls", "final": "x"}]}, "exactly one"),
-    ({"scripted": True, "turns": [{"run": "  "}, {"final": "x"}]}, "non-empty command"),
-    ({"scripted": True, "turns": [{"load_skill": True}]}, "last turn must be"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ({"turns": [{"final": "x"}]}, '"scripted": true'),
+        ({"scripted": True, "turns": []}, "non-empty"),
+        ({"scripted": True, "turns": [{"final": "x"}, {"run": "ls"}]}, "not the last"),
+        ({"scripted": True, "turns": [{"run": "ls", "final": "x"}]}, "exactly one"),
+        ({"scripted": True, "turns": [{"run": "  "}, {"final": "x"}]}, "non-empty command"),
+        ({"scripted": True, "turns": [{"load_skill": True}]}, "last turn must be"),
+    ],
+)
 def test_validate_script_names_the_problem(bad, why):
     with pytest.raises(sm.ScriptError, match=why):
         sm.validate_script(bad)

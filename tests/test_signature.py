@@ -30,8 +30,7 @@ MAX_SHOWN = 8  # files named in the committed-signature failure; `skill_signatur
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="session")
@@ -39,8 +38,12 @@ def keys(shared_dir):
     s = shared_dir / "signing"
     if not (s / "leaf.key.pem").is_file():
         pytest.skip("../shared/signing has no signing key")
-    return {"key": s / "leaf.key.pem", "cert": s / "leaf.crt.pem",
-            "chain": [s / "ica.crt.pem", s / "root.crt.pem"], "root": s / "root.crt.pem"}
+    return {
+        "key": s / "leaf.key.pem",
+        "cert": s / "leaf.crt.pem",
+        "chain": [s / "ica.crt.pem", s / "root.crt.pem"],
+        "root": s / "root.crt.pem",
+    }
 
 
 @pytest.fixture
@@ -74,6 +77,7 @@ def _fails_naming(path, keys, *needles):
 
 # --- shape ---------------------------------------------------------------------------------------------
 
+
 def test_bundle_has_nvidias_shape_and_covers_every_file(signed_copy):
     bundle = _bundle(signed_copy)
     assert bundle["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -102,6 +106,7 @@ def test_round_trip_verifies_and_names_the_signer(signed_copy, keys):
 
 
 # --- tampering -----------------------------------------------------------------------------------------
+
 
 def test_changed_byte_is_named(signed_copy, keys):
     target = signed_copy / "scripts" / "mfsdp.py"
@@ -152,10 +157,18 @@ def test_wrong_root_is_rejected(signed_copy, shared_dir):
 
 
 def test_build_products_are_neither_signed_nor_verified(signed_copy, keys):
-    for rel in [".venv/bin/python", "node_modules/skills/package.json", ".cache/node/x",
-                ".pytest_cache/v/cache/lastfailed", ".hypothesis/examples/ab", "scripts/__pycache__/a.pyc",
-                "tests/__pycache__/b.cpython-311.pyc", "x.egg-info/PKG-INFO", "build/lib/a.py",
-                "scripts/mfsdp_lib/stale.pyc"]:
+    for rel in [
+        ".venv/bin/python",
+        "node_modules/skills/package.json",
+        ".cache/node/x",
+        ".pytest_cache/v/cache/lastfailed",
+        ".hypothesis/examples/ab",
+        "scripts/__pycache__/a.pyc",
+        "tests/__pycache__/b.cpython-311.pyc",
+        "x.egg-info/PKG-INFO",
+        "build/lib/a.py",
+        "scripts/mfsdp_lib/stale.pyc",
+    ]:
         p = signed_copy / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("local build product\n")
@@ -174,20 +187,41 @@ def test_git_checkout_refuses_to_sign_an_untracked_file(tmp_path, keys):
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "init"], check=True)
     (repo / "notes.txt").write_text("scratch\n")
-    proc = run_tool("sign", "--key", keys["key"], "--cert", keys["cert"], "--chain", keys["chain"][0],
-                    "--chain", keys["chain"][1], repo)
+    proc = run_tool(
+        "sign",
+        "--key",
+        keys["key"],
+        "--cert",
+        keys["cert"],
+        "--chain",
+        keys["chain"][0],
+        "--chain",
+        keys["chain"][1],
+        repo,
+    )
     assert proc.returncode == 2
     assert "notes.txt: not tracked by git" in proc.stderr
     assert not (repo / sig.SIGNATURE_NAME).exists()
     (repo / "notes.txt").unlink()
     (repo / ".venv").mkdir()
     (repo / ".venv" / "x").write_text("build product\n")
-    proc = run_tool("sign", "--key", keys["key"], "--cert", keys["cert"], "--chain", keys["chain"][0],
-                    "--chain", keys["chain"][1], repo)
+    proc = run_tool(
+        "sign",
+        "--key",
+        keys["key"],
+        "--cert",
+        keys["cert"],
+        "--chain",
+        keys["chain"][0],
+        "--chain",
+        keys["chain"][1],
+        repo,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 # --- the signed set and .gitignore agree ---------------------------------------------------------------
+
 
 def _gitignore_patterns() -> list[str]:
     lines = (ROOT / ".gitignore").read_text().splitlines()
@@ -203,7 +237,8 @@ def test_every_gitignored_name_is_outside_the_signed_set():
             sample = f"sub/{name.replace('*', 'x')}"
         assert not sig.is_signed_path(sample), (
             f".gitignore has {pat!r} but {sample} would be signed: add the name to BUILD_PRODUCT_DIRS or "
-            f"BUILD_PRODUCT_SUFFIXES in scripts/mfsdp_lib/signature.py (names match at any depth)")
+            f"BUILD_PRODUCT_SUFFIXES in scripts/mfsdp_lib/signature.py (names match at any depth)"
+        )
 
 
 def test_every_build_product_name_is_gitignored():
@@ -226,6 +261,7 @@ def test_installer_skips_are_not_signed():
 
 # --- NVIDIA's signed skills ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["nemo-mbridge-perf-megatron-fsdp", "nemo-mbridge-perf-activation-recompute"])
 def test_nvidia_intact_skills_verify(shared_dir, name):
     base = shared_dir / NVIDIA
@@ -237,8 +273,9 @@ def test_nvidia_intact_skills_verify(shared_dir, name):
 
 def test_nvidia_drifted_skill_is_rejected_naming_its_files(shared_dir):
     base = shared_dir / NVIDIA
-    proc = run_tool("verify", "--root", base / "nvidia-agent-capabilities-root.pem",
-                    base / "nemo-mbridge-perf-cuda-graphs")
+    proc = run_tool(
+        "verify", "--root", base / "nvidia-agent-capabilities-root.pem", base / "nemo-mbridge-perf-cuda-graphs"
+    )
     assert proc.returncode == 1
     named = {ln.strip().split(":")[0] for ln in proc.stderr.splitlines()[1:] if ln.strip()}
     assert named == NVIDIA_DRIFTED, proc.stderr
@@ -252,6 +289,7 @@ def test_nvidia_skill_with_our_root_is_untrusted(shared_dir):
 
 
 # --- CLI contract --------------------------------------------------------------------------------------
+
 
 def test_cli_bad_input_is_one_line_exit_2(tmp_path):
     proc = run_tool("verify", tmp_path / "absent")
@@ -281,6 +319,7 @@ def test_shipped_root_is_the_maintainers_root(shared_dir):
 
 # --- the committed signature ---------------------------------------------------------------------------
 
+
 def test_committed_signature_matches_the_committed_files():
     """Fails when someone changed the skill and forgot to re-sign."""
     resign = "re-sign with: bash scripts/dev.sh sign   (then commit skill.oms.sig)"
@@ -300,11 +339,16 @@ def test_symlinked_file_is_refused_with_its_name(signed_copy, keys):
     assert proc.returncode == 2 and "scripts/link.py: is a symbolic link" in proc.stderr
 
 
-@pytest.mark.parametrize("payload", [
-    [1], "x", {"predicateType": sig.PREDICATE_TYPE, "predicate": []},
-    {"predicateType": sig.PREDICATE_TYPE, "predicate": {"resources": [5]}},
-    {"predicateType": sig.PREDICATE_TYPE, "predicate": {"resources": 5}},
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        [1],
+        "x",
+        {"predicateType": sig.PREDICATE_TYPE, "predicate": []},
+        {"predicateType": sig.PREDICATE_TYPE, "predicate": {"resources": [5]}},
+        {"predicateType": sig.PREDICATE_TYPE, "predicate": {"resources": 5}},
+    ],
+)
 def test_edited_payload_of_any_shape_is_rejected_not_a_crash(tmp_path, payload):
     """The payload is parsed before its signature is checked: an edit to any JSON shape must be exit 1
     with a clear line (the issue's tamper case), not exit 3 'internal error'."""

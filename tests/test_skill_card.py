@@ -40,8 +40,12 @@ def test_results_copy_the_key_figures_with_their_dates():
     the smoke's loss and round trip, and a strategy table, each with the date of its run."""
     res = results_section()
     assert "BENCHMARK.md" in res
-    for result_file in ("check_speed.json", "differential_agreement.json", "gpu_smoke_1xh200.json",
-                        "gpu_strategies_1xh200.json"):
+    for result_file in (
+        "check_speed.json",
+        "differential_agreement.json",
+        "gpu_smoke_1xh200.json",
+        "gpu_strategies_1xh200.json",
+    ):
         assert result_file in res, result_file
     assert re.search(r"\d{4}-\d{2}-\d{2}", res), "results need their dates"
     assert "`1 passed`" in res and "fsdp_dtensor" in res

@@ -20,8 +20,15 @@ MAX_COMPATIBILITY = 500
 MAX_LINES = 500
 MAX_TOKENS = 5000
 # What users type when they need this skill (issue 3); each must appear in the description.
-TRIGGER_TERMS = ["use_megatron_fsdp", "data_parallel_sharding_strategy", "fsdp_dtensor",
-                 "sharded data parallel", "FSDP OOM", "torch_dist vs fsdp_dtensor", "FSDP2"]
+TRIGGER_TERMS = [
+    "use_megatron_fsdp",
+    "data_parallel_sharding_strategy",
+    "fsdp_dtensor",
+    "sharded data parallel",
+    "FSDP OOM",
+    "torch_dist vs fsdp_dtensor",
+    "FSDP2",
+]
 # Neighbouring topics the skill must not claim; they may appear only in the exclusion sentence.
 NOT_FOR = ["PyTorch FSDP", "DeepSpeed", "torchtitan"]
 # The workflow steps of SKILL.md and the command each one names.
@@ -66,8 +73,9 @@ def test_optional_keys_have_the_spec_types():
     comp = META.get("compatibility", "")
     assert isinstance(comp, str) and len(comp) <= MAX_COMPATIBILITY
     meta = META.get("metadata", {})
-    assert isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()), \
+    assert isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values()), (
         "metadata values must be strings (the spec's string->string map)"
+    )
 
 
 def test_metadata_pins_the_versions_the_code_pins():
@@ -93,7 +101,7 @@ def test_every_workflow_step_names_its_command():
 def test_verification_path_is_the_torchrun_pytest_smoke_with_its_criteria():
     assert SMOKE_COMMAND in TEXT
     assert "scripts/mfsdp.py smoke --nproc-per-node 2" in TEXT
-    section = TEXT[TEXT.index("## 4."):TEXT.index("## 5.")]
+    section = TEXT[TEXT.index("## 4.") : TEXT.index("## 5.")]
     for criterion in ("`1 passed`", "finite", "checkpoint-format assertion"):
         assert criterion in section
 
@@ -143,7 +151,7 @@ def test_no_bare_line_number_citations():
 def test_smoke_section_says_what_the_smoke_command_really_launches(cli):
     """`mfsdp.py smoke` runs scripts/smoke_train.py under torchrun, not pytest: SKILL.md must not tell the
     agent that it prints pytest's `1 passed` (it once said the smoke command 'runs' the pytest line)."""
-    section = TEXT[TEXT.index("## 4."):TEXT.index("## 5.")]
+    section = TEXT[TEXT.index("## 4.") : TEXT.index("## 5.")]
     launched = cli("smoke", "--dry-run", "--nproc-per-node", "2", "--save-resume").stdout.split()
     entry = next(a for a in launched if a.endswith(".py"))
     assert "-m" in launched and "pytest" not in launched

@@ -175,7 +175,7 @@ class FileIndex:
         prefix = message.endswith(PREFIX_MARK)
         want = message[: -len(PREFIX_MARK)].rstrip() if prefix else message
         for text, start, end in self.literals:
-            if (text.startswith(want) if prefix else text == want):
+            if text.startswith(want) if prefix else text == want:
                 return (start, end)
         return None
 

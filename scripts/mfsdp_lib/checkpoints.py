@@ -57,8 +57,12 @@ ITERATION_MARKERS = (RUN_CONFIG, TRAIN_STATE, MCORE_DIST_CONFIG, DCP_METADATA)  
 ITER_DIR_RE = re.compile(r"^iter_(\d+)$")  # get_checkpoint_name: "iter_{:07d}"
 RELEASE_DIR = "release"
 HF_CONFIG = "config.json"
-HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                   "pytorch_model.bin.index.json")  # Bridge's _HF_KNOWN_WEIGHT_FILES
+HF_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)  # Bridge's _HF_KNOWN_WEIGHT_FILES
 HF_WEIGHT_RES = (re.compile(r"^model-\d+-of-\d+\.safetensors$"), re.compile(r"^pytorch_model-\d+-of-\d+\.bin$"))
 LEGACY_RANK_DIR_RE = re.compile(r"^mp_rank_\d{2}(_\d{3})?$")  # Megatron-LM get_checkpoint_name for ckpt_format=torch
 LEGACY_MODEL_FILE = "model_optim_rng.pt"
@@ -78,11 +82,35 @@ MAX_ITER_SCAN = 10000  # iteration folders listed per root
 MAX_LISTED = 12  # file names quoted in a message or a finding's extra; counts stay exact
 
 # torch storage class -> struct format of one element (train_state.pt stores scalars as 1-element tensors)
-_STORAGE_FMT = {"LongStorage": "q", "IntStorage": "i", "ShortStorage": "h", "CharStorage": "b",
-                "ByteStorage": "B", "BoolStorage": "?", "FloatStorage": "f", "DoubleStorage": "d"}
-_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8, "double": 8,
-                "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-                "float8_e4m3fn": 1, "float8_e5m2": 1}
+_STORAGE_FMT = {
+    "LongStorage": "q",
+    "IntStorage": "i",
+    "ShortStorage": "h",
+    "CharStorage": "b",
+    "ByteStorage": "B",
+    "BoolStorage": "?",
+    "FloatStorage": "f",
+    "DoubleStorage": "d",
+}
+_DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "double": 8,
+    "int64": 8,
+    "long": 8,
+    "int32": 4,
+    "int": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
 
 # Where conversions live (checked in the repositories, cited exactly).
 MLM_INSPECTOR = "tools/checkpoint/checkpoint_inspector.py"  # NVIDIA/Megatron-LM (core_v0.19.0 and main)
@@ -93,6 +121,7 @@ BRIDGE_CONVERT_SH = "scripts/conversion/convert.sh"  # NVIDIA-NeMo/Megatron-Brid
 # ----------------------------------------------------------------------------------------------------------
 # Safe pickle reading
 # ----------------------------------------------------------------------------------------------------------
+
 
 class PickleUnreadable(Exception):
     """The opcode stream uses something we do not model, or is damaged."""
@@ -164,9 +193,28 @@ def read_pickle_tree(data: bytes, persistent: bool = False):
                 stack.append(None)
             elif name in ("NEWTRUE", "NEWFALSE"):
                 stack.append(name == "NEWTRUE")
-            elif name in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
-                          "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE",
-                          "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8"):
+            elif name in (
+                "INT",
+                "BININT",
+                "BININT1",
+                "BININT2",
+                "LONG",
+                "LONG1",
+                "LONG4",
+                "FLOAT",
+                "BINFLOAT",
+                "STRING",
+                "BINSTRING",
+                "SHORT_BINSTRING",
+                "UNICODE",
+                "BINUNICODE",
+                "SHORT_BINUNICODE",
+                "BINUNICODE8",
+                "BINBYTES",
+                "SHORT_BINBYTES",
+                "BINBYTES8",
+                "BYTEARRAY8",
+            ):
                 stack.append(arg)
             elif name == "EMPTY_LIST":
                 stack.append([])
@@ -294,6 +342,7 @@ def _as(obj, typ):
 # The small files
 # ----------------------------------------------------------------------------------------------------------
 
+
 def _read_small(path: str, limit: int = MAX_SMALL_FILE) -> bytes:
     with open(path, "rb") as f:
         data = f.read(limit + 1)
@@ -372,7 +421,7 @@ def _scalar_from(val, zf: zipfile.ZipFile, prefix: str, order: str, names: list[
             if fmt and member in names:
                 raw = zf.read(member)
                 width = struct.calcsize(fmt)
-                chunk = raw[offset * width:(offset + 1) * width]
+                chunk = raw[offset * width : (offset + 1) * width]
                 if len(chunk) == width:
                     v = struct.unpack(order + fmt, chunk)[0]
                     return float(v) if fmt in "fd" else (bool(v) if fmt == "?" else int(v))
@@ -402,7 +451,7 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
     tensors = nbytes = objects = 0
     groups: dict[str, int] = {}
     dtypes: dict[str, int] = {}
-    for key, md in (sdm.items() if isinstance(sdm, dict) else ()):
+    for key, md in sdm.items() if isinstance(sdm, dict) else ():
         group = _key_group(str(key))
         groups[group] = groups.get(group, 0) + 1
         kind = md.qualname.rsplit(".", 1)[-1] if isinstance(md, Call) else ""
@@ -419,7 +468,7 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
             objects += 1
     files: dict[str, int] = {}
     storage = state.get("storage_data")
-    for info in (storage.values() if isinstance(storage, dict) else ()):
+    for info in storage.values() if isinstance(storage, dict) else ():
         st = info.state if isinstance(info, Call) and isinstance(info.state, dict) else {}
         rel = st.get("relative_path")
         if rel is None and isinstance(info, Call) and info.args:
@@ -463,8 +512,17 @@ def _scan_dcp_names(path: str, size: int) -> tuple[dict | None, str | None]:
     if not seen_class:
         return None, "not a torch.distributed.checkpoint Metadata pickle"
     files = {n.decode("ascii"): 0 for n in sorted(names)}
-    return {"entries": None, "tensors": None, "objects": None, "tensor_bytes": None, "key_groups": {},
-            "dtypes": {}, "files": files, "version": None, "mode": f"names only ({size} bytes)"}, None
+    return {
+        "entries": None,
+        "tensors": None,
+        "objects": None,
+        "tensor_bytes": None,
+        "key_groups": {},
+        "dtypes": {},
+        "files": files,
+        "version": None,
+        "mode": f"names only ({size} bytes)",
+    }, None
 
 
 def _key_group(key: str) -> str:
@@ -551,6 +609,7 @@ def summarize_run_config(cfg: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 # Folders
 # ----------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class IterationInfo:
@@ -760,7 +819,8 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
         raise InputError(
             f"{path}: not a checkpoint (no {TRACKER_TRAIN_STATE}, {TRACKER_TXT}, iter_NNNNNNN/, "
             f"{RUN_CONFIG}, {MCORE_DIST_CONFIG}, {DCP_METADATA}, Hugging Face config.json+weights or "
-            f"mp_rank_XX/; found: {shown})")
+            f"mp_rank_XX/; found: {shown})"
+        )
     findings: list[Finding] = []
     tracker: dict = {}
     others: list[IterationInfo] = []
@@ -789,29 +849,45 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
         if not tracker:
             ints = [i for i in iterations if isinstance(i, int)]
             newest = max(ints) if ints else None
-            findings.append(Finding(
-                "MFSDP-CKPT-NO-TRACKER", "error", path,
-                f"no {TRACKER_TRAIN_STATE} or {TRACKER_TXT}: loading this root, Bridge finds no iteration, prints "
-                "'could not find the metadata file' and starts from random initialisation",
-                (f"point checkpoint.load at {os.path.join(path, _iter_name(newest))} (an iteration folder loads "
-                 f"directly), or set checkpoint.ckpt_step={newest}" if newest is not None else
-                 "point checkpoint.load at an iteration folder")
-                + "; checkpoint.exit_on_missing_checkpoint=true makes a missing checkpoint fatal instead of silent"))
+            findings.append(
+                Finding(
+                    "MFSDP-CKPT-NO-TRACKER",
+                    "error",
+                    path,
+                    f"no {TRACKER_TRAIN_STATE} or {TRACKER_TXT}: loading this root, Bridge finds no iteration, prints "
+                    "'could not find the metadata file' and starts from random initialisation",
+                    (
+                        f"point checkpoint.load at {os.path.join(path, _iter_name(newest))} (an iteration folder loads "
+                        f"directly), or set checkpoint.ckpt_step={newest}"
+                        if newest is not None
+                        else "point checkpoint.load at an iteration folder"
+                    )
+                    + "; checkpoint.exit_on_missing_checkpoint=true makes a missing checkpoint fatal instead of silent",
+                )
+            )
         if tracked is not None and tracked not in iter_dirs:
             name = "release" if tracked == RELEASE_DIR else f"iter_{tracked:07d}"
             have = [i for i in iterations if isinstance(i, int)]
             newest = max(have) if have else None
             if newest is not None:
-                fix = (f"resume from iter_{newest:07d}: set checkpoint.ckpt_step={newest}, or make the tracker "
-                       f"point there (cp {path}/iter_{newest:07d}/{TRAIN_STATE} {path}/{TRACKER_TRAIN_STATE}; "
-                       f"echo {newest} > {path}/{TRACKER_TXT})")
+                fix = (
+                    f"resume from iter_{newest:07d}: set checkpoint.ckpt_step={newest}, or make the tracker "
+                    f"point there (cp {path}/iter_{newest:07d}/{TRAIN_STATE} {path}/{TRACKER_TRAIN_STATE}; "
+                    f"echo {newest} > {path}/{TRACKER_TXT})"
+                )
             else:
                 fix = "no iteration folder exists: the save never completed; re-run the save or load another checkpoint"
-            findings.append(Finding(
-                "MFSDP-CKPT-TRACKER-MISSING", "error", os.path.join(path, name),
-                f"the tracker points at {name}, which does not exist (present: "
-                f"{', '.join(_iter_name(i) for i in iterations) or 'none'}); Bridge would fail to load",
-                fix, {"tracked": tracked, "present": iterations}))
+            findings.append(
+                Finding(
+                    "MFSDP-CKPT-TRACKER-MISSING",
+                    "error",
+                    os.path.join(path, name),
+                    f"the tracker points at {name}, which does not exist (present: "
+                    f"{', '.join(_iter_name(i) for i in iterations) or 'none'}); Bridge would fail to load",
+                    fix,
+                    {"tracked": tracked, "present": iterations},
+                )
+            )
         latest = tracked if tracked in iter_dirs else None
         if latest is None and iterations:
             ints = [i for i in iterations if isinstance(i, int)]
@@ -829,10 +905,15 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
             else:
                 others.append(info)
     if inspected is None:
-        findings.append(Finding(
-            "MFSDP-CKPT-NO-ITERATION", "error", path,
-            "the checkpoint root has no iteration folder (iter_NNNNNNN/ or release/)",
-            "the save did not complete; check the training log for the save and re-run it"))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-NO-ITERATION",
+                "error",
+                path,
+                "the checkpoint root has no iteration folder (iter_NNNNNNN/ or release/)",
+                "the save did not complete; check the training log for the save and re-run it",
+            )
+        )
     usable = [o.iteration for o in others if o.payload and o.iteration is not None]
     fallback = max(usable) if usable else None
     for info in ([inspected] if inspected else []) + others:
@@ -842,9 +923,18 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
     if inspected is not None:
         _judge_config(inspected, cfg_summary, findings)
         _conversion_findings(inspected, cfg_summary, expect, findings)
-    return CheckpointReport(path=path, kind=kind, format=fmt, iterations=iterations, latest=latest,
-                            tracker=tracker, inspected=inspected, others=others, config=cfg_summary,
-                            findings=findings)
+    return CheckpointReport(
+        path=path,
+        kind=kind,
+        format=fmt,
+        iterations=iterations,
+        latest=latest,
+        tracker=tracker,
+        inspected=inspected,
+        others=others,
+        config=cfg_summary,
+        findings=findings,
+    )
 
 
 def _iter_name(i) -> str:
@@ -861,72 +951,125 @@ def _read_trackers(path: str, entries: list[str], findings: list[Finding]):
         if ts and isinstance(ts.get("step"), int):
             ts_iter = ts["step"]
         elif err:
-            findings.append(Finding(
-                "MFSDP-CKPT-TRACKER-UNREADABLE", "warning", os.path.join(path, TRACKER_TRAIN_STATE),
-                f"cannot read the step from {TRACKER_TRAIN_STATE} without unpickling: {err}",
-                f"run 'mfsdp.py ckpt {path} --trust-pickle' with torch installed, or check the file is complete"))
+            findings.append(
+                Finding(
+                    "MFSDP-CKPT-TRACKER-UNREADABLE",
+                    "warning",
+                    os.path.join(path, TRACKER_TRAIN_STATE),
+                    f"cannot read the step from {TRACKER_TRAIN_STATE} without unpickling: {err}",
+                    f"run 'mfsdp.py ckpt {path} --trust-pickle' with torch installed, or check the file is complete",
+                )
+            )
     if TRACKER_TXT in entries:
         it, release, err = read_tracker_txt(os.path.join(path, TRACKER_TXT))
         tracker[TRACKER_TXT] = RELEASE_DIR if release else (it if err is None else {"error": err})
         txt_iter = RELEASE_DIR if release else it
         if err:
-            findings.append(Finding(
-                "MFSDP-CKPT-TRACKER-BAD", "error", os.path.join(path, TRACKER_TXT),
-                f"{TRACKER_TXT} {err}; Megatron-LM and Bridge exit when parsing it",
-                f"write the last saved iteration number into it (echo N > {os.path.join(path, TRACKER_TXT)})"))
+            findings.append(
+                Finding(
+                    "MFSDP-CKPT-TRACKER-BAD",
+                    "error",
+                    os.path.join(path, TRACKER_TXT),
+                    f"{TRACKER_TXT} {err}; Megatron-LM and Bridge exit when parsing it",
+                    f"write the last saved iteration number into it (echo N > {os.path.join(path, TRACKER_TXT)})",
+                )
+            )
     if ts_iter is not None and txt_iter is not None and ts_iter != txt_iter:
-        findings.append(Finding(
-            "MFSDP-CKPT-TRACKER-DISAGREE", "warning", path,
-            f"{TRACKER_TRAIN_STATE} says step {ts_iter} but {TRACKER_TXT} says {txt_iter}; Bridge uses "
-            f"{TRACKER_TRAIN_STATE}, Megatron-LM tools use the text file",
-            f"make them agree: echo {ts_iter} > {os.path.join(path, TRACKER_TXT)}"))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-TRACKER-DISAGREE",
+                "warning",
+                path,
+                f"{TRACKER_TRAIN_STATE} says step {ts_iter} but {TRACKER_TXT} says {txt_iter}; Bridge uses "
+                f"{TRACKER_TRAIN_STATE}, Megatron-LM tools use the text file",
+                f"make them agree: echo {ts_iter} > {os.path.join(path, TRACKER_TXT)}",
+            )
+        )
     tracked = ts_iter if ts_iter is not None else txt_iter
     return tracker, tracked
 
 
 def _judge_iteration(info: IterationInfo, findings: list[Finding], fallback: int | None) -> None:
     name = info.path
-    earlier = (f"resume from iter_{fallback:07d}, which is complete, with checkpoint.ckpt_step={fallback}"
-               if fallback is not None else "resume from an earlier complete iteration with checkpoint.ckpt_step=N")
+    earlier = (
+        f"resume from iter_{fallback:07d}, which is complete, with checkpoint.ckpt_step={fallback}"
+        if fallback is not None
+        else "resume from an earlier complete iteration with checkpoint.ckpt_step=N"
+    )
     if info.format is None:
         markers = [m for m in ITERATION_MARKERS if m in info.entries]
-        findings.append(Finding(
-            "MFSDP-CKPT-NO-PAYLOAD", "error", name,
-            f"iteration folder holds no checkpoint payload (found: {_names(info.entries) or 'nothing'}; "
-            f"no {MCORE_DIST_CONFIG}, {DCP_METADATA} + *.distcp, HF weights or mp_rank_XX/)"
-            + ("; Bridge raises 'Unknown checkpoint format' on it" if markers else ""),
-            f"the save was interrupted or the files were not copied: re-save, or {earlier}",
-            {"entries": info.entries[:MAX_LISTED], "entry_count": len(info.entries)}))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-NO-PAYLOAD",
+                "error",
+                name,
+                f"iteration folder holds no checkpoint payload (found: {_names(info.entries) or 'nothing'}; "
+                f"no {MCORE_DIST_CONFIG}, {DCP_METADATA} + *.distcp, HF weights or mp_rank_XX/)"
+                + ("; Bridge raises 'Unknown checkpoint format' on it" if markers else ""),
+                f"the save was interrupted or the files were not copied: re-save, or {earlier}",
+                {"entries": info.entries[:MAX_LISTED], "entry_count": len(info.entries)},
+            )
+        )
         return
     if not info.payload:
-        what = {"torch_dist": f"{DCP_METADATA} and *.distcp shards", "fsdp_dtensor": "*.distcp shards",
-                "torch": f"mp_rank_XX/{LEGACY_MODEL_FILE}", "zarr": "per-tensor folders"}.get(info.format, "weights")
-        findings.append(Finding(
-            "MFSDP-CKPT-NO-PAYLOAD", "error", name,
-            f"{info.format} metadata is present but the payload ({what}) is missing"
-            + (f": {_names(info.missing_shards)}" if info.missing_shards else ""),
-            f"the save was interrupted or only metadata was copied: copy the shard files too, or {earlier}",
-            {"missing": info.missing_shards[:MAX_LISTED], "missing_count": len(info.missing_shards)}))
+        what = {
+            "torch_dist": f"{DCP_METADATA} and *.distcp shards",
+            "fsdp_dtensor": "*.distcp shards",
+            "torch": f"mp_rank_XX/{LEGACY_MODEL_FILE}",
+            "zarr": "per-tensor folders",
+        }.get(info.format, "weights")
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-NO-PAYLOAD",
+                "error",
+                name,
+                f"{info.format} metadata is present but the payload ({what}) is missing"
+                + (f": {_names(info.missing_shards)}" if info.missing_shards else ""),
+                f"the save was interrupted or only metadata was copied: copy the shard files too, or {earlier}",
+                {"missing": info.missing_shards[:MAX_LISTED], "missing_count": len(info.missing_shards)},
+            )
+        )
     elif info.missing_shards or info.short_shards:
         parts = []
         if info.missing_shards:
             parts.append(f"missing {len(info.missing_shards)}: {_names(info.missing_shards, 4)}")
         if info.short_shards:
             parts.append(f"shorter than {DCP_METADATA} records: {_names(info.short_shards, 4)}")
-        findings.append(Finding(
-            "MFSDP-CKPT-SHARDS-INCOMPLETE", "error", name,
-            f"shard files named in {DCP_METADATA} are incomplete ({'; '.join(parts)})",
-            "copy the checkpoint again completely (or re-save it); loading would fail reading these shards",
-            {"missing": info.missing_shards[:MAX_LISTED], "short": info.short_shards[:MAX_LISTED],
-             "missing_count": len(info.missing_shards), "short_count": len(info.short_shards)}))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-SHARDS-INCOMPLETE",
+                "error",
+                name,
+                f"shard files named in {DCP_METADATA} are incomplete ({'; '.join(parts)})",
+                "copy the checkpoint again completely (or re-save it); loading would fail reading these shards",
+                {
+                    "missing": info.missing_shards[:MAX_LISTED],
+                    "short": info.short_shards[:MAX_LISTED],
+                    "missing_count": len(info.missing_shards),
+                    "short_count": len(info.short_shards),
+                },
+            )
+        )
     if info.format == "zarr":
-        findings.append(Finding(
-            "MFSDP-CKPT-ZARR", "error", name,
-            "metadata.json names sharded_backend 'zarr', a backend Megatron-Core 0.19 no longer loads",
-            "convert it with an older Megatron-Core to torch_dist first, then to fsdp_dtensor (see below)"))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-ZARR",
+                "error",
+                name,
+                "metadata.json names sharded_backend 'zarr', a backend Megatron-Core 0.19 no longer loads",
+                "convert it with an older Megatron-Core to torch_dist first, then to fsdp_dtensor (see below)",
+            )
+        )
     for p in info.problems:
-        findings.append(Finding("MFSDP-CKPT-METADATA-UNREADABLE", "warning", name, p,
-                                "check the file is complete; the tool reads it without executing any pickle"))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-METADATA-UNREADABLE",
+                "warning",
+                name,
+                p,
+                "check the file is complete; the tool reads it without executing any pickle",
+            )
+        )
 
 
 def _names(items: list[str], limit: int = MAX_LISTED) -> str:
@@ -941,41 +1084,61 @@ def _judge_config(info: IterationInfo, cfg: dict, findings: list[Finding]) -> No
     cfg_path = os.path.join(info.path, RUN_CONFIG)
     if info.run_config is None:
         if info.format in ("torch_dist", "fsdp_dtensor") and RUN_CONFIG not in info.entries:
-            findings.append(Finding(
-                "MFSDP-CKPT-NO-RUN-CONFIG", "warning", info.path,
-                f"no {RUN_CONFIG}: the recorded checkpoint.ckpt_format and Megatron FSDP settings cannot be "
-                "compared with what is on disk (a Megatron-LM checkpoint, or the save did not finish)",
-                f"make sure the loading run sets checkpoint.ckpt_format={info.format}"))
+            findings.append(
+                Finding(
+                    "MFSDP-CKPT-NO-RUN-CONFIG",
+                    "warning",
+                    info.path,
+                    f"no {RUN_CONFIG}: the recorded checkpoint.ckpt_format and Megatron FSDP settings cannot be "
+                    "compared with what is on disk (a Megatron-LM checkpoint, or the save did not finish)",
+                    f"make sure the loading run sets checkpoint.ckpt_format={info.format}",
+                )
+            )
         return
     recorded = cfg.get("checkpoint.ckpt_format")
     mfsdp = _truthy(cfg.get("ddp.use_megatron_fsdp")) or _truthy(cfg.get("dist.use_megatron_fsdp"))
     fsdp2 = _truthy(cfg.get("dist.use_torch_fsdp2"))
     on_disk = info.format
     if recorded and on_disk in ("torch_dist", "fsdp_dtensor") and recorded != on_disk:
-        findings.append(Finding(
-            "MFSDP-CKPT-FORMAT-MISMATCH", "error", "checkpoint.ckpt_format",
-            f"{RUN_CONFIG} records ckpt_format={recorded!r} but the folder holds {on_disk!r}; loading it with "
-            f"that config stops at Bridge's assertion \"Checkpoint format '{recorded}' from config differs from "
-            f"inferred format '{on_disk}'\"",
-            f"load with checkpoint.ckpt_format={on_disk}, or convert the checkpoint (see the conversion finding)",
-            {"file": cfg_path, "recorded": recorded, "on_disk": on_disk}))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-FORMAT-MISMATCH",
+                "error",
+                "checkpoint.ckpt_format",
+                f"{RUN_CONFIG} records ckpt_format={recorded!r} but the folder holds {on_disk!r}; loading it with "
+                f"that config stops at Bridge's assertion \"Checkpoint format '{recorded}' from config differs from "
+                f"inferred format '{on_disk}'\"",
+                f"load with checkpoint.ckpt_format={on_disk}, or convert the checkpoint (see the conversion finding)",
+                {"file": cfg_path, "recorded": recorded, "on_disk": on_disk},
+            )
+        )
     if on_disk == "fsdp_dtensor" and (not _truthy(cfg.get("ddp.use_megatron_fsdp")) or fsdp2):
         why = "dist.use_torch_fsdp2=true" if fsdp2 else "ddp.use_megatron_fsdp is not true"
-        findings.append(Finding(
-            "MFSDP-CKPT-DTENSOR-WITHOUT-MFSDP", "error", "ddp.use_megatron_fsdp",
-            f"an fsdp_dtensor checkpoint, but its run config has {why}; Bridge asserts \"fsdp_dtensor "
-            "checkpoint format only supports Megatron FSDP\" when saving or loading it",
-            "load it in a Megatron FSDP run (dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true "
-            "ddp.data_parallel_sharding_strategy=optim_grads_params checkpoint.ckpt_format=fsdp_dtensor "
-            "dist.use_torch_fsdp2=false), or export it to Hugging Face (see the conversion finding)",
-            {"file": cfg_path}))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-DTENSOR-WITHOUT-MFSDP",
+                "error",
+                "ddp.use_megatron_fsdp",
+                f'an fsdp_dtensor checkpoint, but its run config has {why}; Bridge asserts "fsdp_dtensor '
+                'checkpoint format only supports Megatron FSDP" when saving or loading it',
+                "load it in a Megatron FSDP run (dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true "
+                "ddp.data_parallel_sharding_strategy=optim_grads_params checkpoint.ckpt_format=fsdp_dtensor "
+                "dist.use_torch_fsdp2=false), or export it to Hugging Face (see the conversion finding)",
+                {"file": cfg_path},
+            )
+        )
     if mfsdp and on_disk in ("torch_dist", "zarr", "torch"):
-        findings.append(Finding(
-            "MFSDP-CKPT-MFSDP-NOT-DTENSOR", "error", "checkpoint.ckpt_format",
-            f"the run config enables Megatron FSDP but the checkpoint is {on_disk!r}; Bridge asserts "
-            "\"Megatron-FSDP requires the fsdp_dtensor checkpointing format!\" whenever save or load is set",
-            "convert it to fsdp_dtensor (see the conversion finding), then load with checkpoint.ckpt_format=fsdp_dtensor",
-            {"file": cfg_path}))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-MFSDP-NOT-DTENSOR",
+                "error",
+                "checkpoint.ckpt_format",
+                f"the run config enables Megatron FSDP but the checkpoint is {on_disk!r}; Bridge asserts "
+                '"Megatron-FSDP requires the fsdp_dtensor checkpointing format!" whenever save or load is set',
+                "convert it to fsdp_dtensor (see the conversion finding), then load with checkpoint.ckpt_format=fsdp_dtensor",
+                {"file": cfg_path},
+            )
+        )
 
 
 def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, findings: list[Finding]) -> None:
@@ -989,64 +1152,102 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
     par = f"--tp {tp} --cp {cp} --ep {ep}"
     glu = cfg.get("model.gated_linear_unit")
     # checkpoint_inspector cannot tell gated (SwiGLU/GeGLU) fc1 weights from plain ones: --swiglu is manual.
-    swiglu = ("--swiglu" if _truthy(glu) else "" if glu is False
-              else "[--swiglu if the MLP is SwiGLU (model.gated_linear_unit=true)]")
-    inspector = (f"torchrun --nproc_per_node=<gpus> {MLM_INSPECTOR} convert-torch-dist-to-fsdp-dtensor "
-                 f"{src} <output_dir> {swiglu}").rstrip()
+    swiglu = (
+        "--swiglu"
+        if _truthy(glu)
+        else ""
+        if glu is False
+        else "[--swiglu if the MLP is SwiGLU (model.gated_linear_unit=true)]"
+    )
+    inspector = (
+        f"torchrun --nproc_per_node=<gpus> {MLM_INSPECTOR} convert-torch-dist-to-fsdp-dtensor "
+        f"{src} <output_dir> {swiglu}"
+    ).rstrip()
     conversions = {
         ("torch_dist", "fsdp_dtensor"): (
-            f"Megatron-LM (run from an NVIDIA/Megatron-LM checkout, on GPUs): {inspector}"),
+            f"Megatron-LM (run from an NVIDIA/Megatron-LM checkout, on GPUs): {inspector}"
+        ),
         ("hf", "fsdp_dtensor"): (
             f"Bridge (NVIDIA-NeMo/Megatron-Bridge checkout): torchrun --nproc_per_node=<gpus> "
             f"{BRIDGE_MFSDP_CONVERT} import --hf-model {src} --megatron-path <output_dir> {par} "
-            "--ckpt-format fsdp_dtensor"),
+            "--ckpt-format fsdp_dtensor"
+        ),
         ("fsdp_dtensor", "hf"): (
             f"Bridge: torchrun --nproc_per_node=<gpus> {BRIDGE_MFSDP_CONVERT} export --hf-model {hf_id} "
             f"--megatron-path {src} --hf-path <output_dir> {par} "
-            "--ckpt-format fsdp_dtensor"),
+            "--ckpt-format fsdp_dtensor"
+        ),
         ("fsdp_dtensor", "torch_dist"): (
             "no direct tool: export to Hugging Face with Bridge's "
             f"'{BRIDGE_MFSDP_CONVERT} export ...' then import with '{BRIDGE_CONVERT_SH} import --hf-model "
-            "<hf_dir> --megatron-path <output_dir>' (torch_dist)"),
+            "<hf_dir> --megatron-path <output_dir>' (torch_dist)"
+        ),
         ("hf", "torch_dist"): (
             f"Bridge: {BRIDGE_CONVERT_SH} import --executor local --device gpu --hf-model {src} "
-            "--megatron-path <output_dir>"),
+            "--megatron-path <output_dir>"
+        ),
         ("torch", "torch_dist"): (
             "Megatron-LM: run its pretrain script once with --ckpt-format torch --load <root> "
-            "--ckpt-convert-format torch_dist --ckpt-convert-save <output_dir> (it saves and exits)"),
+            "--ckpt-convert-format torch_dist --ckpt-convert-save <output_dir> (it saves and exits)"
+        ),
         ("torch", "fsdp_dtensor"): (
             "two steps: Megatron-LM --ckpt-convert-format torch_dist --ckpt-convert-save <dir> (torch -> "
-            f"torch_dist), then {MLM_INSPECTOR} convert-torch-dist-to-fsdp-dtensor <dir>/torch/iter_N <output_dir>"),
+            f"torch_dist), then {MLM_INSPECTOR} convert-torch-dist-to-fsdp-dtensor <dir>/torch/iter_N <output_dir>"
+        ),
         ("torch_dist", "hf"): (
             f"Bridge: {BRIDGE_CONVERT_SH} export --executor local --device gpu --hf-model {hf_id} "
-            f"--megatron-path {src} --hf-path <output_dir>"),
+            f"--megatron-path {src} --hf-path <output_dir>"
+        ),
     }
     if expect:
         if fmt != expect:
             how = conversions.get((fmt, expect), "no documented conversion path between these formats")
-            findings.append(Finding(
-                "MFSDP-CKPT-EXPECT", "error", info.path,
-                f"expected {expect!r} but the checkpoint is {fmt!r}",
-                how, {"expected": expect, "found": fmt}))
+            findings.append(
+                Finding(
+                    "MFSDP-CKPT-EXPECT",
+                    "error",
+                    info.path,
+                    f"expected {expect!r} but the checkpoint is {fmt!r}",
+                    how,
+                    {"expected": expect, "found": fmt},
+                )
+            )
         return
     # No --expect: suggest the path that matters for Megatron FSDP.
     if fmt in ("torch_dist", "hf", "torch"):
         target = "fsdp_dtensor"
-        note = {"torch_dist": "to resume it under Megatron FSDP, convert it to fsdp_dtensor",
-                "hf": ("Hugging Face weights load only via checkpoint.pretrained_checkpoint (checkpoint.load "
-                       "refuses them); to get a native Megatron FSDP checkpoint"),
-                "torch": "Bridge 0.6.2 cannot load the legacy torch format (\"Unknown checkpoint format\"); "
-                         "to use it with Megatron FSDP"}[fmt]
+        note = {
+            "torch_dist": "to resume it under Megatron FSDP, convert it to fsdp_dtensor",
+            "hf": (
+                "Hugging Face weights load only via checkpoint.pretrained_checkpoint (checkpoint.load "
+                "refuses them); to get a native Megatron FSDP checkpoint"
+            ),
+            "torch": 'Bridge 0.6.2 cannot load the legacy torch format ("Unknown checkpoint format"); '
+            "to use it with Megatron FSDP",
+        }[fmt]
         severity = "error" if fmt == "torch" else "info"
-        findings.append(Finding(
-            "MFSDP-CKPT-CONVERT", severity, info.path, f"{note}: {fmt} -> {target}",
-            conversions[(fmt, target)], {"from": fmt, "to": target}))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-CONVERT",
+                severity,
+                info.path,
+                f"{note}: {fmt} -> {target}",
+                conversions[(fmt, target)],
+                {"from": fmt, "to": target},
+            )
+        )
     elif fmt == "fsdp_dtensor":
-        findings.append(Finding(
-            "MFSDP-CKPT-CONVERT", "info", info.path,
-            "fsdp_dtensor loads only into Megatron FSDP runs; to share the weights or train without Megatron "
-            "FSDP, export to Hugging Face",
-            conversions[("fsdp_dtensor", "hf")], {"from": fmt, "to": "hf"}))
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-CONVERT",
+                "info",
+                info.path,
+                "fsdp_dtensor loads only into Megatron FSDP runs; to share the weights or train without Megatron "
+                "FSDP, export to Hugging Face",
+                conversions[("fsdp_dtensor", "hf")],
+                {"from": fmt, "to": "hf"},
+            )
+        )
 
 
 def trusted_dcp_summary(path: str) -> tuple[dict | None, str | None]:

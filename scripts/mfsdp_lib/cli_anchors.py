@@ -47,12 +47,22 @@ DEFAULT_SKILL_DIR = Path(__file__).resolve().parent.parent.parent  # scripts/mfs
 
 
 def configure(parser) -> None:
-    parser.add_argument("--bridge-src", metavar="DIR|WHEEL",
-                        help="Megatron-Bridge source: folder or .whl (default: the installed megatron-bridge)")
-    parser.add_argument("--mcore-src", metavar="DIR|WHEEL",
-                        help="Megatron-Core source: folder or .whl (default: the installed megatron-core)")
-    parser.add_argument("--skill-dir", metavar="DIR", default=str(DEFAULT_SKILL_DIR),
-                        help="skill folder whose SKILL.md and references/*.md are read (default: this skill)")
+    parser.add_argument(
+        "--bridge-src",
+        metavar="DIR|WHEEL",
+        help="Megatron-Bridge source: folder or .whl (default: the installed megatron-bridge)",
+    )
+    parser.add_argument(
+        "--mcore-src",
+        metavar="DIR|WHEEL",
+        help="Megatron-Core source: folder or .whl (default: the installed megatron-core)",
+    )
+    parser.add_argument(
+        "--skill-dir",
+        metavar="DIR",
+        default=str(DEFAULT_SKILL_DIR),
+        help="skill folder whose SKILL.md and references/*.md are read (default: this skill)",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
@@ -60,9 +70,11 @@ def _locate(which: str, given: str | None):
     src = _sources.locate(which, given)
     if given and src is None:
         name = _sources.DISTRIBUTIONS[which]
-        raise InputError(f"--{which}-src {given}: "
-                         f"no {name} sources there (want a folder holding "
-                         f"{_sources.PACKAGE_PREFIXES[which][0]} or a {name.replace('-', '_')} wheel)")
+        raise InputError(
+            f"--{which}-src {given}: "
+            f"no {name} sources there (want a folder holding "
+            f"{_sources.PACKAGE_PREFIXES[which][0]} or a {name.replace('-', '_')} wheel)"
+        )
     return src
 
 
@@ -91,14 +103,18 @@ def run(args) -> int:
     versions = {w: (srcs[w].version if srcs.get(w) else None) for w in ("bridge", "mcore")}
 
     if args.format == "json":
-        json.dump({
-            "ok": not drifted,
-            "bridge_version": versions["bridge"],
-            "mcore_version": versions["mcore"],
-            "pinned": {"bridge_version": PINNED["bridge"], "mcore_version": PINNED["mcore"]},
-            "sources": {w: s.describe() for w, s in srcs.items() if s is not None},
-            "anchors": [a.to_json() for a in checked],
-        }, sys.stdout, indent=2)
+        json.dump(
+            {
+                "ok": not drifted,
+                "bridge_version": versions["bridge"],
+                "mcore_version": versions["mcore"],
+                "pinned": {"bridge_version": PINNED["bridge"], "mcore_version": PINNED["mcore"]},
+                "sources": {w: s.describe() for w, s in srcs.items() if s is not None},
+                "anchors": [a.to_json() for a in checked],
+            },
+            sys.stdout,
+            indent=2,
+        )
         sys.stdout.write("\n")
     else:
         _render_text(checked, srcs, versions)
@@ -127,5 +143,8 @@ def _render_text(checked, srcs, versions) -> None:
                 sym = f" :: {n['symbol']}" if n.get("symbol") else ""
                 out.write(f"           nearest: {n['file']}{sym}{where}\n")
     found = sum(a.status == "found" for a in checked)
-    out.write(f"{found}/{len(checked)} anchors found"
-              + ("" if found == len(checked) else f"; {len(checked) - found} drifted: fix the citation or the advice") + "\n")
+    out.write(
+        f"{found}/{len(checked)} anchors found"
+        + ("" if found == len(checked) else f"; {len(checked) - found} drifted: fix the citation or the advice")
+        + "\n"
+    )

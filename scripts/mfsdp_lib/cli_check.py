@@ -48,13 +48,27 @@ such as a misspelt sharding strategy, malformed KEY=VALUE)."""
 
 
 def configure(parser) -> None:
-    parser.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]",
-                        help="optional config file, then section.key=value overrides")
-    parser.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
-                        help="environment of the training job (repeatable); default: this process's environment")
-    parser.add_argument("--gpu-arch", type=_arch, default=None, metavar="ARCH",
-                        help=f"GPU architecture of the job ({', '.join(rules.KNOWN_ARCHS)}, or a product name "
-                             "such as h100, gb200); enables architecture-specific advice")
+    parser.add_argument(
+        "items",
+        nargs="*",
+        metavar="[CONFIG] [KEY=VALUE ...]",
+        help="optional config file, then section.key=value overrides",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="environment of the training job (repeatable); default: this process's environment",
+    )
+    parser.add_argument(
+        "--gpu-arch",
+        type=_arch,
+        default=None,
+        metavar="ARCH",
+        help=f"GPU architecture of the job ({', '.join(rules.KNOWN_ARCHS)}, or a product name "
+        "such as h100, gb200); enables architecture-specific advice",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     add_base_argument(parser)
     allow_intermixed(parser)
@@ -70,10 +84,13 @@ def allow_intermixed(parser) -> None:
 
 
 def add_base_argument(parser) -> None:
-    parser.add_argument("--base", metavar="BASE",
-                        help="full config that a partial CONFIG is layered on, as a recipe launcher does with "
-                             "--config-file: a run_config.yaml, or 'embedded' for the embedded Llama 3 8B "
-                             "recipe (default: Bridge's dataclass defaults)")
+    parser.add_argument(
+        "--base",
+        metavar="BASE",
+        help="full config that a partial CONFIG is layered on, as a recipe launcher does with "
+        "--config-file: a run_config.yaml, or 'embedded' for the embedded Llama 3 8B "
+        "recipe (default: Bridge's dataclass defaults)",
+    )
 
 
 def _arch(text: str) -> str:
@@ -81,8 +98,10 @@ def _arch(text: str) -> str:
 
     arch = rules.normalize_arch(text)
     if arch is None:
-        raise argparse.ArgumentTypeError(f"unknown GPU architecture {text!r}; use one of "
-                                         f"{', '.join(rules.KNOWN_ARCHS)} or a product name (h100, b200, ...)")
+        raise argparse.ArgumentTypeError(
+            f"unknown GPU architecture {text!r}; use one of "
+            f"{', '.join(rules.KNOWN_ARCHS)} or a product name (h100, b200, ...)"
+        )
     return arch
 
 
@@ -92,8 +111,9 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
         return None, []
     first = items[0]
     if "=" not in first and not os.path.exists(first) and first.split(".", 1)[0] in S.CONTAINER_KEYS:
-        raise config_io._err(f"{first!r}: no such file; for an override write it as section.key=value "
-                         f"(e.g. {first}=true)")
+        raise config_io._err(
+            f"{first!r}: no such file; for an override write it as section.key=value (e.g. {first}=true)"
+        )
     if "=" not in first or os.path.isfile(first):
         rest = items[1:]
     else:

@@ -40,12 +40,17 @@ exit codes: 0 consistent, 1 error findings (or --expect not met), 2 not a checkp
 
 def configure(parser) -> None:
     parser.add_argument("path", metavar="PATH", help="checkpoint root or one iteration folder")
-    parser.add_argument("--expect", choices=("fsdp_dtensor", "torch_dist", "hf", "torch"),
-                        help="the format the checkpoint must have (exit 1 with a conversion command if not)")
+    parser.add_argument(
+        "--expect",
+        choices=("fsdp_dtensor", "torch_dist", "hf", "torch"),
+        help="the format the checkpoint must have (exit 1 with a conversion command if not)",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
-    parser.add_argument("--trust-pickle", action="store_true",
-                        help="also read .metadata with torch's DCP reader (executes the pickle: only for files you "
-                             "trust; needs torch)")
+    parser.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="also read .metadata with torch's DCP reader (executes the pickle: only for files you trust; needs torch)",
+    )
 
 
 def run(args) -> int:
@@ -53,22 +58,34 @@ def run(args) -> int:
     details = report.to_dict()
     if args.trust_pickle:
         info = report.inspected
-        if info is not None and info.format in ("fsdp_dtensor", "torch_dist") and checkpoints.DCP_METADATA in info.entries:
+        if (
+            info is not None
+            and info.format in ("fsdp_dtensor", "torch_dist")
+            and checkpoints.DCP_METADATA in info.entries
+        ):
             trusted, err = checkpoints.trusted_dcp_summary(info.path)
             if err:
                 sys.stderr.write(f"mfsdp.py ckpt: --trust-pickle: {err}\n")
             details["trusted_dcp_metadata"] = trusted
     if args.format == "json":
-        render_json(report.findings, format=report.format, iterations=report.iterations, latest=report.latest,
-                    config=report.config, details=details)
+        render_json(
+            report.findings,
+            format=report.format,
+            iterations=report.iterations,
+            latest=report.latest,
+            config=report.config,
+            details=details,
+        )
     else:
         render_text(report.findings, header=_header(report))
     return exit_code(report.findings)
 
 
 def _header(r: checkpoints.CheckpointReport) -> str:
-    lines = [f"checkpoint: {r.path} ({'checkpoint root' if r.kind == 'root' else 'iteration folder'})",
-             f"format:     {r.format or 'unknown'}"]
+    lines = [
+        f"checkpoint: {r.path} ({'checkpoint root' if r.kind == 'root' else 'iteration folder'})",
+        f"format:     {r.format or 'unknown'}",
+    ]
     if r.iterations:
         shown = ", ".join(str(i) for i in r.iterations[-8:])
         more = f" (+{len(r.iterations) - 8} earlier)" if len(r.iterations) > 8 else ""
@@ -86,13 +103,20 @@ def _header(r: checkpoints.CheckpointReport) -> str:
             if d.get("mode"):
                 lines.append(f"metadata:   {d['mode']}: shard names read, entries not parsed")
             else:
-                gib = d["tensor_bytes"] / 2 ** 30
-                lines.append(f"metadata:   {d['tensors']} tensors ({gib:.2f} GiB), {d['objects']} objects; "
-                             f"groups: {', '.join(d['key_groups'])}")
+                gib = d["tensor_bytes"] / 2**30
+                lines.append(
+                    f"metadata:   {d['tensors']} tensors ({gib:.2f} GiB), {d['objects']} objects; "
+                    f"groups: {', '.join(d['key_groups'])}"
+                )
             lines.append(f"shards:     {len(d['files'])} named in .metadata, {len(info.shard_files)} on disk")
     if r.config:
-        keys = ("checkpoint.ckpt_format", "ddp.use_megatron_fsdp", "dist.use_megatron_fsdp", "dist.use_torch_fsdp2",
-                "ddp.data_parallel_sharding_strategy")
+        keys = (
+            "checkpoint.ckpt_format",
+            "ddp.use_megatron_fsdp",
+            "dist.use_megatron_fsdp",
+            "dist.use_torch_fsdp2",
+            "ddp.data_parallel_sharding_strategy",
+        )
         lines.append("run_config: " + ", ".join(f"{k}={r.config.get(k)}" for k in keys))
     elif info is not None and info.format in ("fsdp_dtensor", "torch_dist"):
         lines.append("run_config: (none)")

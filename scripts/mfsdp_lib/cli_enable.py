@@ -60,23 +60,42 @@ exit codes: 0 result passes check, 1 errors remain that need a decision (listed)
 
 
 def configure(parser) -> None:
-    parser.add_argument("items", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]",
-                        help="optional config file, then section.key=value overrides applied first")
-    parser.add_argument("--emit", choices=("yaml", "python", "overrides", "json"), default="yaml",
-                        help="yaml: the full config; python: cfg.x.y = v lines; overrides: section.key=value "
-                             "lines; json: changes + findings (default yaml)")
+    parser.add_argument(
+        "items",
+        nargs="*",
+        metavar="[CONFIG] [KEY=VALUE ...]",
+        help="optional config file, then section.key=value overrides applied first",
+    )
+    parser.add_argument(
+        "--emit",
+        choices=("yaml", "python", "overrides", "json"),
+        default="yaml",
+        help="yaml: the full config; python: cfg.x.y = v lines; overrides: section.key=value "
+        "lines; json: changes + findings (default yaml)",
+    )
     parser.add_argument("-o", "--output", metavar="OUT", help="write the result to OUT atomically")
     parser.add_argument("--force", action="store_true", help="allow -o to replace an existing OUT (kept as OUT.bak)")
     parser.add_argument("--in-place", action="store_true", help="rewrite CONFIG itself (kept as CONFIG.bak)")
     parser.add_argument("--save-dir", metavar="DIR", help="set checkpoint.save to DIR")
-    parser.add_argument("--strategy", choices=enable.STRATEGIES, default="optim_grads_params",
-                        help="data_parallel_sharding_strategy (default optim_grads_params: shard everything)")
-    parser.add_argument("--perf", action="store_true",
-                        help="also apply the settings Bridge's perf recipes use with Megatron FSDP")
-    parser.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
-                        help="environment of the job, for the final check (default: this process's)")
-    parser.add_argument("--recipe", metavar="NAME",
-                        help="live mode: build Bridge's recipe NAME (needs megatron-bridge installed)")
+    parser.add_argument(
+        "--strategy",
+        choices=enable.STRATEGIES,
+        default="optim_grads_params",
+        help="data_parallel_sharding_strategy (default optim_grads_params: shard everything)",
+    )
+    parser.add_argument(
+        "--perf", action="store_true", help="also apply the settings Bridge's perf recipes use with Megatron FSDP"
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="environment of the job, for the final check (default: this process's)",
+    )
+    parser.add_argument(
+        "--recipe", metavar="NAME", help="live mode: build Bridge's recipe NAME (needs megatron-bridge installed)"
+    )
     add_base_argument(parser)
     allow_intermixed(parser)
 
@@ -113,11 +132,16 @@ def run(args) -> int:
     if args.in_place and args.output:
         raise config_io._err("use either --in-place or -o OUT, not both")
     if args.in_place and args.emit != "yaml":  # CONFIG is YAML: never replace it with Python or override lines
-        raise config_io._err(f"--in-place rewrites CONFIG as YAML; drop --emit {args.emit}, or write it with "
-                             f"-o OUT")
-    if args.output and os.path.exists(args.output) and not args.force and not (
-            path and os.path.abspath(args.output) == os.path.abspath(path) and args.in_place):
-        raise config_io._err(f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o")
+        raise config_io._err(f"--in-place rewrites CONFIG as YAML; drop --emit {args.emit}, or write it with -o OUT")
+    if (
+        args.output
+        and os.path.exists(args.output)
+        and not args.force
+        and not (path and os.path.abspath(args.output) == os.path.abspath(path) and args.in_place)
+    ):
+        raise config_io._err(
+            f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o"
+        )
 
     if path:
         path = config_io.resolve_config_path(path)
@@ -144,8 +168,7 @@ def run(args) -> int:
     if args.emit == "yaml":
         body, in_place_edit = enable.yaml_edit(text, data, changes)
         # the written text, re-read through the loader, must give the same verdict
-        reread = config_io.merge_file(config_io.base_config(args.base), config_io.parse_yaml(body, "result"),
-                                      "result")
+        reread = config_io.merge_file(config_io.base_config(args.base), config_io.parse_yaml(body, "result"), "result")
         findings = rules.evaluate(reread, env, None)
         ok = not has_errors(findings)
     elif args.emit == "python":
@@ -153,12 +176,20 @@ def run(args) -> int:
     elif args.emit == "overrides":
         body = enable.render_overrides(changes)
     else:
-        body = json.dumps({
-            "ok": ok, "config": name, "strategy": args.strategy,
-            "changes": [c.to_dict() for c in changes],
-            "overrides": enable.overrides_of(changes),
-            "findings": [f.to_dict() for f in sort_findings(findings)],
-        }, indent=2) + "\n"
+        body = (
+            json.dumps(
+                {
+                    "ok": ok,
+                    "config": name,
+                    "strategy": args.strategy,
+                    "changes": [c.to_dict() for c in changes],
+                    "overrides": enable.overrides_of(changes),
+                    "findings": [f.to_dict() for f in sort_findings(findings)],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
     target = path if args.in_place else args.output
     if args.in_place and body == text:  # nothing to change: no rewrite, no backup piling up per run
@@ -184,6 +215,7 @@ def run(args) -> int:
 
 
 # --------------------------------------------------------------------------- live mode
+
 
 def _find_recipe(name: str):
     import importlib
@@ -222,15 +254,18 @@ def _call_recipe(name: str, fn):
 
 def _run_live(args) -> int:
     if args.items and "=" not in args.items[0]:
-        raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG "
-                             f"({args.items[0]})")
+        raise config_io._err(
+            f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({args.items[0]})"
+        )
     for flag in ("in_place", "output"):
         if getattr(args, flag):
             raise config_io._err("--recipe prints the overrides and the live verdict; -o/--in-place do not apply")
     version = _bridge_installed()
     if version is None:
-        raise config_io._err("--recipe needs Megatron-Bridge installed (an NVIDIA NeMo container); "
-                             "it is not, so use CONFIG/--emit offline instead")
+        raise config_io._err(
+            "--recipe needs Megatron-Bridge installed (an NVIDIA NeMo container); "
+            "it is not, so use CONFIG/--emit offline instead"
+        )
     path, overrides = split_items(args.items)
     if path is not None:
         raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({path})")
@@ -243,15 +278,27 @@ def _run_live(args) -> int:
         changes, ours, bridge_error = _live_verdicts(args, version, overrides, env)
     findings = list(ours)
     if bridge_error and not has_errors(ours):
-        findings.append(Finding("MFSDP-LIVE-DISAGREE", "error", "config",
-                                f"Bridge {version} runtime_config_update() raised {bridge_error}; our rules, "
-                                "which cover the Megatron FSDP settings, found no error.",
-                                "fix what Bridge names; if it is a Megatron FSDP setting, our rule table lacks it: "
-                                "report it to the skill's maintainers"))
+        findings.append(
+            Finding(
+                "MFSDP-LIVE-DISAGREE",
+                "error",
+                "config",
+                f"Bridge {version} runtime_config_update() raised {bridge_error}; our rules, "
+                "which cover the Megatron FSDP settings, found no error.",
+                "fix what Bridge names; if it is a Megatron FSDP setting, our rule table lacks it: "
+                "report it to the skill's maintainers",
+            )
+        )
     elif not bridge_error and has_errors(ours):
-        findings.append(Finding("MFSDP-LIVE-DISAGREE", "warning", "config",
-                                f"our rules report errors that Bridge {version} validate() accepted.",
-                                "check the listed errors; runtime-stage rules fail after validate()"))
+        findings.append(
+            Finding(
+                "MFSDP-LIVE-DISAGREE",
+                "warning",
+                "config",
+                f"our rules report errors that Bridge {version} validate() accepted.",
+                "check the listed errors; runtime-stage rules fail after validate()",
+            )
+        )
     sys.stdout.write(enable.render_overrides(changes))
     _report(changes, sys.stderr)
     verdict = f"raised {bridge_error}" if bridge_error else "accepted"
@@ -267,8 +314,10 @@ def _live_verdicts(args, version, overrides, env):
 
         from megatron.bridge.training.config import runtime_config_update
     except Exception as exc:  # installed but not importable (no CUDA / TE)
-        raise config_io._err(f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
-                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise config_io._err(
+            f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
     cfg_obj = _call_recipe(args.recipe, _find_recipe(args.recipe))
     user = {}
     for item in overrides:

@@ -59,18 +59,25 @@ def _header(r: logs.LogReport, facts: dict) -> str:
     loss = facts["loss"]
     out = [f"log: {r.source} ({r.lines} lines" + (f", ranks {_ranks(facts['ranks'])}" if facts["ranks"] else "") + ")"]
     if it["count"]:
-        out.append(f"iterations: {it['count']} lines, {it['first']} -> {it['last']} of {it['train_iters']}"
-                   + (f", {it['restarts']} restart(s)" if it["restarts"] else ""))
+        out.append(
+            f"iterations: {it['count']} lines, {it['first']} -> {it['last']} of {it['train_iters']}"
+            + (f", {it['restarts']} restart(s)" if it["restarts"] else "")
+        )
     else:
         out.append("iterations: none")
     if loss["key"]:
-        out.append(f"{loss['key']}: first {loss['first']} (it {loss['first_iteration']}), last {loss['last']} "
-                   f"(it {loss['last_iteration']}), finite: {'yes' if loss['last_finite'] else 'NO'}")
+        out.append(
+            f"{loss['key']}: first {loss['first']} (it {loss['first_iteration']}), last {loss['last']} "
+            f"(it {loss['last_iteration']}), finite: {'yes' if loss['last_finite'] else 'NO'}"
+        )
     out.append(f"skipped iterations: {facts['skipped_iterations']}, nan iterations: {facts['nan_iterations']}")
     ck = facts["checkpoints"]
     if ck["saves_total"] or ck["loads_total"]:
-        saves = ", ".join(f"{s['iteration']}{'' if s['completed'] else ' (not confirmed)'}"
-                          + (f" {s['format']}" if s.get("format") else "") for s in ck["saves"][:6])
+        saves = ", ".join(
+            f"{s['iteration']}{'' if s['completed'] else ' (not confirmed)'}"
+            + (f" {s['format']}" if s.get("format") else "")
+            for s in ck["saves"][:6]
+        )
         loads = ", ".join(f"{x['iteration']}" + ("" if x["completed"] else " (not confirmed)") for x in ck["loads"][:6])
         out.append(f"checkpoints: {ck['saves_total']} save(s) [{saves}], {ck['loads_total']} load(s) [{loads}]")
     if facts["pytest"]:

@@ -51,31 +51,41 @@ Exit codes: 0 estimate printed; 1 --gpu-mem-gib given and no reported strategy f
 this DP; 2 unusable input.
 """
 
-TOO_LARGE = ("numbers too large to estimate: check --params, --seq-length, --micro-batch-size and the parallel "
-             "sizes")
+TOO_LARGE = "numbers too large to estimate: check --params, --seq-length, --micro-batch-size and the parallel sizes"
 _KV = re.compile(r"^[A-Za-z_][\w.]*=")
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 def configure(parser) -> None:
     parser.description = DESCRIPTION.format(builtins=", ".join(memory.builtin_names()))
-    parser.add_argument("inputs", nargs="*", metavar="CONFIG|KEY=VALUE",
-                        help="a Bridge run_config.yaml (or partial YAML) and/or section.key=value overrides")
+    parser.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="CONFIG|KEY=VALUE",
+        help="a Bridge run_config.yaml (or partial YAML) and/or section.key=value overrides",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", metavar="NAME", help="built-in shape: " + ", ".join(memory.builtin_names()))
     source.add_argument("--params", metavar="N", help="parameter count, e.g. 8.03e9 or 8.03B")
-    for flag, what in (("dp", "data-parallel"), ("tp", "tensor-parallel"), ("pp", "pipeline-parallel"),
-                       ("cp", "context-parallel"), ("ep", "expert-parallel")):
-        parser.add_argument(f"--{flag}", type=int, metavar="N",
-                            help=f"{what} size (default: the config's, else 1)")
-    parser.add_argument("--strategy", action="append", metavar="NAME",
-                        help="one of " + ", ".join(memory.STRATEGIES) + ", all (default all; repeatable, "
-                             "or comma-separated)")
+    for flag, what in (
+        ("dp", "data-parallel"),
+        ("tp", "tensor-parallel"),
+        ("pp", "pipeline-parallel"),
+        ("cp", "context-parallel"),
+        ("ep", "expert-parallel"),
+    ):
+        parser.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} size (default: the config's, else 1)")
+    parser.add_argument(
+        "--strategy",
+        action="append",
+        metavar="NAME",
+        help="one of " + ", ".join(memory.STRATEGIES) + ", all (default all; repeatable, or comma-separated)",
+    )
     parser.add_argument("--seq-length", type=int, metavar="N", help="sequence length (default: config's)")
-    parser.add_argument("--micro-batch-size", type=int, metavar="N", help="micro-batch size (default: config's, "
-                                                                          "else 1)")
-    parser.add_argument("--gpu-mem-gib", type=float, metavar="G", help="GPU memory to fit in, GiB (H100 80, "
-                                                                       "H200 141)")
+    parser.add_argument(
+        "--micro-batch-size", type=int, metavar="N", help="micro-batch size (default: config's, else 1)"
+    )
+    parser.add_argument("--gpu-mem-gib", type=float, metavar="G", help="GPU memory to fit in, GiB (H100 80, H200 141)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
@@ -125,9 +135,19 @@ def run(args) -> int:
     cfg = load_config(path, overrides)
     try:
         result = memory.report(
-            cfg, params=parse_count(args.params) if args.params is not None else None, model=args.model,
-            dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, strategies=_strategies(args.strategy),
-            seq_length=args.seq_length, micro_batch_size=args.micro_batch_size, gpu_mem_gib=args.gpu_mem_gib)
+            cfg,
+            params=parse_count(args.params) if args.params is not None else None,
+            model=args.model,
+            dp=args.dp,
+            tp=args.tp,
+            pp=args.pp,
+            cp=args.cp,
+            ep=args.ep,
+            strategies=_strategies(args.strategy),
+            seq_length=args.seq_length,
+            micro_batch_size=args.micro_batch_size,
+            gpu_mem_gib=args.gpu_mem_gib,
+        )
     except memory.ModelError as exc:
         raise InputError(str(exc)) from None
     except OverflowError:  # e.g. --seq-length 1e400 as an int: float() of it overflows
@@ -151,36 +171,54 @@ def _num(x, width: int = 7) -> str:
 
 def render_text(result: dict) -> str:
     m, par, a = result["model"], result["parallelism"], result["assumptions"]
-    lines = [f"model: {m['name'] or 'unnamed'} ({m['source']}): {m['params'] / 1e9:.3f} B parameters, "
-             f"{m['params_per_gpu'] / 1e9:.3f} B on the most-loaded GPU"]
+    lines = [
+        f"model: {m['name'] or 'unnamed'} ({m['source']}): {m['params'] / 1e9:.3f} B parameters, "
+        f"{m['params_per_gpu'] / 1e9:.3f} B on the most-loaded GPU"
+    ]
     run_line = f"DP={par['dp']} TP={par['tp']} PP={par['pp']} CP={par['cp']} EP={par['ep']}"
     if "seq_length" in a:
         run_line += f", seq {a['seq_length']}, micro-batch {a['micro_batch_size']}, recompute {a['recompute']}"
     if result["gpu_mem_gib"] is not None:
         run_line += f", GPU {result['gpu_mem_gib']:g} GiB"
     lines += [run_line, ""]
-    header = (f"{'strategy':<20}{'params':>8}{'grads':>8}{'optim':>8}{'buffers':>8}{'activ.':>8}"
-              f"{'total':>8}{'fits':>6}{'min DP':>8}")
+    header = (
+        f"{'strategy':<20}{'params':>8}{'grads':>8}{'optim':>8}{'buffers':>8}{'activ.':>8}"
+        f"{'total':>8}{'fits':>6}{'min DP':>8}"
+    )
     lines.append(header)
     for r in result["strategies"]:
         fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
         min_dp = r["smallest_dp_that_fits"]
         min_dp = "-" if min_dp is None else str(min_dp)
         mark = "*" if r["configured"] else " "
-        lines.append(f"{r['name'] + mark:<20}{_num(r['params_gib'], 8)}{_num(r['grads_gib'], 8)}"
-                     f"{_num(r['optimizer_gib'], 8)}{_num(r['buffers_gib'], 8)}{_num(r['activations_gib'], 8)}"
-                     f"{_num(r['total_gib'], 8)}{fits:>6}{min_dp:>8}")
-    lines.append("GiB per GPU" + ("; * = the strategy this config selects" if any(
-        r["configured"] for r in result["strategies"]) else ""))
+        lines.append(
+            f"{r['name'] + mark:<20}{_num(r['params_gib'], 8)}{_num(r['grads_gib'], 8)}"
+            f"{_num(r['optimizer_gib'], 8)}{_num(r['buffers_gib'], 8)}{_num(r['activations_gib'], 8)}"
+            f"{_num(r['total_gib'], 8)}{fits:>6}{min_dp:>8}"
+        )
+    lines.append(
+        "GiB per GPU"
+        + ("; * = the strategy this config selects" if any(r["configured"] for r in result["strategies"]) else "")
+    )
     notes = [(r["name"], n) for r in result["strategies"] for n in r["notes"]]
     if notes or a.get("notes"):
         lines += ["", "notes:"]
         lines += [f"  {name}: {n}" for name, n in notes]
         lines += [f"  {n}" for n in a.get("notes", [])]
     lines += ["", "assumptions:"]
-    for key in ("params_dtype", "ddp_distopt_grad_dtype", "fsdp_grad_dtype", "fsdp_main_params_dtype",
-                "optimizer", "optimizer_cpu_offload_fraction", "sharding_degree", "activation_formula",
-                "model_state", "total", "not_counted"):
+    for key in (
+        "params_dtype",
+        "ddp_distopt_grad_dtype",
+        "fsdp_grad_dtype",
+        "fsdp_main_params_dtype",
+        "optimizer",
+        "optimizer_cpu_offload_fraction",
+        "sharding_degree",
+        "activation_formula",
+        "model_state",
+        "total",
+        "not_counted",
+    ):
         if key in a:
             lines.append(f"  {key}: {a[key]}")
     return "\n".join(lines) + "\n"

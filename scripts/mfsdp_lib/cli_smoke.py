@@ -73,18 +73,33 @@ def configure(parser) -> None:
     parser.add_argument("--node-rank", type=_non_negative, default=0, help="this node's rank (torchrun launcher)")
     parser.add_argument("--master-addr", default=None, help="host of node rank 0 (needed with --nnodes > 1)")
     parser.add_argument("--master-port", type=_positive, default=29500, help="rendezvous port (default 29500)")
-    parser.add_argument("--launcher", choices=("torchrun", "srun"), default="torchrun",
-                        help="torchrun on this node, or srun (one torchrun per node, c10d rendezvous)")
-    parser.add_argument("--strategy", choices=STRATEGY_CHOICES, default="optim_grads_params",
-                        help="ddp, distopt, or a Megatron FSDP sharding strategy (default optim_grads_params)")
-    parser.add_argument("--model", choices=MODEL_CHOICES, default="small",
-                        help="model shape: tiny, small (Bridge's FSDP test shape), llama-1b")
+    parser.add_argument(
+        "--launcher",
+        choices=("torchrun", "srun"),
+        default="torchrun",
+        help="torchrun on this node, or srun (one torchrun per node, c10d rendezvous)",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGY_CHOICES,
+        default="optim_grads_params",
+        help="ddp, distopt, or a Megatron FSDP sharding strategy (default optim_grads_params)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=MODEL_CHOICES,
+        default="small",
+        help="model shape: tiny, small (Bridge's FSDP test shape), llama-1b",
+    )
     parser.add_argument("--iters", type=_positive, default=10, help="training iterations (default 10)")
     parser.add_argument("--seq-length", type=_positive, default=512, help="sequence length (default 512)")
     parser.add_argument("--global-batch-size", type=_positive, default=8)
     parser.add_argument("--micro-batch-size", type=_positive, default=1)
-    parser.add_argument("--save-resume", action="store_true",
-                        help="save an fsdp_dtensor checkpoint, load it into a fresh model, compare forward loss")
+    parser.add_argument(
+        "--save-resume",
+        action="store_true",
+        help="save an fsdp_dtensor checkpoint, load it into a fresh model, compare forward loss",
+    )
     parser.add_argument("--out", default="mfsdp-smoke-out", help="output folder (default ./mfsdp-smoke-out)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--dry-run", action="store_true", help="print the launcher command and exit")
@@ -94,8 +109,10 @@ def run(args) -> int:
     from . import smoke
 
     if args.global_batch_size % args.micro_batch_size:
-        raise InputError(f"--global-batch-size {args.global_batch_size} is not a multiple of "
-                         f"--micro-batch-size {args.micro_batch_size}")
+        raise InputError(
+            f"--global-batch-size {args.global_batch_size} is not a multiple of "
+            f"--micro-batch-size {args.micro_batch_size}"
+        )
     if args.node_rank >= args.nnodes:
         raise InputError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes}")
     # Checked before --dry-run too, so a dry run never prints a command that cannot work
@@ -144,8 +161,10 @@ def _print_text(s: dict, out: Path) -> None:
         w(f"  checkpoint format on disk: {s['checkpoint'].get('format')}\n")
     if s.get("save_resume"):
         sr = s["save_resume"]
-        w(f"  save/resume: loss {sr.get('loss_before_save')} -> {sr.get('loss_after_load')} "
-          f"(|delta| {sr.get('abs_delta')}, equal={sr.get('equal')})\n")
+        w(
+            f"  save/resume: loss {sr.get('loss_before_save')} -> {sr.get('loss_after_load')} "
+            f"(|delta| {sr.get('abs_delta')}, equal={sr.get('equal')})\n"
+        )
     for e in s["errors"]:
         w(f"  error: {e}\n")
     w(f"  files: {out}/summary.json, {out}/train.log\n")

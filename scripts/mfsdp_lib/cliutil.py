@@ -38,8 +38,11 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(prog: str, name: str, spec: tuple[str, str]):
     module_name, summary = spec
     module = importlib.import_module(f"mfsdp_lib.{module_name}")
-    parser = _Parser(prog=f"{prog} {name}", description=getattr(module, "DESCRIPTION", summary),
-                     epilog=getattr(module, "EPILOG", None))
+    parser = _Parser(
+        prog=f"{prog} {name}",
+        description=getattr(module, "DESCRIPTION", summary),
+        epilog=getattr(module, "EPILOG", None),
+    )
     module.configure(parser)
     return module, parser
 

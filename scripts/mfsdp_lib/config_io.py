@@ -84,6 +84,7 @@ def _err(msg: str) -> InputError:
 
 # --------------------------------------------------------------------------- reading
 
+
 def read_text(path: str) -> str:
     """The file's text, or InputError naming what is wrong with it."""
     if "\x00" in path:
@@ -112,8 +113,10 @@ def read_text(path: str) -> str:
 
 def _need_yaml() -> None:
     if yaml is None:
-        raise _err("PyYAML is not installed for this Python; install it with: "
-                   f"{os.path.basename(sys.executable) or 'python3'} -m pip install PyYAML")
+        raise _err(
+            "PyYAML is not installed for this Python; install it with: "
+            f"{os.path.basename(sys.executable) or 'python3'} -m pip install PyYAML"
+        )
 
 
 def parse_yaml(text: str, name: str) -> dict:
@@ -137,8 +140,9 @@ def parse_yaml(text: str, name: str) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise _err(f"{name}: the top level must be a mapping of sections (ddp:, checkpoint:, ...), "
-                         f"found a {_yaml_type(data)}")
+        raise _err(
+            f"{name}: the top level must be a mapping of sections (ddp:, checkpoint:, ...), found a {_yaml_type(data)}"
+        )
     for k in data:
         if not isinstance(k, str):
             raise _err(f"{name}: top-level key {k!r} is not a section name")
@@ -178,6 +182,7 @@ def embedded_default() -> dict:
 
 
 # --------------------------------------------------------------------------- overrides
+
 
 def parse_value(text: str):
     """A Hydra override value: null, bools, ints, floats, quoted strings, [lists], else a string."""
@@ -225,6 +230,7 @@ def parse_env(items: Sequence[str]) -> dict:
 
 
 # --------------------------------------------------------------------------- validation / coercion
+
 
 def _yaml_type(v) -> str:
     if isinstance(v, bool):
@@ -308,8 +314,10 @@ def coerce(path: str, value, where: str = ""):
         elif not isinstance(value, str):
             value = str(value)
         if choices is not None and value not in choices:
-            raise _err(f"{loc}{path}={value!r} is not one of {', '.join(choices)}"
-                             f"{_did_you_mean(value, choices)}; Bridge would accept it silently and fail later")
+            raise _err(
+                f"{loc}{path}={value!r} is not one of {', '.join(choices)}"
+                f"{_did_you_mean(value, choices)}; Bridge would accept it silently and fail later"
+            )
         return value
     if typ == S.LIST:
         if not isinstance(value, list):
@@ -330,8 +338,10 @@ def _check_env_vars(value, where: str) -> None:
         if not isinstance(name, str) or not name:
             raise _err(f"{loc}env_vars: variable names must be non-empty strings, found {name!r}")
         if not isinstance(v, (str, int, float, bool)):
-            raise _err(f"{loc}env_vars.{name}: must be a scalar, found a {_yaml_type(v)} "
-                             "(Bridge's apply_environment_variables raises TypeError)")
+            raise _err(
+                f"{loc}env_vars.{name}: must be a scalar, found a {_yaml_type(v)} "
+                "(Bridge's apply_environment_variables raises TypeError)"
+            )
 
 
 def _known_keys(section: str, user_section: Mapping | None) -> set | None:
@@ -356,8 +366,10 @@ def validate_section(section: str, value, where: str):
     """Check and coerce one top-level section of a file; returns the coerced value."""
     loc = f"{where}: " if where else ""
     if section not in S.CONTAINER_KEYS and section != "_target_":
-        raise _err(f"{loc}unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}; "
-                         f"sections are {', '.join(sorted(S.CONTAINER_KEYS))}")
+        raise _err(
+            f"{loc}unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}; "
+            f"sections are {', '.join(sorted(S.CONTAINER_KEYS))}"
+        )
     if section == "_target_":
         return value
     if section == "env_vars":
@@ -369,9 +381,11 @@ def validate_section(section: str, value, where: str):
             return None
         if isinstance(value, str):
             if value not in S.MIXED_PRECISION_PRESETS:
-                raise _err(f"{loc}mixed_precision={value!r} is not a Bridge preset"
-                                 f"{_did_you_mean(value, S.MIXED_PRECISION_PRESETS)} (Bridge raises ValueError "
-                                 "'Unknown mixed-precision recipe')")
+                raise _err(
+                    f"{loc}mixed_precision={value!r} is not a Bridge preset"
+                    f"{_did_you_mean(value, S.MIXED_PRECISION_PRESETS)} (Bridge raises ValueError "
+                    "'Unknown mixed-precision recipe')"
+                )
             return value
         if not isinstance(value, dict):
             raise _err(f"{loc}mixed_precision must be a preset name or a mapping, found a {_yaml_type(value)}")
@@ -415,9 +429,11 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
     if section == "mixed_precision" and isinstance(node, str):
         # Bridge holds a preset as a plain string until runtime_config_update(); a Hydra override of
         # one of its fields fails there too (a string has no keys). Say how to do it instead.
-        raise _err(f"{where} {path}: mixed_precision is the preset '{node}', not a mapping; choose another "
-                   f"preset (mixed_precision=NAME) or write the whole mapping with _target_: "
-                   f"megatron.bridge.training.mixed_precision.MixedPrecisionConfig")
+        raise _err(
+            f"{where} {path}: mixed_precision is the preset '{node}', not a mapping; choose another "
+            f"preset (mixed_precision=NAME) or write the whole mapping with _target_: "
+            f"megatron.bridge.training.mixed_precision.MixedPrecisionConfig"
+        )
     if node is None:
         if section in ("mixed_precision", "comm_overlap"):
             node = {}
@@ -447,6 +463,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
 
 
 # --------------------------------------------------------------------------- the effective config
+
 
 def _defaults() -> dict:
     return S.section_defaults()
@@ -534,6 +551,7 @@ def get(cfg: Mapping, path: str, default=None):
 
 # --------------------------------------------------------------------------- writing
 
+
 def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
     """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, rename).
 
@@ -562,8 +580,9 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
             try:
                 shutil.copy2(path, bak)
             except OSError as exc:  # read-only folder, name too long, disk full: the user's input, not a bug
-                raise _err(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); "
-                           "nothing was written") from None
+                raise _err(
+                    f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written"
+                ) from None
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     except OSError as exc:

@@ -45,8 +45,7 @@ def quoted(rule) -> list[str]:
 def rules_quoting(message: str) -> set[str]:
     """Ids of the validate-stage rules whose quoted assert message is in Bridge's error text."""
     msg = " ".join((message or "").split())
-    return {r.id for r in rules.RULES if r.stage == "validate"
-            and any(" ".join(q.split()) in msg for q in quoted(r))}
+    return {r.id for r in rules.RULES if r.stage == "validate" and any(" ".join(q.split()) in msg for q in quoted(r))}
 
 
 def ours(base: Path, case: dict) -> tuple[list | None, str | None]:
@@ -65,8 +64,16 @@ def replay(doc: dict, base: Path) -> list[dict]:
         verdict = case["bridge"]
         findings, err = ours(base, case)
         errors = sorted({f.rule for f in findings or () if f.severity == "error"})
-        rec = {"id": case["id"], "bridge_ok": bool(verdict["ok"]), "bridge_error": verdict.get("error"),
-               "input_error": err, "our_errors": errors, "expected_rules": [], "exact": None, "exempt": []}
+        rec = {
+            "id": case["id"],
+            "bridge_ok": bool(verdict["ok"]),
+            "bridge_error": verdict.get("error"),
+            "input_error": err,
+            "our_errors": errors,
+            "expected_rules": [],
+            "exact": None,
+            "exempt": [],
+        }
         if verdict.get("error_type") == "OverrideError":
             rec["agree"] = None  # the generator could not apply the case: no verdict to compare
         elif not verdict["ok"]:

@@ -51,10 +51,10 @@ _WHY = {
     "dist.use_megatron_fsdp": "turns Megatron FSDP on for model wrapping (Bridge syncs it with ddp.use_megatron_fsdp)",
     "ddp.use_megatron_fsdp": "turns Megatron FSDP on in the DDP config (the flag Megatron-Core's wrapper reads)",
     "ddp.data_parallel_sharding_strategy": "shards optimizer state, gradients and parameters (ZeRO-3 style); "
-                                           "the strategy that saves the most memory",
+    "the strategy that saves the most memory",
     "ddp.average_in_collective": "not supported with NCCL symmetric registration; Bridge would switch it off anyway",
     "checkpoint.ckpt_format": "Megatron FSDP saves and loads only fsdp_dtensor checkpoints "
-                              "(Bridge asserts it whenever save or load is set)",
+    "(Bridge asserts it whenever save or load is set)",
 }
 
 # Extra settings Bridge's performance recipes apply next to Megatron FSDP (``--perf``).
@@ -62,10 +62,15 @@ _WHY = {
 # Megatron-Core's FSDP adapter only allows with Transformer Engine >= 2.10 and Bridge's nemotronh
 # recipe turns off with BF16 main gradients: it depends on the install, so it is left to the user.
 PERF_OVERRIDES: dict[str, tuple] = {
-    "ddp.keep_fp8_transpose_cache": (False, "the FP8 transpose cache costs memory per parameter; Bridge's perf "
-                                            "recipes turn it off with Megatron FSDP"),
-    "model.init_model_with_meta_device": (True, "build the model on the meta device and materialise only each rank's "
-                                                "shard (Bridge's perf recipes do this with Megatron FSDP)"),
+    "ddp.keep_fp8_transpose_cache": (
+        False,
+        "the FP8 transpose cache costs memory per parameter; Bridge's perf recipes turn it off with Megatron FSDP",
+    ),
+    "model.init_model_with_meta_device": (
+        True,
+        "build the model on the meta device and materialise only each rank's "
+        "shard (Bridge's perf recipes do this with Megatron FSDP)",
+    ),
 }
 
 # Sections whose keys the fix-point pass may change on its own: the distributed and
@@ -105,8 +110,13 @@ def _set(cfg: dict, path: str, value) -> None:
     cfg[sec] = node
 
 
-def plan(cfg: Mapping, strategy: str = "optim_grads_params", save_dir: str | None = None,
-         perf: bool = False, env: Mapping[str, str] | None = None) -> list[Change]:
+def plan(
+    cfg: Mapping,
+    strategy: str = "optim_grads_params",
+    save_dir: str | None = None,
+    perf: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> list[Change]:
     """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied."""
     if strategy not in STRATEGIES:
         raise config_io._err(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
@@ -135,36 +145,54 @@ def plan(cfg: Mapping, strategy: str = "optim_grads_params", save_dir: str | Non
         change("checkpoint.save", save_dir, "where the fsdp_dtensor checkpoints go (--save-dir)")
     load = config_io.get(work, "checkpoint.load")
     if load is not None and old_format != "fsdp_dtensor":
-        change("checkpoint.load", None,
-               f"it pointed at a {old_format} checkpoint location, which cannot be resumed as fsdp_dtensor; "
-               "set it again to resume from an fsdp_dtensor checkpoint (Bridge's perf recipes also clear it)")
+        change(
+            "checkpoint.load",
+            None,
+            f"it pointed at a {old_format} checkpoint location, which cannot be resumed as fsdp_dtensor; "
+            "set it again to resume from an fsdp_dtensor checkpoint (Bridge's perf recipes also clear it)",
+        )
     if config_io.get(work, "checkpoint.also_save_hf_checkpoint"):
-        change("checkpoint.also_save_hf_checkpoint", False,
-               "the HF side export is not supported with fsdp_dtensor; convert the checkpoint offline instead")
+        change(
+            "checkpoint.also_save_hf_checkpoint",
+            False,
+            "the HF side export is not supported with fsdp_dtensor; convert the checkpoint offline instead",
+        )
     if config_io.get(work, "dist.use_torch_fsdp2"):
         change("dist.use_torch_fsdp2", False, "PyTorch FSDP2 and Megatron FSDP are mutually exclusive")
     if config_io.get(work, "dist.use_tp_pp_dp_mapping"):
         change("dist.use_tp_pp_dp_mapping", False, "not supported with Megatron FSDP (Bridge asserts)")
     if config_io.get(work, "ddp.fsdp_manual_registration") and not config_io.get(work, "ddp.nccl_ub"):
         change("ddp.fsdp_manual_registration", False, "it requires ddp.nccl_ub=true (Bridge asserts)")
-    if strategy == "optim_grads_params" and config_io.get(work, "train.check_weight_hash_across_dp_replicas_interval") is not None:
-        change("train.check_weight_hash_across_dp_replicas_interval", None,
-               "with full sharding there are no weight replicas to hash (Bridge asserts)")
+    if (
+        strategy == "optim_grads_params"
+        and config_io.get(work, "train.check_weight_hash_across_dp_replicas_interval") is not None
+    ):
+        change(
+            "train.check_weight_hash_across_dp_replicas_interval",
+            None,
+            "with full sharding there are no weight replicas to hash (Bridge asserts)",
+        )
     for path in ("ddp.use_distributed_optimizer", "optimizer.use_distributed_optimizer"):
         if not config_io.get(work, path):
             change(path, True, "Megatron FSDP always uses the distributed optimizer (Bridge would force it)")
     env_vars = config_io.get(work, "env_vars") or {}
     if isinstance(env_vars, Mapping) and str(env_vars.get(rules.MAX_CONN, "")) == "1":
-        change(f"env_vars.{rules.MAX_CONN}", 32,
-               "Megatron FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 (Bridge asserts); 32 is what "
-               "Bridge's recipes use")
+        change(
+            f"env_vars.{rules.MAX_CONN}",
+            32,
+            "Megatron FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 (Bridge asserts); 32 is what "
+            "Bridge's recipes use",
+        )
     if perf:
         for path, (value, why) in PERF_OVERRIDES.items():
             change(path, value, why)
         co = work.get("comm_overlap")
         if isinstance(co, Mapping) and co.get("defer_embedding_wgrad_compute"):
-            change("comm_overlap.defer_embedding_wgrad_compute", False,
-                   "Bridge's performance harness turns it off with Megatron FSDP")
+            change(
+                "comm_overlap.defer_embedding_wgrad_compute",
+                False,
+                "Bridge's performance harness turns it off with Megatron FSDP",
+            )
 
     # Fix-point pass over the rule table: apply every remaining single key=value fix.
     for _ in range(MAX_FIX_ROUNDS):
@@ -242,6 +270,7 @@ def apply_to_object(obj, overrides: Mapping[str, object]) -> None:
 
 # --------------------------------------------------------------------------- rendering
 
+
 def _plain_scalar(value) -> str | None:
     """null / true / false / numbers, spelt the same in YAML and in Hydra overrides; None for strings."""
     if value is None or isinstance(value, bool):
@@ -281,8 +310,10 @@ def hydra_value(value) -> str:
 
 def render_overrides(changes: list[Change]) -> str:
     """Hydra lines; a key new to ``env_vars`` gets Hydra's '+' (Bridge parses overrides in struct mode)."""
-    return "".join(f"{'+' if c.path.startswith('env_vars.') and c.old is None else ''}{c.path}="
-                   f"{hydra_value(c.new)}\n" for c in changes)
+    return "".join(
+        f"{'+' if c.path.startswith('env_vars.') and c.old is None else ''}{c.path}={hydra_value(c.new)}\n"
+        for c in changes
+    )
 
 
 def render_python(changes: list[Change]) -> str:
@@ -313,8 +344,8 @@ def _is_content(line: str) -> bool:
 def _split_comment(rest: str) -> tuple[str, str]:
     """(value, ' # comment') for the text after 'key:'; comments only after whitespace."""
     m = re.search(r"\s+#", rest)
-    if m and rest[:m.start()].count('"') % 2 == 0 and rest[:m.start()].count("'") % 2 == 0:
-        return rest[:m.start()], rest[m.start():]
+    if m and rest[: m.start()].count('"') % 2 == 0 and rest[: m.start()].count("'") % 2 == 0:
+        return rest[: m.start()], rest[m.start() :]
     return rest, ""
 
 
@@ -377,8 +408,11 @@ def _edit_one(lines: list[str], path: str, value) -> list[str]:
         val, comment = _split_comment(m.group(1))
         # a block value (children on the next lines) or a multi-line scalar cannot be edited here
         nxt = next((lines[k] for k in range(j + 1, end) if _is_content(lines[k])), None)
-        if not val.strip() or val.strip().startswith(("|", ">", "&", "*", "!", "[", "{")) or (
-                nxt is not None and len(nxt) - len(nxt.lstrip(" ")) > indent):
+        if (
+            not val.strip()
+            or val.strip().startswith(("|", ">", "&", "*", "!", "[", "{"))
+            or (nxt is not None and len(nxt) - len(nxt.lstrip(" ")) > indent)
+        ):
             raise NeedsRedump(path)
         lines[j] = f"{' ' * indent}{key}: {scalar}{comment}{nl}"
         return lines

@@ -51,24 +51,33 @@ SAVE_DONE_RE = re.compile(r"^successfully saved (?:local )?checkpoint from itera
 LOAD_START_RE = re.compile(r"^loading (?:release )?(?:distributed )?checkpoint from (\S+)(?: at iteration (\d+))?\s*$")
 LOAD_DONE_RE = re.compile(r"^successfully loaded checkpoint from (\S+) \[[^\]]*\] at iteration (\d+)")
 NO_LOAD_RE = re.compile(r"^will not load any checkpoints and will start from random")
-TRAINING_MARKERS = ("> initializing torch distributed", "Starting training loop at iteration",
-                    "time to initialize megatron", "[after megatron is initialized]",
-                    "> building train, validation, and test datasets", "INFO:megatron.", "WARNING:megatron.",
-                    "ERROR:megatron.")  # line starts Megatron/Bridge print during start-up (str.startswith: fast)
+TRAINING_MARKERS = (
+    "> initializing torch distributed",
+    "Starting training loop at iteration",
+    "time to initialize megatron",
+    "[after megatron is initialized]",
+    "> building train, validation, and test datasets",
+    "INFO:megatron.",
+    "WARNING:megatron.",
+    "ERROR:megatron.",
+)  # line starts Megatron/Bridge print during start-up (str.startswith: fast)
 EXCEPTION_RE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt)): (.*)$")
 SMOKE_RESULT_PREFIX = "SMOKE_RESULT "  # printed by the skill's smoke runner with a JSON object
 
 PYTEST_COUNT_RE = re.compile(r"(\d+) (failed|passed|skipped|deselected|xfailed|xpassed|warnings?|errors?|rerun)\b")
 PYTEST_SUMMARY_RE = re.compile(
     r"^(?:=+ )?((?:\d+ (?:failed|passed|skipped|deselected|xfailed|xpassed|warnings?|errors?|rerun)(?:, )?)+|"
-    r"no tests ran) in [\d.]+s(?: \([\d:]+\))?(?: =+)?$")
+    r"no tests ran) in [\d.]+s(?: \([\d:]+\))?(?: =+)?$"
+)
 PYTEST_FAILED_RE = re.compile(r"^(?:FAILED|ERROR) (\S+::\S+|\S+\.py)")
 
 # What may stand before a message on its line: bracketed stamps ("[2026-..]", "[E1218 ... ProcessGroupNCCL.cpp:629]",
 # "[Rank 0]"), a logging level with logger name, and an exception class name.
-_PREFIX = (r"^(?:\[[^\]]{0,120}\]\s*)*"
-           r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]*)?:\s*)?"
-           r"(?:(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|IsEnabled)\s*:\s*)?")
+_PREFIX = (
+    r"^(?:\[[^\]]{0,120}\]\s*)*"
+    r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::[\w.]*)?:\s*)?"
+    r"(?:(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|IsEnabled)\s*:\s*)?"
+)
 
 
 @dataclass(frozen=True)
@@ -93,115 +102,169 @@ class Signature:
 
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
-        "MFSDP-LOG-CKPT-FORMAT-ASSERT", ("requires the fsdp_dtensor checkpointing format",),
+        "MFSDP-LOG-CKPT-FORMAT-ASSERT",
+        ("requires the fsdp_dtensor checkpointing format",),
         r"Megatron-FSDP requires the fsdp_dtensor checkpointing format!",
         "Megatron FSDP with a checkpoint format other than fsdp_dtensor (config validation assertion)",
         "set checkpoint.ckpt_format=fsdp_dtensor; an existing torch_dist checkpoint must be converted first "
         "(run 'mfsdp.py ckpt DIR --expect fsdp_dtensor' for the command)",
-        ("bridge", "megatron/bridge/training/config.py", "Megatron-FSDP requires the fsdp_dtensor checkpointing format!")),
+        (
+            "bridge",
+            "megatron/bridge/training/config.py",
+            "Megatron-FSDP requires the fsdp_dtensor checkpointing format!",
+        ),
+    ),
     Signature(
-        "MFSDP-LOG-DTENSOR-NEEDS-MFSDP", ("fsdp_dtensor checkpoint format only supports Megatron FSDP",),
+        "MFSDP-LOG-DTENSOR-NEEDS-MFSDP",
+        ("fsdp_dtensor checkpoint format only supports Megatron FSDP",),
         r"fsdp_dtensor checkpoint format only supports Megatron FSDP",
         "ckpt_format=fsdp_dtensor in a run without Megatron FSDP (or with torch FSDP2)",
         "either enable Megatron FSDP (dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true "
         "dist.use_torch_fsdp2=false) or save torch_dist (checkpoint.ckpt_format=torch_dist)",
-        ("bridge", "megatron/bridge/training/config.py", "fsdp_dtensor checkpoint format only supports Megatron FSDP")),
+        ("bridge", "megatron/bridge/training/config.py", "fsdp_dtensor checkpoint format only supports Megatron FSDP"),
+    ),
     Signature(
-        "MFSDP-LOG-CKPT-FORMAT-MISMATCH", ("from config differs from inferred format",),
+        "MFSDP-LOG-CKPT-FORMAT-MISMATCH",
+        ("from config differs from inferred format",),
         r"Checkpoint format '([\w-]+)' from config differs from inferred format '([\w-]+)' for (.+?)\.?$",
         "checkpoint.ckpt_format disagrees with the checkpoint on disk (load-time assertion)",
         "load with checkpoint.ckpt_format set to the inferred format, or convert the checkpoint; "
         "'mfsdp.py ckpt DIR' shows both and the conversion command",
-        ("bridge", "megatron/bridge/training/checkpointing.py", "from config differs from inferred format")),
+        ("bridge", "megatron/bridge/training/checkpointing.py", "from config differs from inferred format"),
+    ),
     Signature(
-        "MFSDP-LOG-CKPT-UNKNOWN-FORMAT", ("Unknown checkpoint format in ",),
+        "MFSDP-LOG-CKPT-UNKNOWN-FORMAT",
+        ("Unknown checkpoint format in ",),
         r"Unknown checkpoint format in (\S+)",
         "the iteration folder to load holds no metadata.json, .metadata or Hugging Face weights",
         "the save was incomplete or the path is wrong: run 'mfsdp.py ckpt DIR' and resume from a complete "
         "iteration (checkpoint.ckpt_step=N)",
-        ("bridge", "megatron/bridge/training/checkpointing.py", 'raise NotImplementedError(f"Unknown checkpoint format in {checkpoint_path}")')),
+        (
+            "bridge",
+            "megatron/bridge/training/checkpointing.py",
+            'raise NotImplementedError(f"Unknown checkpoint format in {checkpoint_path}")',
+        ),
+    ),
     Signature(
-        "MFSDP-LOG-HF-DIR-AS-LOAD", ("checkpoint.load does not support HuggingFace-format directories",),
+        "MFSDP-LOG-HF-DIR-AS-LOAD",
+        ("checkpoint.load does not support HuggingFace-format directories",),
         r"checkpoint\.load does not support HuggingFace-format directories\.",
         "a Hugging Face folder was given as checkpoint.load",
         "give it as checkpoint.pretrained_checkpoint instead (or convert it: 'mfsdp.py ckpt DIR' shows how)",
-        ("bridge", "megatron/bridge/training/checkpointing.py", "checkpoint.load does not support HuggingFace-format directories.")),
+        (
+            "bridge",
+            "megatron/bridge/training/checkpointing.py",
+            "checkpoint.load does not support HuggingFace-format directories.",
+        ),
+    ),
     Signature(
-        "MFSDP-LOG-MFSDP-AND-FSDP2", ("use_torch_fsdp2",),
+        "MFSDP-LOG-MFSDP-AND-FSDP2",
+        ("use_torch_fsdp2",),
         r"(?:use_megatron_fsdp and use_torch_fsdp2 are mutually exclusive\.|"
         r"Using use_megatron_fsdp and use_torch_fsdp2 at the same time is not supported\.)",
         "Megatron FSDP and torch FSDP2 both enabled",
         "keep one: for Megatron FSDP set dist.use_torch_fsdp2=false",
-        ("bridge", "megatron/bridge/training/config.py", "use_megatron_fsdp and use_torch_fsdp2 are mutually exclusive.")),
+        (
+            "bridge",
+            "megatron/bridge/training/config.py",
+            "use_megatron_fsdp and use_torch_fsdp2 are mutually exclusive.",
+        ),
+    ),
     Signature(
-        "MFSDP-LOG-CUDA-MAX-CONNECTIONS", ("CUDA_DEVICE_MAX_CONNECTIONS",),
+        "MFSDP-LOG-CUDA-MAX-CONNECTIONS",
+        ("CUDA_DEVICE_MAX_CONNECTIONS",),
         r"FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset\.",
         "CUDA_DEVICE_MAX_CONNECTIONS=1 with Megatron FSDP",
         "unset CUDA_DEVICE_MAX_CONNECTIONS (or set it > 1, e.g. 8) in the launch environment; performance "
         "recipes set it to 1 for tensor-parallel overlap, which Megatron FSDP cannot use",
-        ("bridge", "megatron/bridge/training/config.py", "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset.")),
+        ("bridge", "megatron/bridge/training/config.py", "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."),
+    ),
     Signature(
-        "MFSDP-LOG-TP-PP-DP-MAPPING", ("use_tp_pp_dp_mapping",),
+        "MFSDP-LOG-TP-PP-DP-MAPPING",
+        ("use_tp_pp_dp_mapping",),
         r"use_tp_pp_dp_mapping is not supported with Megatron FSDP",
         "dist.use_tp_pp_dp_mapping=true with Megatron FSDP",
         "set dist.use_tp_pp_dp_mapping=false",
-        ("bridge", "megatron/bridge/training/config.py", "use_tp_pp_dp_mapping is not supported with Megatron FSDP")),
+        ("bridge", "megatron/bridge/training/config.py", "use_tp_pp_dp_mapping is not supported with Megatron FSDP"),
+    ),
     Signature(
-        "MFSDP-LOG-FSDP2-PG-COLLECTION", ("unexpected keyword argument 'pg_collection'",),
+        "MFSDP-LOG-FSDP2-PG-COLLECTION",
+        ("unexpected keyword argument 'pg_collection'",),
         r"(?:TypeError: )?((?:\w+\.)*\w+)\.__init__\(\) got an unexpected keyword argument 'pg_collection'",
         "a wrapper (torch FSDP2's TorchFullyShardedDataParallel, or a model layer) got Megatron-Core's pg_collection "
         "argument it does not accept: mismatched Bridge / Megatron-Core versions",
         "install the pinned pair (megatron-bridge 0.6.2 with megatron-core 0.19.2, whose _ddp_wrap passes "
         "pg_collection only to non-FSDP2 wrappers), or use Megatron FSDP instead of torch FSDP2 "
         "(dist.use_torch_fsdp2=false dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true)",
-        ("mcore", "megatron/training/models/dist_utils.py", 'dp_init_kwargs["pg_collection"] = pg_collection')),
+        ("mcore", "megatron/training/models/dist_utils.py", 'dp_init_kwargs["pg_collection"] = pg_collection'),
+    ),
     Signature(
-        "MFSDP-LOG-CUDA-OOM", ("out of memory",),
+        "MFSDP-LOG-CUDA-OOM",
+        ("out of memory",),
         r"(?:CUDA out of memory\. Tried to allocate|CUDA error: out of memory)",
         "CUDA out of memory",
         "estimate first with 'mfsdp.py memory CONFIG --gpu-mem-gib N'; then use "
         "ddp.data_parallel_sharding_strategy=optim_grads_params, a smaller train.micro_batch_size, activation "
         "recomputation (model.recompute_granularity=selective), and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-        ("external", "PyTorch c10/cuda/CUDACachingAllocator.cpp (torch 2.x)", "CUDA out of memory. Tried to allocate")),
+        ("external", "PyTorch c10/cuda/CUDACachingAllocator.cpp (torch 2.x)", "CUDA out of memory. Tried to allocate"),
+    ),
     Signature(
-        "MFSDP-LOG-NCCL-TIMEOUT", ("Watchdog caught collective operation timeout",),
+        "MFSDP-LOG-NCCL-TIMEOUT",
+        ("Watchdog caught collective operation timeout",),
         r"Watchdog caught collective operation timeout: (\S.*?) ran for (\d+) milliseconds",
         "a NCCL collective timed out (a rank stalled, died or desynchronised)",
         "find the first rank that failed earlier in the log (its error is the cause); for slow but healthy steps "
         "(first checkpoint save, data loading) raise dist.distributed_timeout_minutes; rerun with NCCL_DEBUG=INFO",
-        ("external", "PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (torch 2.x)", "Watchdog caught collective operation timeout: ")),
+        (
+            "external",
+            "PyTorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (torch 2.x)",
+            "Watchdog caught collective operation timeout: ",
+        ),
+    ),
     Signature(
-        "MFSDP-LOG-NCCL-ERROR", ("NCCL",),
+        "MFSDP-LOG-NCCL-ERROR",
+        ("NCCL",),
         r"(?:NCCL error in: |nccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error: )",
         "NCCL error",
         "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET; check every rank started and that all nodes use "
         "the same NCCL and network settings; an ncclRemoteError usually means another rank died first",
-        ("external", "PyTorch torch/csrc/distributed/c10d/NCCLUtils.hpp (torch 2.x)", "NCCL error in: ")),
+        ("external", "PyTorch torch/csrc/distributed/c10d/NCCLUtils.hpp (torch 2.x)", "NCCL error in: "),
+    ),
     Signature(
-        "MFSDP-LOG-NAN-CHECK", ("Unexpected result",),
+        "MFSDP-LOG-NAN-CHECK",
+        ("Unexpected result",),
         r"(?:Rank \d+, node \S+, device \d+, iteration #?\d+: )?Unexpected result \S+.*?"
         r"\(message='(found (?:NaN|Inf) in [^']*)'\)",
         "NaN/Inf detected by Megatron-Core's result validation (loss or gradient norm)",
         "check the data and the learning-rate warm-up; make sure bf16 is on for both model and optimizer; to "
         "localise, keep rerun_state_machine.check_for_nan_in_loss and ddp.check_for_nan_in_grad enabled",
-        ("bridge", "megatron/bridge/training/losses.py", "found NaN in local forward loss calculation")),
+        ("bridge", "megatron/bridge/training/losses.py", "found NaN in local forward loss calculation"),
+    ),
     Signature(
-        "MFSDP-LOG-DATASET-HELPERS", ("Failed to compile the C++ dataset helper functions",),
+        "MFSDP-LOG-DATASET-HELPERS",
+        ("Failed to compile the C++ dataset helper functions",),
         r"Failed to compile the C\+\+ dataset helper functions",
         "Megatron-Core's compile_helpers() ran 'make' in megatron/core/datasets and it failed (the PyPI wheel "
         "ships helpers_cpp*.so but no Makefile)",
         "add a Makefile in site-packages/megatron/core/datasets whose target is helpers_cpp$(python3-config "
         "--extension-suffix) built from helpers.cpp with $(python3 -m pybind11 --includes); the shipped .so is "
         "already current, so make then does nothing",
-        ("mcore", "megatron/core/datasets/utils.py", "Failed to compile the C++ dataset helper functions")),
+        ("mcore", "megatron/core/datasets/utils.py", "Failed to compile the C++ dataset helper functions"),
+    ),
     Signature(
-        "MFSDP-LOG-GRAD-ACCUM-FUSION", ("fused_weight_gradient_mlp_cuda",),
+        "MFSDP-LOG-GRAD-ACCUM-FUSION",
+        ("fused_weight_gradient_mlp_cuda",),
         r"ColumnParallelLinear was called with gradient_accumulation_fusion set to True but the custom CUDA "
         r"extension fused_weight_gradient_mlp_cuda module is not found",
         "gradient_accumulation_fusion=True without APEX's fused_weight_gradient_mlp_cuda",
         "set model.gradient_accumulation_fusion=False (Bridge's performance FSDP overrides turn it on; they are "
         "not portable to an environment without APEX)",
-        ("mcore", "megatron/core/tensor_parallel/layers.py", "ColumnParallelLinear was called with gradient_accumulation_fusion set ")),
+        (
+            "mcore",
+            "megatron/core/tensor_parallel/layers.py",
+            "ColumnParallelLinear was called with gradient_accumulation_fusion set ",
+        ),
+    ),
     Signature(
         "MFSDP-LOG-HF-HUB-OFFLINE",
         ("couldn't find them in the cached files", "outgoing traffic has been disabled", "offline mode is enabled"),
@@ -211,8 +274,12 @@ SIGNATURES: tuple[Signature, ...] = (
         "the recipe reads the model config from the Hugging Face hub, which is unreachable or disabled",
         "put the model's config in the HF cache on a connected machine and run with HF_HUB_OFFLINE=1, or build "
         "the model provider directly (e.g. GPTModelProvider) for a smoke test",
-        ("external", "transformers 5.25.0 utils/hub.py; huggingface_hub 2.4.0 file_download.py / utils/_http.py",
-         "couldn't find them in the cached files")),
+        (
+            "external",
+            "transformers 5.25.0 utils/hub.py; huggingface_hub 2.4.0 file_download.py / utils/_http.py",
+            "couldn't find them in the cached files",
+        ),
+    ),
 )
 
 
@@ -271,27 +338,44 @@ class LogReport:
         last_it, last_v = rec["last"]
         missing_at_end = self.last_iteration is not None and key not in self.last_line_loss_keys
         finite = (not missing_at_end) and last_v is not None and math.isfinite(last_v)
-        return {"key": key, "first": _num(first_v), "first_iteration": first_it,
-                "last": None if missing_at_end else _num(last_v),
-                "last_iteration": self.last_iteration if missing_at_end else last_it,
-                "last_finite": finite, "missing_at_last_iteration": missing_at_end}
+        return {
+            "key": key,
+            "first": _num(first_v),
+            "first_iteration": first_it,
+            "last": None if missing_at_end else _num(last_v),
+            "last_iteration": self.last_iteration if missing_at_end else last_it,
+            "last_finite": finite,
+            "missing_at_last_iteration": missing_at_end,
+        }
 
     def to_dict(self) -> dict:
         return {
             "source": self.source,
             "lines": self.lines,
-            "iterations": {"count": self.iterations, "first": self.first_iteration, "last": self.last_iteration,
-                           "train_iters": self.train_iters, "restarts": self.restarts,
-                           "partial_lines": self.partial_iteration_lines,
-                           "duplicate_lines": self.duplicate_iteration_lines},
+            "iterations": {
+                "count": self.iterations,
+                "first": self.first_iteration,
+                "last": self.last_iteration,
+                "train_iters": self.train_iters,
+                "restarts": self.restarts,
+                "partial_lines": self.partial_iteration_lines,
+                "duplicate_lines": self.duplicate_iteration_lines,
+            },
             "loss": self.loss_summary(),
             "skipped_iterations": self.skipped,
             "nan_iterations": self.nan,
-            "checkpoints": {"saves": self.saves, "saves_total": self.saves_total, "loads": self.loads,
-                            "loads_total": self.loads_total, "started_from_scratch": self.started_from_scratch},
+            "checkpoints": {
+                "saves": self.saves,
+                "saves_total": self.saves_total,
+                "loads": self.loads,
+                "loads_total": self.loads_total,
+                "started_from_scratch": self.started_from_scratch,
+            },
             "pytest": self.pytest if self.pytest is None else {**self.pytest, "failed_tests": self.pytest_failed_tests},
-            "signatures": [{"rule": h.rule, "count": h.count, "first_line": h.first_line, "text": h.text}
-                           for h in self.hits.values()],
+            "signatures": [
+                {"rule": h.rule, "count": h.count, "first_line": h.first_line, "text": h.text}
+                for h in self.hits.values()
+            ],
             "last_exception": self.last_exception,
             "ranks": sorted(self.ranks_seen),
             "truncated_last_line": self.truncated_last_line,
@@ -299,8 +383,15 @@ class LogReport:
         }
 
     def is_training_log(self) -> bool:
-        return bool(self.iterations or self.partial_iteration_lines or self.hits or self.pytest
-                    or self.training_markers or self.saves_total or self.loads_total)
+        return bool(
+            self.iterations
+            or self.partial_iteration_lines
+            or self.hits
+            or self.pytest
+            or self.training_markers
+            or self.saves_total
+            or self.loads_total
+        )
 
 
 def _num(v):
@@ -316,6 +407,7 @@ def _num(v):
 # ------------------------------------------------------------------------------------------------------------
 # Reading
 # ------------------------------------------------------------------------------------------------------------
+
 
 def open_log(path: str):
     """A binary file object for PATH or '-' (stdin). Raises InputError for what cannot be read as a log."""
@@ -397,7 +489,7 @@ def clean(line: str, report: LogReport | None = None) -> str:
         if report is not None:
             for r in re.findall(r"\[(?:rank|default)(\d+)\]:|^(\d{1,5}): ", m.group(0)):
                 report.ranks_seen.add(int(r[0] or r[1]))
-        line = line[m.end():]
+        line = line[m.end() :]
     return line.strip()
 
 
@@ -492,8 +584,15 @@ def _events(rep: LogReport, line: str, lineno: int) -> None:
         if m:
             rep.saves_total += 1
             if len(rep.saves) < MAX_KEPT:
-                rep.saves.append({"iteration": int(m.group(1)), "path": m.group(2), "format": m.group(3),
-                                  "completed": False, "line": lineno})
+                rep.saves.append(
+                    {
+                        "iteration": int(m.group(1)),
+                        "path": m.group(2),
+                        "format": m.group(3),
+                        "completed": False,
+                        "line": lineno,
+                    }
+                )
             return
         m = SAVE_DONE_RE.match(line)
         if m:
@@ -505,8 +604,9 @@ def _events(rep: LogReport, line: str, lineno: int) -> None:
             else:
                 rep.saves_total += 1
                 if len(rep.saves) < MAX_KEPT:
-                    rep.saves.append({"iteration": it, "path": m.group(2), "format": None, "completed": True,
-                                      "line": lineno})
+                    rep.saves.append(
+                        {"iteration": it, "path": m.group(2), "format": None, "completed": True, "line": lineno}
+                    )
             return
         m = LOAD_DONE_RE.match(line)
         if m:
@@ -517,21 +617,29 @@ def _events(rep: LogReport, line: str, lineno: int) -> None:
             else:
                 rep.loads_total += 1
                 if len(rep.loads) < MAX_KEPT:
-                    rep.loads.append({"iteration": int(m.group(2)), "path": m.group(1), "completed": True,
-                                      "line": lineno})
+                    rep.loads.append(
+                        {"iteration": int(m.group(2)), "path": m.group(1), "completed": True, "line": lineno}
+                    )
             return
         m = LOAD_START_RE.match(line)
         if m:
             rep.loads_total += 1
             if len(rep.loads) < MAX_KEPT:
-                rep.loads.append({"iteration": int(m.group(2)) if m.group(2) else None, "path": m.group(1),
-                                  "completed": False, "line": lineno})
+                rep.loads.append(
+                    {
+                        "iteration": int(m.group(2)) if m.group(2) else None,
+                        "path": m.group(1),
+                        "completed": False,
+                        "line": lineno,
+                    }
+                )
             return
     if NO_LOAD_RE.match(line):
         rep.started_from_scratch = True
         return
-    if " in " in line and ("passed" in line or "failed" in line or "error" in line or "no tests ran" in line
-                           or "skipped" in line):
+    if " in " in line and (
+        "passed" in line or "failed" in line or "error" in line or "no tests ran" in line or "skipped" in line
+    ):
         m = PYTEST_SUMMARY_RE.match(line)
         if m:
             counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
@@ -546,7 +654,7 @@ def _events(rep: LogReport, line: str, lineno: int) -> None:
             rep.pytest_failed_tests.append(m.group(1))
     if line.startswith(SMOKE_RESULT_PREFIX):
         try:
-            obj = json.loads(line[len(SMOKE_RESULT_PREFIX):])
+            obj = json.loads(line[len(SMOKE_RESULT_PREFIX) :])
             if isinstance(obj, dict):
                 rep.smoke_result = obj
         except (ValueError, RecursionError):  # RecursionError: nested too deep for json
@@ -564,80 +672,144 @@ def judge(rep: LogReport) -> list[Finding]:
     if not rep.is_training_log():
         if rep.nul_bytes > NUL_SHARE_BINARY * rep.bytes:
             raise InputError(f"{rep.source}: binary data ({rep.nul_bytes} NUL bytes), not a training log")
-        raise InputError(f"{rep.source}: no training log found (no 'iteration N/ M |' lines, no Megatron/Bridge "
-                         "start-up lines, no pytest summary, no known failure)")
+        raise InputError(
+            f"{rep.source}: no training log found (no 'iteration N/ M |' lines, no Megatron/Bridge "
+            "start-up lines, no pytest summary, no known failure)"
+        )
     src = rep.source
     findings: list[Finding] = []
     for hit in rep.hits.values():
         sig = next(s for s in SIGNATURES if s.rule == hit.rule)
-        findings.append(Finding(
-            sig.rule, "error", f"{src}:{hit.first_line}",
-            f"{sig.title}: {hit.text}" + (f" (x{hit.count})" if hit.count > 1 else ""),
-            sig.fix, {"count": hit.count, "line": hit.first_line, "source": f"{sig.source[1]}"}))
+        findings.append(
+            Finding(
+                sig.rule,
+                "error",
+                f"{src}:{hit.first_line}",
+                f"{sig.title}: {hit.text}" + (f" (x{hit.count})" if hit.count > 1 else ""),
+                sig.fix,
+                {"count": hit.count, "line": hit.first_line, "source": f"{sig.source[1]}"},
+            )
+        )
     if rep.iterations == 0:
         tail = f"; last exception: {rep.last_exception}" if rep.last_exception else ""
-        findings.append(Finding(
-            "MFSDP-LOG-NO-ITERATIONS", "error", src,
-            f"no complete training iteration line ('iteration N/ M | ... | number of nan iterations: K |'){tail}",
-            "the run stopped before the first logged iteration: fix the first error above, and check "
-            "logger.log_interval (lines are printed every log_interval iterations)"))
+        findings.append(
+            Finding(
+                "MFSDP-LOG-NO-ITERATIONS",
+                "error",
+                src,
+                f"no complete training iteration line ('iteration N/ M | ... | number of nan iterations: K |'){tail}",
+                "the run stopped before the first logged iteration: fix the first error above, and check "
+                "logger.log_interval (lines are printed every log_interval iterations)",
+            )
+        )
     else:
         loss = rep.loss_summary()
         if loss["key"] is None:
-            findings.append(Finding(
-                "MFSDP-LOG-NO-LOSS", "error", src,
-                "iteration lines carry no loss field ('lm loss: ...'); Bridge leaves a loss out when it is NaN",
-                "look for NaN earlier in the run (number of nan iterations) and check the loss function's keys"))
+            findings.append(
+                Finding(
+                    "MFSDP-LOG-NO-LOSS",
+                    "error",
+                    src,
+                    "iteration lines carry no loss field ('lm loss: ...'); Bridge leaves a loss out when it is NaN",
+                    "look for NaN earlier in the run (number of nan iterations) and check the loss function's keys",
+                )
+            )
         elif not loss["last_finite"]:
             if loss.get("missing_at_last_iteration"):
-                msg = (f"the last iteration ({rep.last_iteration}) has no '{loss['key']}' field: Bridge prints a "
-                       "loss only when its average is >= 0, so it was NaN")
+                msg = (
+                    f"the last iteration ({rep.last_iteration}) has no '{loss['key']}' field: Bridge prints a "
+                    "loss only when its average is >= 0, so it was NaN"
+                )
             else:
                 msg = f"the last '{loss['key']}' (iteration {loss['last_iteration']}) is {loss['last']}, not finite"
-            findings.append(Finding(
-                "MFSDP-LOG-LOSS-NOT-FINITE", "error", src, msg,
-                "find the first iteration whose loss went NaN/Inf; lower the learning rate or lengthen warm-up, "
-                "check the data, keep bf16 for model and optimizer"))
+            findings.append(
+                Finding(
+                    "MFSDP-LOG-LOSS-NOT-FINITE",
+                    "error",
+                    src,
+                    msg,
+                    "find the first iteration whose loss went NaN/Inf; lower the learning rate or lengthen warm-up, "
+                    "check the data, keep bf16 for model and optimizer",
+                )
+            )
         if rep.nan:
-            findings.append(Finding(
-                "MFSDP-LOG-NAN-ITERATIONS", "warning", src,
-                f"{rep.nan} iteration(s) reported 'number of nan iterations' > 0",
-                "inspect the iterations around the first NaN; enable rerun_state_machine.check_for_nan_in_loss"))
+            findings.append(
+                Finding(
+                    "MFSDP-LOG-NAN-ITERATIONS",
+                    "warning",
+                    src,
+                    f"{rep.nan} iteration(s) reported 'number of nan iterations' > 0",
+                    "inspect the iterations around the first NaN; enable rerun_state_machine.check_for_nan_in_loss",
+                )
+            )
         if rep.skipped:
-            findings.append(Finding(
-                "MFSDP-LOG-SKIPPED-ITERATIONS", "warning", src,
-                f"{rep.skipped} iteration(s) were skipped (optimizer step not taken: overflow or NaN gradients)",
-                "a few early skips are normal with fp16 loss scaling; with bf16 they point at bad gradients"))
-        if rep.train_iters and rep.last_iteration is not None and rep.last_iteration < rep.train_iters \
-                and not rep.hits:
-            findings.append(Finding(
-                "MFSDP-LOG-INCOMPLETE-RUN", "warning", src,
-                f"the last iteration logged is {rep.last_iteration} of train.train_iters={rep.train_iters}: the run "
-                "is still going, was stopped, or died without a known error",
-                "check the end of the log (and the scheduler's job record) for why it stopped"))
+            findings.append(
+                Finding(
+                    "MFSDP-LOG-SKIPPED-ITERATIONS",
+                    "warning",
+                    src,
+                    f"{rep.skipped} iteration(s) were skipped (optimizer step not taken: overflow or NaN gradients)",
+                    "a few early skips are normal with fp16 loss scaling; with bf16 they point at bad gradients",
+                )
+            )
+        if rep.train_iters and rep.last_iteration is not None and rep.last_iteration < rep.train_iters and not rep.hits:
+            findings.append(
+                Finding(
+                    "MFSDP-LOG-INCOMPLETE-RUN",
+                    "warning",
+                    src,
+                    f"the last iteration logged is {rep.last_iteration} of train.train_iters={rep.train_iters}: the run "
+                    "is still going, was stopped, or died without a known error",
+                    "check the end of the log (and the scheduler's job record) for why it stopped",
+                )
+            )
         if rep.restarts:
-            findings.append(Finding(
-                "MFSDP-LOG-RESTARTS", "info", src,
-                f"iteration numbers went backwards {rep.restarts} time(s): several runs are in this log",
-                "judge each run separately if the earlier one matters"))
+            findings.append(
+                Finding(
+                    "MFSDP-LOG-RESTARTS",
+                    "info",
+                    src,
+                    f"iteration numbers went backwards {rep.restarts} time(s): several runs are in this log",
+                    "judge each run separately if the earlier one matters",
+                )
+            )
     if rep.pytest is not None:
         p = rep.pytest
         if p.get("failed") or p.get("errors") or not p.get("passed"):
             failed = f" ({', '.join(rep.pytest_failed_tests[:5])})" if rep.pytest_failed_tests else ""
-            findings.append(Finding(
-                "MFSDP-LOG-PYTEST-FAILED", "error", f"{src}:{p['line']}",
-                f"pytest summary is '{p['summary']}'{failed}; the smoke test expects passes and no failures",
-                "read the failing test's output above the summary"))
+            findings.append(
+                Finding(
+                    "MFSDP-LOG-PYTEST-FAILED",
+                    "error",
+                    f"{src}:{p['line']}",
+                    f"pytest summary is '{p['summary']}'{failed}; the smoke test expects passes and no failures",
+                    "read the failing test's output above the summary",
+                )
+            )
     if rep.truncated_last_line or rep.partial_iteration_lines:
-        findings.append(Finding(
-            "MFSDP-LOG-TRUNCATED", "warning", src,
-            ("the log ends without a newline (still being written, or cut)" if rep.truncated_last_line else "")
-            + ("; " if rep.truncated_last_line and rep.partial_iteration_lines else "")
-            + (f"{rep.partial_iteration_lines} incomplete iteration line(s) ignored" if rep.partial_iteration_lines else ""),
-            "judge the log again once the run has finished"))
+        findings.append(
+            Finding(
+                "MFSDP-LOG-TRUNCATED",
+                "warning",
+                src,
+                ("the log ends without a newline (still being written, or cut)" if rep.truncated_last_line else "")
+                + ("; " if rep.truncated_last_line and rep.partial_iteration_lines else "")
+                + (
+                    f"{rep.partial_iteration_lines} incomplete iteration line(s) ignored"
+                    if rep.partial_iteration_lines
+                    else ""
+                ),
+                "judge the log again once the run has finished",
+            )
+        )
     if rep.started_from_scratch and rep.loads_total == 0:
-        findings.append(Finding(
-            "MFSDP-LOG-NO-CHECKPOINT-LOADED", "info", src,
-            "the run found no checkpoint to load and started from random initialisation",
-            "if a resume was intended, check checkpoint.load and the tracker with 'mfsdp.py ckpt DIR'"))
+        findings.append(
+            Finding(
+                "MFSDP-LOG-NO-CHECKPOINT-LOADED",
+                "info",
+                src,
+                "the run found no checkpoint to load and started from random initialisation",
+                "if a resume was intended, check checkpoint.load and the tracker with 'mfsdp.py ckpt DIR'",
+            )
+        )
     return findings

@@ -86,7 +86,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 STRATEGIES = ("ddp", "distopt", "no_shard", "optim", "optim_grads", "optim_grads_params")
 FSDP_STRATEGIES = STRATEGIES[2:]
@@ -94,10 +94,20 @@ FSDP_STRATEGIES = STRATEGIES[2:]
 # Bytes per element for every dtype spelling a Bridge config can carry
 # (``torch.bfloat16``, ``{_target_: torch.float32}``, ``bf16``, ``fp32`` ...).
 DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8": 1, "fp8": 1, "uint8": 1, "int8": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float8": 1,
+    "fp8": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 
 FP32 = 4
@@ -124,23 +134,51 @@ MAX_DP_SEARCH = 16384
 # no biases. Sequence length and micro-batch size are those of Bridge 0.6.2's
 # Llama 3 pretraining recipe (``recipes/llama/llama3.py``: seq_length 8192, MBS 1).
 BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
-    "llama3-8b": dict(hidden_size=4096, num_layers=32, num_attention_heads=32, num_query_groups=8,
-                      ffn_hidden_size=14336, vocab_size=128256),
-    "llama3-70b": dict(hidden_size=8192, num_layers=80, num_attention_heads=64, num_query_groups=8,
-                       ffn_hidden_size=28672, vocab_size=128256),
-    "llama3.1-405b": dict(hidden_size=16384, num_layers=126, num_attention_heads=128, num_query_groups=8,
-                          ffn_hidden_size=53248, vocab_size=128256),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        num_layers=32,
+        num_attention_heads=32,
+        num_query_groups=8,
+        ffn_hidden_size=14336,
+        vocab_size=128256,
+    ),
+    "llama3-70b": dict(
+        hidden_size=8192,
+        num_layers=80,
+        num_attention_heads=64,
+        num_query_groups=8,
+        ffn_hidden_size=28672,
+        vocab_size=128256,
+    ),
+    "llama3.1-405b": dict(
+        hidden_size=16384,
+        num_layers=126,
+        num_attention_heads=128,
+        num_query_groups=8,
+        ffn_hidden_size=53248,
+        vocab_size=128256,
+    ),
 }
-_LLAMA_COMMON = dict(gated_linear_unit=True, normalization="RMSNorm", add_bias_linear=False,
-                     share_embeddings_and_output_weights=False, position_embedding_type="rope",
-                     seq_length=8192)
+_LLAMA_COMMON = dict(
+    gated_linear_unit=True,
+    normalization="RMSNorm",
+    add_bias_linear=False,
+    share_embeddings_and_output_weights=False,
+    position_embedding_type="rope",
+    seq_length=8192,
+)
 # Accepted spellings, compared after lower-casing and dropping everything but [a-z0-9].
 _ALIASES = {
-    "llama38b": "llama3-8b", "llama318b": "llama3-8b", "metallama38b": "llama3-8b",
+    "llama38b": "llama3-8b",
+    "llama318b": "llama3-8b",
+    "metallama38b": "llama3-8b",
     "metallama318b": "llama3-8b",
-    "llama370b": "llama3-70b", "llama3170b": "llama3-70b", "metallama370b": "llama3-70b",
+    "llama370b": "llama3-70b",
+    "llama3170b": "llama3-70b",
+    "metallama370b": "llama3-70b",
     "metallama3170b": "llama3-70b",
-    "llama31405b": "llama3.1-405b", "metallama31405b": "llama3.1-405b",
+    "llama31405b": "llama3.1-405b",
+    "metallama31405b": "llama3.1-405b",
 }
 DEFAULT_MICRO_BATCH = 1
 
@@ -150,6 +188,7 @@ class ModelError(ValueError):
 
 
 # --------------------------------------------------------------------------- config access
+
 
 def _get(cfg: Mapping | None, dotted: str, default=None):
     """``cfg['a']['b']`` for ``'a.b'``; ``default`` when any level is missing or None."""
@@ -224,6 +263,7 @@ def _int(value, name: str, *, minimum: int = 1, default: int | None = None) -> i
 
 # --------------------------------------------------------------------------- model shape
 
+
 @dataclass(frozen=True)
 class Shape:
     """A GPT model's shape, with Megatron-Core ``TransformerConfig`` field names and defaults."""
@@ -290,12 +330,30 @@ class Shape:
 
 
 _SHAPE_FIELDS = [f for f in Shape.__dataclass_fields__ if f != "name"]
-_SHAPE_INTS = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size", "num_query_groups",
-               "ffn_hidden_size", "kv_channels", "seq_length", "make_vocab_size_divisible_by",
-               "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk",
-               "moe_shared_expert_intermediate_size")
-_SHAPE_BOOLS = ("gated_linear_unit", "add_bias_linear", "add_qkv_bias", "qk_layernorm",
-                "share_embeddings_and_output_weights", "should_pad_vocab", "moe_shared_expert_gate")
+_SHAPE_INTS = (
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "vocab_size",
+    "num_query_groups",
+    "ffn_hidden_size",
+    "kv_channels",
+    "seq_length",
+    "make_vocab_size_divisible_by",
+    "num_moe_experts",
+    "moe_ffn_hidden_size",
+    "moe_router_topk",
+    "moe_shared_expert_intermediate_size",
+)
+_SHAPE_BOOLS = (
+    "gated_linear_unit",
+    "add_bias_linear",
+    "add_qkv_bias",
+    "qk_layernorm",
+    "share_embeddings_and_output_weights",
+    "should_pad_vocab",
+    "moe_shared_expert_gate",
+)
 _REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size")
 
 
@@ -307,8 +365,9 @@ def builtin_shape(name: str) -> Shape:
     key = re.sub(r"[^a-z0-9]", "", name.lower())
     canonical = _ALIASES.get(key) or (name.lower() if name.lower() in BUILTIN_SHAPES else None)
     if canonical is None:
-        raise ModelError(f"unknown model {name!r}; built-in shapes: {', '.join(BUILTIN_SHAPES)} "
-                         "(or pass a config, or --params N)")
+        raise ModelError(
+            f"unknown model {name!r}; built-in shapes: {', '.join(BUILTIN_SHAPES)} (or pass a config, or --params N)"
+        )
     return Shape(name=canonical, **_LLAMA_COMMON, **BUILTIN_SHAPES[canonical])
 
 
@@ -316,8 +375,9 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
     """Read a ``Shape`` from a Bridge ``model`` section (GPTModelProvider field names)."""
     missing = [f"model.{k}" for k in _REQUIRED if model.get(k) in (None, 0)]
     if missing:
-        raise ModelError(f"config lacks {', '.join(missing)}: cannot count parameters "
-                         "(pass --model NAME or --params N instead)")
+        raise ModelError(
+            f"config lacks {', '.join(missing)}: cannot count parameters (pass --model NAME or --params N instead)"
+        )
     kwargs: dict[str, Any] = {}
     for key in _SHAPE_FIELDS:
         if key not in model or model[key] is None:
@@ -426,13 +486,25 @@ def count_parameters(shape: Shape, tp: int = 1, pp: int = 1, ep: int = 1, etp: i
     gpu_dense = sum(gpu_layer_dense[i] for i in chosen) + non_unit
     gpu_experts = sum(gpu_layer_experts[i] for i in chosen)
     unit = max(gpu_layer_dense[i] + gpu_layer_experts[i] for i in range(shape.num_layers))
-    return Counts(total=total, embedding=embedding, output_layer=output, layer_dense=layer_dense,
-                  layer_experts=layer_experts, final_norm=final_norm, gpu_dense=gpu_dense,
-                  gpu_experts=gpu_experts, gpu_non_unit=non_unit, gpu_unit=unit,
-                  gpu_first_grads=first_grads, layers_on_gpu=layers_on_gpu, padded_vocab=vocab)
+    return Counts(
+        total=total,
+        embedding=embedding,
+        output_layer=output,
+        layer_dense=layer_dense,
+        layer_experts=layer_experts,
+        final_norm=final_norm,
+        gpu_dense=gpu_dense,
+        gpu_experts=gpu_experts,
+        gpu_non_unit=non_unit,
+        gpu_unit=unit,
+        gpu_first_grads=first_grads,
+        layers_on_gpu=layers_on_gpu,
+        padded_vocab=vocab,
+    )
 
 
 # --------------------------------------------------------------------------- precision settings
+
 
 @dataclass(frozen=True)
 class Precision:
@@ -520,14 +592,18 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
         exp_avg_sq_bytes=dtype_bytes(_get(cfg, "optimizer.exp_avg_sq_dtype"), FP32),
         store_param_remainders=_bool(_get(cfg, "optimizer.store_param_remainders"), True),
         optimizer_offload_fraction=offload,
-        fsdp_double_buffer=any(_bool(_get(cfg, k), False) for k in (
-            "ddp.fsdp_double_buffer", "ddp.nccl_ub", "ddp.megatron_fsdp_max_pool_double_buffer")),
+        fsdp_double_buffer=any(
+            _bool(_get(cfg, k), False)
+            for k in ("ddp.fsdp_double_buffer", "ddp.nccl_ub", "ddp.megatron_fsdp_max_pool_double_buffer")
+        ),
         suggested_communication_unit_size=_int(unit, "ddp.suggested_communication_unit_size")
-        if unit is not None else None,
+        if unit is not None
+        else None,
         bucket_size=_int(bucket, "ddp.bucket_size") if bucket is not None else None,
         gather_after_step=_bool(_get(cfg, "ddp.fsdp_all_gather_in_start_param_sync"), True),
-        built_on_gpu=not any(_bool(_get(cfg, k)) for k in (
-            "model.init_model_with_meta_device", "model.use_cpu_initialization")),
+        built_on_gpu=not any(
+            _bool(_get(cfg, k)) for k in ("model.init_model_with_meta_device", "model.use_cpu_initialization")
+        ),
     )
 
 
@@ -555,8 +631,9 @@ class StrategyMemory:
         return self.params + self.grads + self.optimizer + self.buffers_persistent
 
     def total(self, activations: float) -> float:
-        training = self.model_state + max(activations + self.buffers_at_peak, self.buffers_late,
-                                          self.after_step - self.model_state)
+        training = self.model_state + max(
+            activations + self.buffers_at_peak, self.buffers_late, self.after_step - self.model_state
+        )
         return max(training, self.init_peak)
 
     @property
@@ -624,8 +701,17 @@ def _buckets(total: float, bucket: int, capacity: float) -> list[float]:
     return [float(bucket)] * n + ([rest] if rest > 0 else [])
 
 
-def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1, cp: int = 1,
-                    tp: int = 1, ep: int = 1, etp: int | None = None) -> StrategyMemory:
+def strategy_memory(
+    strategy: str,
+    counts: Counts,
+    p: Precision,
+    *,
+    dp: int = 1,
+    cp: int = 1,
+    tp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+) -> StrategyMemory:
     """Model-state and buffer bytes for one strategy on the most-loaded GPU."""
     if strategy not in STRATEGIES:
         raise ModelError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
@@ -646,8 +732,14 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
         step = 0.0
         if p.ddp_grad_bytes != FP32 and p.param_bytes < FP32 and not precision_aware:
             step = FP32 * held  # main_param.grad = main_grad.float(): a copy unless already fp32
-        return StrategyMemory(strategy, p.param_bytes * full, p.ddp_grad_bytes * full,
-                              (master + moments) * held * keep, step_transient=step, notes=tuple(notes))
+        return StrategyMemory(
+            strategy,
+            p.param_bytes * full,
+            p.ddp_grad_bytes * full,
+            (master + moments) * held * keep,
+            step_transient=step,
+            notes=tuple(notes),
+        )
 
     # Megatron FSDP: a buffer is distributed only when the strategy says so and its group has > 1 rank.
     sharded = n_dense > 1 or n_expert > 1
@@ -655,9 +747,12 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
     g_sharded = strategy in ("optim_grads", "optim_grads_params") and sharded
     held = full if strategy == "no_shard" else shard  # no_shard keeps whole optimizer state
     master, moments = _adam_bytes(p, fsdp=True)
-    mem = StrategyMemory(strategy, p.param_bytes * (shard if w_sharded else full),
-                         p.fsdp_grad_bytes * (shard if g_sharded else full),
-                         (master + moments) * held * keep)
+    mem = StrategyMemory(
+        strategy,
+        p.param_bytes * (shard if w_sharded else full),
+        p.fsdp_grad_bytes * (shard if g_sharded else full),
+        (master + moments) * held * keep,
+    )
     if p.fsdp_main_bytes and not p.precision_aware and p.fsdp_grad_bytes != p.fsdp_main_bytes:
         mem.step_transient = p.fsdp_main_bytes * held  # update_main_grads: grad.to(main dtype)
     if p.built_on_gpu and w_sharded:
@@ -686,8 +781,10 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
             rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
             mem.buffers_at_peak = p.param_bytes * ag_units * unit + g * (first + unit)
             mem.buffers_late = p.param_bytes * ag_units * unit + g * rs
-            notes.append(f"all-gather window: {ag_units} layer(s); reduce-scatter queue: up to "
-                         f"{rs / 1e6:.0f}M unsharded gradient elements")
+            notes.append(
+                f"all-gather window: {ag_units} layer(s); reduce-scatter queue: up to "
+                f"{rs / 1e6:.0f}M unsharded gradient elements"
+            )
     elif w_sharded:
         notes.append("no model shape: FSDP all-gather/reduce-scatter buffers not estimated")
     elif g_sharded:
@@ -705,6 +802,7 @@ def strategy_memory(strategy: str, counts: Counts, p: Precision, *, dp: int = 1,
 
 
 # --------------------------------------------------------------------------- activations
+
 
 @dataclass(frozen=True)
 class ActivationSettings:
@@ -734,8 +832,7 @@ def _in_flight(a: ActivationSettings, pp: int) -> float:
     return float(pp)
 
 
-def megatron_activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1,
-                              cp: int = 1) -> float:
+def megatron_activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1) -> float:
     """Megatron-LM's own estimate, term for term (``megatron/training/theoretical_memory_usage.py``).
 
     ``compute_activation_memory`` with sequence parallelism: per layer
@@ -843,17 +940,31 @@ def _ffn_ratio(shape: Shape) -> float:
     """Average FFN width over hidden per layer, routed experts counted top-k times (as Bridge does)."""
     pattern = shape.moe_layers()
     moe_width = (shape.moe_ffn_hidden_size or shape.ffn) * shape.moe_router_topk + (
-        shape.moe_shared_expert_intermediate_size or 0)
+        shape.moe_shared_expert_intermediate_size or 0
+    )
     widths = [moe_width if is_moe else shape.ffn for is_moe in pattern]
     return sum(widths) / (len(widths) * shape.hidden_size)
 
 
-def activation_settings(cfg: Mapping | None, shape: Shape | None, *, seq_length=None, micro_batch_size=None,
-                        dp: int = 1, builtin: bool = False) -> ActivationSettings:
-    seq = _int(seq_length, "seq_length") or _int(_first(cfg, ("model.seq_length", "dataset.seq_length")),
-                                                   "model.seq_length") or (shape.seq_length if shape else None)
-    mbs = _int(micro_batch_size, "micro_batch_size") or _int(_get(cfg, "train.micro_batch_size"),
-                                                             "train.micro_batch_size") or DEFAULT_MICRO_BATCH
+def activation_settings(
+    cfg: Mapping | None,
+    shape: Shape | None,
+    *,
+    seq_length=None,
+    micro_batch_size=None,
+    dp: int = 1,
+    builtin: bool = False,
+) -> ActivationSettings:
+    seq = (
+        _int(seq_length, "seq_length")
+        or _int(_first(cfg, ("model.seq_length", "dataset.seq_length")), "model.seq_length")
+        or (shape.seq_length if shape else None)
+    )
+    mbs = (
+        _int(micro_batch_size, "micro_batch_size")
+        or _int(_get(cfg, "train.micro_batch_size"), "train.micro_batch_size")
+        or DEFAULT_MICRO_BATCH
+    )
     gbs = _int(_get(cfg, "train.global_batch_size"), "train.global_batch_size")
     granularity = _get(cfg, "model.recompute_granularity")
     if granularity not in (None, "full", "selective"):
@@ -863,8 +974,7 @@ def activation_settings(cfg: Mapping | None, shape: Shape | None, *, seq_length=
         raise ModelError(f"model.recompute_method must be null, 'uniform' or 'block', got {method!r}")
     offload = 0
     if _bool(_get(cfg, "model.cpu_offloading")) and _bool(_get(cfg, "model.cpu_offloading_activations"), True):
-        offload = _int(_get(cfg, "model.cpu_offloading_num_layers", 0), "model.cpu_offloading_num_layers",
-                       minimum=0)
+        offload = _int(_get(cfg, "model.cpu_offloading_num_layers", 0), "model.cpu_offloading_num_layers", minimum=0)
     backend = _get(cfg, "model.attention_backend")
     if isinstance(backend, Mapping):
         backend = backend.get("_name_") or backend.get("_args_")
@@ -875,22 +985,26 @@ def activation_settings(cfg: Mapping | None, shape: Shape | None, *, seq_length=
     # (llama_bridge.py: hidden_dropout 0, bias_activation_fusion on); else mcore's defaults.
     llama = builtin and cfg is None
     return ActivationSettings(
-        seq_length=seq or 0, micro_batch_size=mbs,
+        seq_length=seq or 0,
+        micro_batch_size=mbs,
         hidden_dropout=float(_get(cfg, "model.hidden_dropout", 0.0 if llama else MCORE_HIDDEN_DROPOUT)),
         bias_activation_fusion=_bool(_get(cfg, "model.bias_activation_fusion"), llama),
         gradient_accumulation_fusion=_bool(_get(cfg, "model.gradient_accumulation_fusion"), llama),
         unfused_attention=str(backend).rsplit(".", 1)[-1].lower() in ("unfused", "local"),
         sequence_parallel=_bool(_get(cfg, "model.sequence_parallel")),
-        recompute_granularity=granularity, recompute_method=method,
+        recompute_granularity=granularity,
+        recompute_method=method,
         recompute_num_layers=_int(_get(cfg, "model.recompute_num_layers"), "model.recompute_num_layers"),
-        virtual_pipeline=_int(_get(cfg, "model.virtual_pipeline_model_parallel_size"),
-                              "model.virtual_pipeline_model_parallel_size"),
+        virtual_pipeline=_int(
+            _get(cfg, "model.virtual_pipeline_model_parallel_size"), "model.virtual_pipeline_model_parallel_size"
+        ),
         num_microbatches=(gbs // (mbs * dp)) if gbs and gbs >= mbs * dp else None,
         offload_layers=offload,
     )
 
 
 # --------------------------------------------------------------------------- the report
+
 
 @dataclass(frozen=True)
 class Parallel:
@@ -908,15 +1022,19 @@ def parallel_from(cfg: Mapping | None, *, dp=None, tp=None, pp=None, cp=None, ep
     A Bridge config does not store the data-parallel size (it follows from the world
     size), so DP is 1 unless given.
     """
+
     def pick(value, path, name):
         return _int(value, name) or _int(_get(cfg, path), path) or 1
 
     etp = _get(cfg, "model.expert_tensor_parallel_size")
-    return Parallel(dp=pick(dp, "", "dp"), tp=pick(tp, "model.tensor_model_parallel_size", "tp"),
-                    pp=pick(pp, "model.pipeline_model_parallel_size", "pp"),
-                    cp=pick(cp, "model.context_parallel_size", "cp"),
-                    ep=pick(ep, "model.expert_model_parallel_size", "ep"),
-                    etp=_int(etp, "model.expert_tensor_parallel_size") if etp is not None else None)
+    return Parallel(
+        dp=pick(dp, "", "dp"),
+        tp=pick(tp, "model.tensor_model_parallel_size", "tp"),
+        pp=pick(pp, "model.pipeline_model_parallel_size", "pp"),
+        cp=pick(cp, "model.context_parallel_size", "cp"),
+        ep=pick(ep, "model.expert_model_parallel_size", "ep"),
+        etp=_int(etp, "model.expert_tensor_parallel_size") if etp is not None else None,
+    )
 
 
 def configured_strategy(cfg: Mapping | None) -> str | None:
@@ -963,13 +1081,37 @@ class Estimate:
 
 def _counts_from_params(params: float, par: Parallel) -> Counts:
     per_gpu = params / (par.tp * par.pp)
-    return Counts(total=int(round(params)), embedding=0, output_layer=0, layer_dense=[], layer_experts=[],
-                  final_norm=0, gpu_dense=per_gpu, gpu_experts=0.0, gpu_non_unit=0.0, gpu_unit=0.0,
-                  gpu_first_grads=0.0, layers_on_gpu=0, padded_vocab=0)
+    return Counts(
+        total=int(round(params)),
+        embedding=0,
+        output_layer=0,
+        layer_dense=[],
+        layer_experts=[],
+        final_norm=0,
+        gpu_dense=per_gpu,
+        gpu_experts=0.0,
+        gpu_non_unit=0.0,
+        gpu_unit=0.0,
+        gpu_first_grads=0.0,
+        layers_on_gpu=0,
+        padded_vocab=0,
+    )
 
 
-def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=None, pp=None, cp=None,
-             ep=None, strategies=("all",), seq_length=None, micro_batch_size=None) -> Estimate:
+def estimate(
+    cfg: Mapping | None = None,
+    *,
+    params=None,
+    model=None,
+    dp=None,
+    tp=None,
+    pp=None,
+    cp=None,
+    ep=None,
+    strategies=("all",),
+    seq_length=None,
+    micro_batch_size=None,
+) -> Estimate:
     """Compute every strategy's bytes; raises ``ModelError`` for unusable input."""
     if cfg is not None and not isinstance(cfg, Mapping):
         raise ModelError("config must be a mapping of sections ({'model': {...}, 'ddp': {...}})")
@@ -988,8 +1130,10 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
         model_section = dict(_get(cfg, "model"))
         tokenizer_vocab = _get(cfg, "tokenizer.vocab_size")
         null_tokenizer = _get(cfg, "tokenizer.tokenizer_type") == "NullTokenizer"
-        if tokenizer_vocab is not None and (model_section.get("vocab_size") is None or (
-                null_tokenizer and _bool(_get(cfg, "tokenizer.use_tokenizer_vocab_size")))):
+        if tokenizer_vocab is not None and (
+            model_section.get("vocab_size") is None
+            or (null_tokenizer and _bool(_get(cfg, "tokenizer.use_tokenizer_vocab_size")))
+        ):
             # Bridge's setup (_validate_and_set_vocab_size): the tokenizer's size, padded. Only a
             # NullTokenizer's size is known from the config; another tokenizer's comes from its files.
             model_section.update(vocab_size=tokenizer_vocab, should_pad_vocab=True)
@@ -1005,18 +1149,24 @@ def estimate(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp
         counts = _counts_from_params(float(params), par)
     precision = precision_from_config(cfg)
     if precision.param_bytes == FP32:
-        notes.append("the config enables neither bf16 nor fp16 (model.bf16, mixed_precision): fp32 training "
-                     "assumed; if your recipe sets mixed_precision, add model.bf16=true")
+        notes.append(
+            "the config enables neither bf16 nor fp16 (model.bf16, mixed_precision): fp32 training "
+            "assumed; if your recipe sets mixed_precision, add model.bf16=true"
+        )
     act = activations = megatron_lm = None
     if shape is not None:
-        act = activation_settings(cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp,
-                                  builtin=model is not None)
+        act = activation_settings(
+            cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp, builtin=model is not None
+        )
         activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
         megatron_lm = megatron_activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
-    rows = {s: strategy_memory(s, counts, precision, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
-            for s in _resolve_strategies(strategies)}
-    return Estimate(shape, counts, par, precision, act, activations, megatron_lm, rows, configured_strategy(cfg),
-                    source, notes)
+    rows = {
+        s: strategy_memory(s, counts, precision, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
+        for s in _resolve_strategies(strategies)
+    }
+    return Estimate(
+        shape, counts, par, precision, act, activations, megatron_lm, rows, configured_strategy(cfg), source, notes
+    )
 
 
 def smallest_dp(est: Estimate, strategy: str, gpu_mem_gib: float) -> int | None:
@@ -1031,8 +1181,7 @@ def smallest_dp(est: Estimate, strategy: str, gpu_mem_gib: float) -> int | None:
     par = est.parallel
 
     def fits(dp: int) -> bool:
-        row = strategy_memory(strategy, est.counts, est.precision, dp=dp, cp=par.cp, tp=par.tp, ep=par.ep,
-                              etp=par.etp)
+        row = strategy_memory(strategy, est.counts, est.precision, dp=dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
         return row.total(act) <= limit
 
     if strategy == "optim_grads":
@@ -1064,25 +1213,27 @@ def assumptions(est: Estimate) -> dict:
         "params_dtype": p.param_dtype,
         "ddp_distopt_grad_dtype": f"{_dtype_name(p.ddp_grad_bytes, half)} (ddp.grad_reduce_in_fp32)",
         "fsdp_grad_dtype": f"{_dtype_name(p.fsdp_grad_bytes, half)} (ddp.megatron_fsdp_main_grads_dtype; "
-                           "Megatron FSDP does not read grad_reduce_in_fp32)",
+        "Megatron FSDP does not read grad_reduce_in_fp32)",
         "fsdp_main_params_dtype": _dtype_name(p.fsdp_main_bytes) if p.fsdp_main_bytes else "none",
-        "optimizer": ("adam, precision-aware (TE FusedAdam): main "
-                      f"{_dtype_name(p.master_bytes)}, exp_avg {_dtype_name(p.exp_avg_bytes)}, "
-                      f"exp_avg_sq {_dtype_name(p.exp_avg_sq_bytes)}"
-                      if p.precision_aware else "adam: fp32 main weights + fp32 exp_avg + fp32 exp_avg_sq"),
+        "optimizer": (
+            "adam, precision-aware (TE FusedAdam): main "
+            f"{_dtype_name(p.master_bytes)}, exp_avg {_dtype_name(p.exp_avg_bytes)}, "
+            f"exp_avg_sq {_dtype_name(p.exp_avg_sq_bytes)}"
+            if p.precision_aware
+            else "adam: fp32 main weights + fp32 exp_avg + fp32 exp_avg_sq"
+        ),
         "optimizer_cpu_offload_fraction": p.optimizer_offload_fraction,
-        "sharding_degree": f"N = DP x CP = {est.parallel.dp * est.parallel.cp} "
-                           "(experts: DP x CP x TP / (EP x ETP))",
+        "sharding_degree": f"N = DP x CP = {est.parallel.dp * est.parallel.cp} (experts: DP x CP x TP / (EP x ETP))",
         "gpu": "most-loaded rank: first pipeline stage, embedding included",
         "model_state": "params + grads + optimizer + persistent Megatron FSDP buffers (preserved "
-                       "embedding/output copies, double buffers); memory_allocated() between steps is "
-                       "after_step = model state + the optimizer-step fp32 gradient copy, freed only when "
-                       "the next step zeroes gradients",
+        "embedding/output copies, double buffers); memory_allocated() between steps is "
+        "after_step = model state + the optimizer-step fp32 gradient copy, freed only when "
+        "the next step zeroes gradients",
         "total": "model state + max(activations + buffers alive at the activation peak, "
-                 "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
-                 "peak when larger (optim_grads_params without init_model_with_meta_device)",
+        "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
+        "peak when larger (optim_grads_params without init_model_with_meta_device)",
         "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated), allocator "
-                       "fragmentation, cuBLAS/TE workspaces (~0.1-0.5 GiB): keep 5-10% headroom",
+        "fragmentation, cuBLAS/TE workspaces (~0.1-0.5 GiB): keep 5-10% headroom",
         "sources": [
             "megatron/training/theoretical_memory_usage.py (18 and 6 + 12/N bytes/param; activations)",
             "megatron/bridge/training/utils/theoretical_memory_utils.py (Bridge's estimator, CP division)",
@@ -1094,27 +1245,42 @@ def assumptions(est: Estimate) -> dict:
         ],
     }
     if a is not None:
-        out.update({
-            "seq_length": a.seq_length,
-            "micro_batch_size": a.micro_batch_size,
-            "num_microbatches": a.num_microbatches,
-            "sequence_parallel": a.sequence_parallel and est.parallel.tp > 1,
-            "recompute": a.recompute_granularity or "none (flash attention: no s^2 score matrix stored)",
-            "cpu_offloaded_activation_layers": a.offload_layers,
-            "activation_formula": "Korthikanti et al. 2022 per-tensor decomposition sized for this model "
-                                  "(GQA, gated FFN, dropout, fp32 loss softmax); see references/memory.md",
-            "megatron_lm_activations_gib": _gib(est.megatron_lm_activations),
-            "hidden_dropout": a.hidden_dropout,
-            "bias_activation_fusion": a.bias_activation_fusion,
-            "gradient_accumulation_fusion": a.gradient_accumulation_fusion,
-        })
+        out.update(
+            {
+                "seq_length": a.seq_length,
+                "micro_batch_size": a.micro_batch_size,
+                "num_microbatches": a.num_microbatches,
+                "sequence_parallel": a.sequence_parallel and est.parallel.tp > 1,
+                "recompute": a.recompute_granularity or "none (flash attention: no s^2 score matrix stored)",
+                "cpu_offloaded_activation_layers": a.offload_layers,
+                "activation_formula": "Korthikanti et al. 2022 per-tensor decomposition sized for this model "
+                "(GQA, gated FFN, dropout, fp32 loss softmax); see references/memory.md",
+                "megatron_lm_activations_gib": _gib(est.megatron_lm_activations),
+                "hidden_dropout": a.hidden_dropout,
+                "bias_activation_fusion": a.bias_activation_fusion,
+                "gradient_accumulation_fusion": a.gradient_accumulation_fusion,
+            }
+        )
     if est.notes:
         out["notes"] = list(est.notes)
     return out
 
 
-def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=None, pp=None, cp=None, ep=None,
-           strategies=("all",), seq_length=None, micro_batch_size=None, gpu_mem_gib=None) -> dict:
+def report(
+    cfg: Mapping | None = None,
+    *,
+    params=None,
+    model=None,
+    dp=None,
+    tp=None,
+    pp=None,
+    cp=None,
+    ep=None,
+    strategies=("all",),
+    seq_length=None,
+    micro_batch_size=None,
+    gpu_mem_gib=None,
+) -> dict:
     """The JSON object ``mfsdp.py memory --format json`` prints.
 
     ``{"model", "parallelism", "gpu_mem_gib", "strategies": [{"name", "params_gib",
@@ -1129,33 +1295,48 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
     """
     if gpu_mem_gib is not None:
         gpu_mem_gib = _positive(gpu_mem_gib, "--gpu-mem-gib", "a number of GiB")
-    est = estimate(cfg, params=params, model=model, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, strategies=strategies,
-                   seq_length=seq_length, micro_batch_size=micro_batch_size)
+    est = estimate(
+        cfg,
+        params=params,
+        model=model,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        strategies=strategies,
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+    )
     act = est.activations
     rows = []
     for name, row in est.rows.items():
         total = row.total(act or 0.0)
         notes = list(row.notes)
         if row.init_peak and total == row.init_peak:
-            notes.append("the peak is model construction: the model is built unsharded on each GPU before "
-                         "sharding; model.init_model_with_meta_device=true avoids it")
-        rows.append({
-            "name": name,
-            "params_gib": _gib(row.params),
-            "grads_gib": _gib(row.grads),
-            "optimizer_gib": _gib(row.optimizer),
-            "buffers_gib": _gib(row.buffers(act or 0.0)),
-            "activations_gib": _gib(act),
-            "total_gib": _gib(total),
-            "fits": None if gpu_mem_gib is None else total <= gpu_mem_gib * GIB,
-            "model_state_gib": _gib(row.model_state),
-            "step_transient_gib": _gib(row.step_transient),
-            "init_peak_gib": _gib(row.init_peak),
-            "after_step_gib": _gib(row.after_step),
-            "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
-            "configured": name == est.configured,
-            "notes": notes,
-        })
+            notes.append(
+                "the peak is model construction: the model is built unsharded on each GPU before "
+                "sharding; model.init_model_with_meta_device=true avoids it"
+            )
+        rows.append(
+            {
+                "name": name,
+                "params_gib": _gib(row.params),
+                "grads_gib": _gib(row.grads),
+                "optimizer_gib": _gib(row.optimizer),
+                "buffers_gib": _gib(row.buffers(act or 0.0)),
+                "activations_gib": _gib(act),
+                "total_gib": _gib(total),
+                "fits": None if gpu_mem_gib is None else total <= gpu_mem_gib * GIB,
+                "model_state_gib": _gib(row.model_state),
+                "step_transient_gib": _gib(row.step_transient),
+                "init_peak_gib": _gib(row.init_peak),
+                "after_step_gib": _gib(row.after_step),
+                "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
+                "configured": name == est.configured,
+                "notes": notes,
+            }
+        )
     shape = est.shape
     return {
         "model": {
@@ -1166,8 +1347,13 @@ def report(cfg: Mapping | None = None, *, params=None, model=None, dp=None, tp=N
             "params_per_gpu": round(est.counts.gpu_dense + est.counts.gpu_experts),
             "padded_vocab": est.counts.padded_vocab or None,
         },
-        "parallelism": {"dp": est.parallel.dp, "tp": est.parallel.tp, "pp": est.parallel.pp,
-                        "cp": est.parallel.cp, "ep": est.parallel.ep},
+        "parallelism": {
+            "dp": est.parallel.dp,
+            "tp": est.parallel.tp,
+            "pp": est.parallel.pp,
+            "cp": est.parallel.cp,
+            "ep": est.parallel.ep,
+        },
         "gpu_mem_gib": gpu_mem_gib,
         "strategies": rows,
         "assumptions": assumptions(est),
@@ -1186,8 +1372,16 @@ def model_state(cfg: Mapping | None = None, **kwargs) -> dict[str, dict[str, flo
     in a Bridge step-end callback), in bytes.
     """
     est = estimate(cfg, **kwargs)
-    return {name: {"params": row.params, "grads": row.grads, "optimizer": row.optimizer,
-                   "buffers_persistent": row.buffers_persistent, "model_state": row.model_state,
-                   "step_transient": row.step_transient, "gathered_after_step": row.gathered_after_step,
-                   "after_step": row.after_step}
-            for name, row in est.rows.items()}
+    return {
+        name: {
+            "params": row.params,
+            "grads": row.grads,
+            "optimizer": row.optimizer,
+            "buffers_persistent": row.buffers_persistent,
+            "model_state": row.model_state,
+            "step_transient": row.step_transient,
+            "gathered_after_step": row.gathered_after_step,
+            "after_step": row.after_step,
+        }
+        for name, row in est.rows.items()
+    }

@@ -40,8 +40,12 @@ SECTION_CLASSES = {
     "optimizer": ((B_CFG, "OptimizerConfig"), (MC_OPT, "OptimizerConfig")),
     "checkpoint": ((B_CFG, "CheckpointConfig"), (MT_TRAIN, "CheckpointConfig")),
     "train": ((B_CFG, "TrainingConfig"), (MT_TRAIN, "TrainingConfig")),
-    "model": ((B_GPT, "GPTModelProvider"), ("megatron/bridge/models/transformer_config.py", "TransformerConfig"),
-              (MC_TC, "TransformerConfig"), (MC_MP, "ModelParallelConfig")),
+    "model": (
+        (B_GPT, "GPTModelProvider"),
+        ("megatron/bridge/models/transformer_config.py", "TransformerConfig"),
+        (MC_TC, "TransformerConfig"),
+        (MC_MP, "ModelParallelConfig"),
+    ),
     "mixed_precision": ((B_MP, "MixedPrecisionConfig"),),
     "comm_overlap": ((B_CO, "CommOverlapConfig"),),
 }
@@ -83,10 +87,20 @@ FIELDS: dict[str, tuple] = {
     # --- ddp: Megatron-Core DistributedDataParallelConfig (Bridge defers __post_init__) ---
     "ddp.use_megatron_fsdp": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.use_custom_fsdp": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
-    "ddp.data_parallel_sharding_strategy": (STR, "no_shard", SHARDING_STRATEGIES, False,
-                                            f"{MC_DDP}: DistributedDataParallelConfig"),
-    "ddp.outer_dp_sharding_strategy": (STR, "no_shard", OUTER_SHARDING_STRATEGIES, False,
-                                       f"{MC_DDP}: DistributedDataParallelConfig"),
+    "ddp.data_parallel_sharding_strategy": (
+        STR,
+        "no_shard",
+        SHARDING_STRATEGIES,
+        False,
+        f"{MC_DDP}: DistributedDataParallelConfig",
+    ),
+    "ddp.outer_dp_sharding_strategy": (
+        STR,
+        "no_shard",
+        OUTER_SHARDING_STRATEGIES,
+        False,
+        f"{MC_DDP}: DistributedDataParallelConfig",
+    ),
     "ddp.average_in_collective": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.use_distributed_optimizer": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.num_distributed_optimizer_instances": (INT, 1, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
@@ -178,15 +192,37 @@ NOT_IN_THIS_RELEASE = {
     "ddp.megatron_fsdp_version": (
         "Megatron-FSDP v2 is not selectable in Megatron-Core 0.19.2 / Bridge 0.6.2 (DistributedDataParallelConfig "
         "has no megatron_fsdp_version, and neither imports the megatron_fsdp.experimental package); "
-        "remove the key"),
+        "remove the key"
+    ),
 }
 
 # Sections that exist in a ConfigContainer (top-level keys of run_config.yaml). A key
 # outside this set is an unknown section. Source: B_CFG ConfigContainer fields.
 CONTAINER_KEYS = (
-    "env_vars", "rng", "rerun_state_machine", "train", "model", "optimizer", "optimizer_config_override_provider",
-    "ddp", "validation", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "ft", "straggler",
-    "nvrx_straggler", "profiling", "peft", "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart",
+    "env_vars",
+    "rng",
+    "rerun_state_machine",
+    "train",
+    "model",
+    "optimizer",
+    "optimizer_config_override_provider",
+    "ddp",
+    "validation",
+    "scheduler",
+    "dataset",
+    "logger",
+    "tokenizer",
+    "checkpoint",
+    "dist",
+    "ft",
+    "straggler",
+    "nvrx_straggler",
+    "profiling",
+    "peft",
+    "comm_overlap",
+    "mixed_precision",
+    "tensor_inspect",
+    "inprocess_restart",
 )
 
 # Fields without any default in the source (the dataclass requires them); the table
@@ -196,18 +232,54 @@ REQUIRED = ("comm_overlap.tp_comm_overlap",)
 # Every field of the two top-level sections that are null in a recipe dump but may be
 # given as mappings (so an unknown key there can still get a did-you-mean).
 MIXED_PRECISION_KEYS = (
-    "fp32", "fp16", "bf16", "params_dtype", "pipeline_dtype", "autocast_dtype", "autocast_enabled",
-    "grad_reduce_in_fp32", "fp8", "fp8_recipe", "first_last_layers_bf16", "fp8_margin", "fp8_amax_history_len",
-    "fp8_amax_compute_algo", "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention", "fp8_param",
-    "fp8_param_gather", "fp4", "fp4_recipe", "fp4_param", "fp4_param_gather", "loss_scale", "initial_loss_scale",
-    "min_loss_scale", "loss_scale_window", "hysteresis", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+    "fp32",
+    "fp16",
+    "bf16",
+    "params_dtype",
+    "pipeline_dtype",
+    "autocast_dtype",
+    "autocast_enabled",
+    "grad_reduce_in_fp32",
+    "fp8",
+    "fp8_recipe",
+    "first_last_layers_bf16",
+    "fp8_margin",
+    "fp8_amax_history_len",
+    "fp8_amax_compute_algo",
+    "fp8_wgrad",
+    "fp8_dot_product_attention",
+    "fp8_multi_head_attention",
+    "fp8_param",
+    "fp8_param_gather",
+    "fp4",
+    "fp4_recipe",
+    "fp4_param",
+    "fp4_param_gather",
+    "loss_scale",
+    "initial_loss_scale",
+    "min_loss_scale",
+    "loss_scale_window",
+    "hysteresis",
+    "num_layers_at_start_in_bf16",
+    "num_layers_at_end_in_bf16",
     "reuse_grad_buf_for_mxfp8_param_ag",
 )  # B_MP: MixedPrecisionConfig
 COMM_OVERLAP_KEYS = (
-    "tp_comm_overlap", "tp_comm_overlap_cfg", "tp_comm_bootstrap_backend", "overlap_p2p_comm", "batch_p2p_comm",
-    "overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step", "align_param_gather",
-    "bucket_size", "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "data_parallel_size",
-    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+    "tp_comm_overlap",
+    "tp_comm_overlap_cfg",
+    "tp_comm_bootstrap_backend",
+    "overlap_p2p_comm",
+    "batch_p2p_comm",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "overlap_param_gather_with_optimizer_step",
+    "align_param_gather",
+    "bucket_size",
+    "defer_embedding_wgrad_compute",
+    "wgrad_deferral_limit",
+    "data_parallel_size",
+    "overlap_moe_expert_parallel_comm",
+    "delay_wgrad_compute",
 )  # B_CO: CommOverlapConfig
 
 # Mixed-precision presets (``mixed_precision: bf16_mixed`` in YAML): the fields of the
@@ -216,38 +288,99 @@ COMM_OVERLAP_KEYS = (
 # a field of that name (``update_config_with_precision_overrides``), so e.g. a
 # ``ddp.reuse_grad_buf_for_mxfp8_param_ag: true`` is overwritten by the preset's False.
 # Values transcribed from B_MP (the @register functions); checked by test_schema.py.
-_MP_BASE = {"bf16": False, "fp16": False, "grad_reduce_in_fp32": True, "fp8": None, "fp8_recipe": "tensorwise",
-            "fp8_param_gather": False, "fp4": None, "fp4_param_gather": False,
-            "reuse_grad_buf_for_mxfp8_param_ag": False}
+_MP_BASE = {
+    "bf16": False,
+    "fp16": False,
+    "grad_reduce_in_fp32": True,
+    "fp8": None,
+    "fp8_recipe": "tensorwise",
+    "fp8_param_gather": False,
+    "fp4": None,
+    "fp4_param_gather": False,
+    "reuse_grad_buf_for_mxfp8_param_ag": False,
+}
 _BF16 = {**_MP_BASE, "bf16": True, "grad_reduce_in_fp32": True}
 _FP16 = {**_MP_BASE, "fp16": True, "grad_reduce_in_fp32": False}
 MIXED_PRECISION_PRESETS: dict[str, dict] = {
     "bf16_mixed": _BF16,
     "fp16_mixed": _FP16,
-    "bf16_with_fp8_delayed_scaling_mixed": {**_BF16, "fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": True},
-    "fp16_with_fp8_delayed_scaling_mixed": {**_FP16, "fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": True},
-    "bf16_with_mxfp8_mixed": {**_BF16, "fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
-                              "reuse_grad_buf_for_mxfp8_param_ag": True},
-    "fp16_with_mxfp8_mixed": {**_FP16, "fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True,
-                              "reuse_grad_buf_for_mxfp8_param_ag": True},
-    "bf16_with_fp8_current_scaling_mixed": {**_BF16, "fp8": "hybrid", "fp8_recipe": "tensorwise",
-                                            "fp8_param_gather": True},
-    "nemotron_h_bf16_with_fp8_current_scaling_mixed": {**_BF16, "fp8": "hybrid", "fp8_recipe": "tensorwise",
-                                                       "fp8_param_gather": True},
-    "nanov2_bf16_with_fp8_current_scaling_mixed": {**_BF16, "fp8": "hybrid", "fp8_recipe": "blockwise",
-                                                   "fp8_param_gather": True},
-    "fp16_with_fp8_current_scaling_mixed": {**_FP16, "fp8": "hybrid", "fp8_recipe": "tensorwise",
-                                            "fp8_param_gather": True},
-    "bf16_with_fp8_subchannel_scaling_mixed": {**_BF16, "fp8": "hybrid", "fp8_recipe": "blockwise",
-                                               "fp8_param_gather": False},
-    "fp16_with_fp8_subchannel_scaling_mixed": {**_FP16, "fp8": "hybrid", "fp8_recipe": "blockwise",
-                                               "fp8_param_gather": False},
-    "bf16_with_nvfp4_mixed": {**_BF16, "fp8": None, "fp4": "e2m1", "fp8_param_gather": False,
-                              "fp4_param_gather": True},
-    "nemotron_3_super_bf16_with_nvfp4_mixed": {**_BF16, "fp8": None, "fp4": "e2m1", "fp8_param_gather": False,
-                                               "fp4_param_gather": True},
-    "nemotron_3_ultra_bf16_with_nvfp4_mixed": {**_BF16, "fp8": None, "fp4": "e2m1", "fp8_param_gather": False,
-                                               "fp4_param_gather": True},
+    "bf16_with_fp8_delayed_scaling_mixed": {
+        **_BF16,
+        "fp8": "hybrid",
+        "fp8_recipe": "delayed",
+        "fp8_param_gather": True,
+    },
+    "fp16_with_fp8_delayed_scaling_mixed": {
+        **_FP16,
+        "fp8": "hybrid",
+        "fp8_recipe": "delayed",
+        "fp8_param_gather": True,
+    },
+    "bf16_with_mxfp8_mixed": {
+        **_BF16,
+        "fp8": "e4m3",
+        "fp8_recipe": "mxfp8",
+        "fp8_param_gather": True,
+        "reuse_grad_buf_for_mxfp8_param_ag": True,
+    },
+    "fp16_with_mxfp8_mixed": {
+        **_FP16,
+        "fp8": "e4m3",
+        "fp8_recipe": "mxfp8",
+        "fp8_param_gather": True,
+        "reuse_grad_buf_for_mxfp8_param_ag": True,
+    },
+    "bf16_with_fp8_current_scaling_mixed": {
+        **_BF16,
+        "fp8": "hybrid",
+        "fp8_recipe": "tensorwise",
+        "fp8_param_gather": True,
+    },
+    "nemotron_h_bf16_with_fp8_current_scaling_mixed": {
+        **_BF16,
+        "fp8": "hybrid",
+        "fp8_recipe": "tensorwise",
+        "fp8_param_gather": True,
+    },
+    "nanov2_bf16_with_fp8_current_scaling_mixed": {
+        **_BF16,
+        "fp8": "hybrid",
+        "fp8_recipe": "blockwise",
+        "fp8_param_gather": True,
+    },
+    "fp16_with_fp8_current_scaling_mixed": {
+        **_FP16,
+        "fp8": "hybrid",
+        "fp8_recipe": "tensorwise",
+        "fp8_param_gather": True,
+    },
+    "bf16_with_fp8_subchannel_scaling_mixed": {
+        **_BF16,
+        "fp8": "hybrid",
+        "fp8_recipe": "blockwise",
+        "fp8_param_gather": False,
+    },
+    "fp16_with_fp8_subchannel_scaling_mixed": {
+        **_FP16,
+        "fp8": "hybrid",
+        "fp8_recipe": "blockwise",
+        "fp8_param_gather": False,
+    },
+    "bf16_with_nvfp4_mixed": {**_BF16, "fp8": None, "fp4": "e2m1", "fp8_param_gather": False, "fp4_param_gather": True},
+    "nemotron_3_super_bf16_with_nvfp4_mixed": {
+        **_BF16,
+        "fp8": None,
+        "fp4": "e2m1",
+        "fp8_param_gather": False,
+        "fp4_param_gather": True,
+    },
+    "nemotron_3_ultra_bf16_with_nvfp4_mixed": {
+        **_BF16,
+        "fp8": None,
+        "fp4": "e2m1",
+        "fp8_param_gather": False,
+        "fp4_param_gather": True,
+    },
 }
 # Bridge's ``register`` also files every preset under its hyphenated name (bf16-mixed).
 MIXED_PRECISION_PRESETS.update({k.replace("_", "-"): v for k, v in list(MIXED_PRECISION_PRESETS.items())})

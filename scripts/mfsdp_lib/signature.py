@@ -72,17 +72,32 @@ INSTALLER_SKIPS_DIRS = frozenset({".git", "__pycache__", "__pypackages__"})
 INSTALLER_SKIPS_FILES = frozenset({"metadata.json"})
 # Local build products of dev.sh, pip, pytest, hypothesis, npm and the GPU staging folders; matched by
 # name at any depth. Keep in step with .gitignore (tests/test_signature.py checks it).
-BUILD_PRODUCT_DIRS = frozenset({
-    ".venv", "venv", "node_modules", ".cache", ".pytest_cache", ".hypothesis", ".mypy_cache",
-    ".ruff_cache", ".tox", "build", "dist", ".whl", ".gpuwork",
-})
+BUILD_PRODUCT_DIRS = frozenset(
+    {
+        ".venv",
+        "venv",
+        "node_modules",
+        ".cache",
+        ".pytest_cache",
+        ".hypothesis",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".tox",
+        "build",
+        "dist",
+        ".whl",
+        ".gpuwork",
+    }
+)
 BUILD_PRODUCT_DIR_SUFFIXES = (".egg-info",)
 BUILD_PRODUCT_SUFFIXES = (".pyc", ".pyo")
 # A git worktree keeps `.git` as a file; it is never part of the skill.
 VCS_FILES = frozenset({".git"})
 
-INSTALL_HINT = ("needs the OpenSSF model-signing library: pip install 'model-signing==1.1.1' 'pyopenssl==26.4.0' "
-                "(or: bash scripts/dev.sh test, which sets up .venv)")
+INSTALL_HINT = (
+    "needs the OpenSSF model-signing library: pip install 'model-signing==1.1.1' 'pyopenssl==26.4.0' "
+    "(or: bash scripts/dev.sh test, which sets up .venv)"
+)
 
 
 class VerificationError(Exception):
@@ -102,8 +117,7 @@ class Verified:
 
 
 def _dir_is_excluded(name: str) -> bool:
-    return (name in INSTALLER_SKIPS_DIRS or name in BUILD_PRODUCT_DIRS
-            or name.endswith(BUILD_PRODUCT_DIR_SUFFIXES))
+    return name in INSTALLER_SKIPS_DIRS or name in BUILD_PRODUCT_DIRS or name.endswith(BUILD_PRODUCT_DIR_SUFFIXES)
 
 
 def _file_is_excluded(rel: str) -> bool:
@@ -161,13 +175,15 @@ def file_digest(path: pathlib.Path) -> str:
 
 # --- git guard (sign only) ---------------------------------------------------------------------------------
 
+
 def git_tracked(root: pathlib.Path) -> list[str] | None:
     """Files git tracks when ``root`` is the top of a git work tree, else None (no git, or a sub-folder)."""
     if shutil.which("git") is None:
         return None
     try:
-        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"],
-                             capture_output=True, text=True, timeout=60)
+        top = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=60
+        )
         if top.returncode != 0 or pathlib.Path(top.stdout.strip()).resolve() != root:
             return None
         ls = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, timeout=60)
@@ -185,18 +201,28 @@ def git_guard(root: pathlib.Path, files: list[str]) -> list[str]:
         return []
     expected = {p for p in tracked if is_signed_path(p)}
     present = set(files)
-    problems = [f"{p}: not tracked by git (commit it, delete it, or add it to .gitignore and to "
-                f"BUILD_PRODUCT_DIRS in scripts/mfsdp_lib/signature.py)" for p in sorted(present - expected)]
+    problems = [
+        f"{p}: not tracked by git (commit it, delete it, or add it to .gitignore and to "
+        f"BUILD_PRODUCT_DIRS in scripts/mfsdp_lib/signature.py)"
+        for p in sorted(present - expected)
+    ]
     problems += [f"{p}: tracked by git but missing on disk" for p in sorted(expected - present)]
-    unsigned = [p for p in tracked if not is_signed_path(p)
-                and not any(seg in INSTALLER_SKIPS_DIRS or seg in INSTALLER_SKIPS_FILES for seg in p.split("/"))
-                and p != SIGNATURE_NAME and p.split("/")[-1] not in VCS_FILES]
-    problems += [f"{p}: tracked by git but matches a build-product name, so it would be installed unsigned"
-                 for p in unsigned]
+    unsigned = [
+        p
+        for p in tracked
+        if not is_signed_path(p)
+        and not any(seg in INSTALLER_SKIPS_DIRS or seg in INSTALLER_SKIPS_FILES for seg in p.split("/"))
+        and p != SIGNATURE_NAME
+        and p.split("/")[-1] not in VCS_FILES
+    ]
+    problems += [
+        f"{p}: tracked by git but matches a build-product name, so it would be installed unsigned" for p in unsigned
+    ]
     return problems
 
 
 # --- model-signing glue ---------------------------------------------------------------------------------
+
 
 def _model_signing():
     try:
@@ -227,14 +253,19 @@ def _hashing_config(root: pathlib.Path, files: list[str], subject: str | None):
             m = super().hash(model_path, files_to_hash=[root / f for f in files])
             if subject is None:
                 return m
-            items = [manifest.FileManifestItem(path=pathlib.PurePosixPath(rd.identifier), digest=rd.digest)
-                     for rd in m.resource_descriptors()]
+            items = [
+                manifest.FileManifestItem(path=pathlib.PurePosixPath(rd.identifier), digest=rd.digest)
+                for rd in m.resource_descriptors()
+            ]
             # The subject name is informative only (Manifest equality ignores it); model-signing takes it
             # from the folder's name, which is "ship" or "c" in a checkout, so set it to the skill's name.
             return manifest.Manifest(subject, items, m._serialization_type)  # noqa: SLF001 (pinned 1.1.1)
 
-    cfg = _FixedSet().use_file_serialization(hashing_algorithm=HASH_ALGORITHM, allow_symlinks=False,
-                                             ignore_paths=[pathlib.Path(p) for p in _recorded_ignores()])
+    cfg = _FixedSet().use_file_serialization(
+        hashing_algorithm=HASH_ALGORITHM,
+        allow_symlinks=False,
+        ignore_paths=[pathlib.Path(p) for p in _recorded_ignores()],
+    )
     # .gitignore / .gitattributes are installed with the skill, so they are signed (model-signing's default
     # would skip them); .git itself is never in the set.
     return cfg.set_ignored_paths(paths=_recorded_ignores(), ignore_git_paths=False)
@@ -247,8 +278,9 @@ def _need_file(path: str | os.PathLike, what: str) -> pathlib.Path:
     return p
 
 
-def sign(root: pathlib.Path, key: str, cert: str, chain: list[str], output: str | None = None,
-         allow_untracked: bool = False) -> tuple[pathlib.Path, list[str]]:
+def sign(
+    root: pathlib.Path, key: str, cert: str, chain: list[str], output: str | None = None, allow_untracked: bool = False
+) -> tuple[pathlib.Path, list[str]]:
     """Write ``skill.oms.sig`` for ``root``; returns (signature path, signed files)."""
     key_p, cert_p = _need_file(key, "private key"), _need_file(cert, "signing certificate")
     chain_p = [_need_file(c, "chain certificate") for c in chain]
@@ -256,13 +288,15 @@ def sign(root: pathlib.Path, key: str, cert: str, chain: list[str], output: str 
     if not allow_untracked:
         problems = git_guard(root, files)
         if problems:
-            raise InputError("refusing to sign, the signature would not verify in a fresh clone: "
-                             + "; ".join(problems))
+            raise InputError(
+                "refusing to sign, the signature would not verify in a fresh clone: " + "; ".join(problems)
+            )
     _, _, signing, _ = _model_signing()
     out = pathlib.Path(output) if output else root / SIGNATURE_NAME
     tmp = out.with_name(out.name + ".tmp")
-    cfg = signing.Config().use_certificate_signer(private_key=key_p, signing_certificate=cert_p,
-                                                  certificate_chain=chain_p)
+    cfg = signing.Config().use_certificate_signer(
+        private_key=key_p, signing_certificate=cert_p, certificate_chain=chain_p
+    )
     cfg.set_hashing_config(_hashing_config(root, files, SKILL_NAME))
     try:
         cfg.sign(root, tmp)
@@ -282,18 +316,28 @@ def read_statement(sig_path: pathlib.Path) -> dict:
     except FileNotFoundError:
         raise InputError(f"{sig_path}: no such file (sign with: bash scripts/dev.sh sign)") from None
     except (ValueError, KeyError, TypeError, binascii.Error, RecursionError) as exc:
-        raise VerificationError(f"{sig_path.name}: not a Sigstore bundle with a DSSE envelope ({exc})",
-                                [f"{sig_path.name}: unreadable bundle"]) from None
+        raise VerificationError(
+            f"{sig_path.name}: not a Sigstore bundle with a DSSE envelope ({exc})",
+            [f"{sig_path.name}: unreadable bundle"],
+        ) from None
     # The payload is read before its signature is checked, so an edited one may have any JSON shape:
     # reject what the code below cannot walk (a list, a non-object predicate, resources without names).
     predicate = statement.get("predicate", {}) if isinstance(statement, dict) else None
     resources = predicate.get("resources", []) if isinstance(predicate, dict) else None
     subject = (statement.get("subject") or [{}]) if isinstance(statement, dict) else None
-    if not (isinstance(resources, list) and all(
+    if not (
+        isinstance(resources, list)
+        and all(
             isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("digest"), str)
-            for r in resources) and isinstance(subject, list) and isinstance(subject[0], dict)):
-        raise VerificationError(f"{sig_path.name}: the DSSE payload is not an in-toto statement of signed files",
-                                [f"{sig_path.name}: malformed statement"])
+            for r in resources
+        )
+        and isinstance(subject, list)
+        and isinstance(subject[0], dict)
+    ):
+        raise VerificationError(
+            f"{sig_path.name}: the DSSE payload is not an in-toto statement of signed files",
+            [f"{sig_path.name}: malformed statement"],
+        )
     return statement
 
 
@@ -335,8 +379,9 @@ def verify(root: pathlib.Path, trust_root: str, signature: str | None = None) ->
     root_p = _need_file(trust_root, "root certificate")
     statement = read_statement(sig_path)
     if statement.get("predicateType") != PREDICATE_TYPE:
-        raise VerificationError(f"{sig_path.name}: predicateType is {statement.get('predicateType')!r}, "
-                                f"expected {PREDICATE_TYPE!r}")
+        raise VerificationError(
+            f"{sig_path.name}: predicateType is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE!r}"
+        )
     algos = {r.get("algorithm") for r in statement.get("predicate", {}).get("resources", [])}
     if algos - {HASH_ALGORITHM}:
         raise VerificationError(f"{sig_path.name}: digests use {sorted(algos)}, only {HASH_ALGORITHM} is supported")
@@ -351,19 +396,25 @@ def verify(root: pathlib.Path, trust_root: str, signature: str | None = None) ->
         cfg.verify(root, sig_path)
     except ValueError as exc:
         if not str(exc).startswith("Signature mismatch"):
-            raise VerificationError(f"the bundle's signature is invalid: {exc}",
-                                [f"{sig_path.name}: DSSE signature or statement invalid"]) from None
+            raise VerificationError(
+                f"the bundle's signature is invalid: {exc}", [f"{sig_path.name}: DSSE signature or statement invalid"]
+            ) from None
     except Exception as exc:  # OpenSSL chain errors, malformed bundles, bad signatures
         text = str(exc) or type(exc).__name__
         if type(exc).__name__ == "X509StoreContextError":
-            raise VerificationError(f"the signing certificate does not chain to the root {root_p} ({text})",
-                                    [f"{sig_path.name}: untrusted certificate chain"]) from None
+            raise VerificationError(
+                f"the signing certificate does not chain to the root {root_p} ({text})",
+                [f"{sig_path.name}: untrusted certificate chain"],
+            ) from None
         if type(exc).__name__ == "InvalidSignature":
-            raise VerificationError("the DSSE signature does not match the signed statement (the bundle's "
-                                    "payload or signature was edited after signing)",
-                                    [f"{sig_path.name}: DSSE signature invalid"]) from None
-        raise VerificationError(f"the bundle does not verify: {type(exc).__name__}: {text}",
-                                [f"{sig_path.name}: signature check failed"]) from None
+            raise VerificationError(
+                "the DSSE signature does not match the signed statement (the bundle's "
+                "payload or signature was edited after signing)",
+                [f"{sig_path.name}: DSSE signature invalid"],
+            ) from None
+        raise VerificationError(
+            f"the bundle does not verify: {type(exc).__name__}: {text}", [f"{sig_path.name}: signature check failed"]
+        ) from None
     # Past this point the DSSE signature held (model-signing checks it before hashing), so the statement is
     # authentic. Compare it with the folder ourselves: that names each file, and it also catches a file the
     # bundle's own ignore_paths would hide (NVIDIA's ignore .gitignore, which the installer does copy).

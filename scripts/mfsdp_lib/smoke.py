@@ -44,19 +44,41 @@ def build_command(opts, python: str | None = None) -> list[str]:
     torchrun = [python, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc_per_node}"]
     if opts.launcher == "srun":
         master = opts.master_addr or "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)"
-        torchrun += [f"--nnodes={opts.nnodes}", "--rdzv-backend=c10d",
-                     f"--rdzv-endpoint={master}:{opts.master_port}", f"--rdzv-id={RDZV_ID}"]
+        torchrun += [
+            f"--nnodes={opts.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={master}:{opts.master_port}",
+            f"--rdzv-id={RDZV_ID}",
+        ]
         prefix = ["srun", f"--nodes={opts.nnodes}", "--ntasks-per-node=1"]
     else:
         prefix = []
         if opts.nnodes > 1:
-            torchrun += [f"--nnodes={opts.nnodes}", f"--node-rank={opts.node_rank}",
-                         f"--master-addr={opts.master_addr}", f"--master-port={opts.master_port}"]
+            torchrun += [
+                f"--nnodes={opts.nnodes}",
+                f"--node-rank={opts.node_rank}",
+                f"--master-addr={opts.master_addr}",
+                f"--master-port={opts.master_port}",
+            ]
         else:
             torchrun += ["--standalone"]
-    entry = [str(TRAIN_ENTRY), "--strategy", opts.strategy, "--model", opts.model, "--iters", str(opts.iters),
-             "--seq-length", str(opts.seq_length), "--global-batch-size", str(opts.global_batch_size),
-             "--micro-batch-size", str(opts.micro_batch_size), "--out", str(opts.out)]
+    entry = [
+        str(TRAIN_ENTRY),
+        "--strategy",
+        opts.strategy,
+        "--model",
+        opts.model,
+        "--iters",
+        str(opts.iters),
+        "--seq-length",
+        str(opts.seq_length),
+        "--global-batch-size",
+        str(opts.global_batch_size),
+        "--micro-batch-size",
+        str(opts.micro_batch_size),
+        "--out",
+        str(opts.out),
+    ]
     if opts.save_resume:
         entry.append("--save-resume")
     return prefix + torchrun + entry
@@ -70,11 +92,15 @@ def preflight(opts, env: dict | None = None) -> str | None:
     if opts.nnodes > 1 and opts.launcher == "torchrun" and not opts.master_addr:
         return "--nnodes > 1 needs --master-addr (the node-rank-0 host) or --launcher srun"
     if env.get("CUDA_DEVICE_MAX_CONNECTIONS") == BAD_MAX_CONNECTIONS and opts.strategy not in ("ddp", "distopt"):
-        return ("CUDA_DEVICE_MAX_CONNECTIONS=1 is set; Megatron FSDP asserts it is unset or > 1 "
-                "(unset CUDA_DEVICE_MAX_CONNECTIONS)")
+        return (
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 is set; Megatron FSDP asserts it is unset or > 1 "
+            "(unset CUDA_DEVICE_MAX_CONNECTIONS)"
+        )
     if importlib.util.find_spec("torch") is None:
-        return ("torch is not installed in this Python; run the smoke on a GPU machine with PyTorch and "
-                "Megatron-Bridge (tests/gpu/setup_device.sh installs them from a wheel folder)")
+        return (
+            "torch is not installed in this Python; run the smoke on a GPU machine with PyTorch and "
+            "Megatron-Bridge (tests/gpu/setup_device.sh installs them from a wheel folder)"
+        )
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.bridge") is None:
         return "Megatron-Bridge is not installed in this Python (pip install megatron-bridge==0.6.2)"
     return None
@@ -89,8 +115,12 @@ def checkpoint_format(root: str | os.PathLike | None) -> dict:
     if not root or not os.path.isdir(root):
         return {"format": None, "why": f"no checkpoint folder at {root}"}
     rep = checkpoints.inspect(str(root))
-    out = {"format": rep.format, "by": "mfsdp_lib.checkpoints", "latest": rep.latest,
-           "findings": [f.to_dict() for f in rep.findings]}
+    out = {
+        "format": rep.format,
+        "by": "mfsdp_lib.checkpoints",
+        "latest": rep.latest,
+        "findings": [f.to_dict() for f in rep.findings],
+    }
     out.update({k: v for k, v in marker_format(root).items() if k not in ("format",)})
     return out
 
@@ -122,13 +152,18 @@ def marker_format(root: str | os.PathLike | None) -> dict:
         import yaml
 
         try:
-            recorded = (yaml.safe_load((it / "run_config.yaml").read_text()) or {}).get("checkpoint", {}).get(
-                "ckpt_format")
+            recorded = (
+                (yaml.safe_load((it / "run_config.yaml").read_text()) or {}).get("checkpoint", {}).get("ckpt_format")
+            )
         except (OSError, yaml.YAMLError):
             recorded = None
-    return {"format": fmt, "recorded_ckpt_format": recorded, "iteration_dir": it.name,
-            "files": [f for f in files if not f.endswith(".distcp")],
-            "distcp_files": sum(f.endswith(".distcp") for f in files)}
+    return {
+        "format": fmt,
+        "recorded_ckpt_format": recorded,
+        "iteration_dir": it.name,
+        "files": [f for f in files if not f.endswith(".distcp")],
+        "distcp_files": sum(f.endswith(".distcp") for f in files),
+    }
 
 
 def _run_cli_json(*args: str) -> dict | None:
@@ -147,8 +182,15 @@ def launch(cmd: list[str], log_path: Path, env: dict | None = None) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     shell = cmd[0] == "srun" and any("$(" in c for c in cmd)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(" ".join(cmd) if shell else cmd, shell=shell, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+        proc = subprocess.Popen(
+            " ".join(cmd) if shell else cmd,
+            shell=shell,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            bufsize=1,
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stderr.write(line)
@@ -195,7 +237,10 @@ def summarise(out: Path, exit_code: int, cmd: list[str], save_resume: bool) -> d
         summary["log_cli"] = _run_cli_json("log", str(out / "train.log"))
     ok = exit_code == 0 and not errors and finite and bool(ranks) and bool((r0.get("bridge_validate") or {}).get("ok"))
     if save_resume:
-        ok = ok and bool(sr and sr.get("equal")) and bool(ckpt and ckpt.get("format") == "fsdp_dtensor"
-                                                           or r0.get("strategy") in ("ddp", "distopt"))
+        ok = (
+            ok
+            and bool(sr and sr.get("equal"))
+            and bool(ckpt and ckpt.get("format") == "fsdp_dtensor" or r0.get("strategy") in ("ddp", "distopt"))
+        )
     summary["pass"] = ok
     return summary

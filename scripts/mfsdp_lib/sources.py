@@ -151,7 +151,7 @@ def from_folder(which: str, folder: str | os.PathLike) -> Source | None:
     # The user may also point at the package folder itself (.../megatron/bridge).
     candidates = [base / layout if layout else base for layout in FOLDER_LAYOUTS]
     parts = package_dir.split("/")
-    if base.resolve().parts[-len(parts):] == tuple(parts):
+    if base.resolve().parts[-len(parts) :] == tuple(parts):
         candidates.insert(0, base.resolve().parents[len(parts) - 1])
     for root in candidates:
         if (root / package_dir).is_dir():

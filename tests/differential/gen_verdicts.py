@@ -44,8 +44,13 @@ WORLD = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
 BASE_SAVE_DIR = "/tmp/mfsdp-differential/checkpoints"  # never written: no training runs here
 
 # The five settings that turn Megatron FSDP on in Bridge 0.6.2 (what validate() forces or asserts).
-FSDP_ON = ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true", "ddp.use_distributed_optimizer=true",
-           "optimizer.use_distributed_optimizer=true", "checkpoint.ckpt_format=fsdp_dtensor"]
+FSDP_ON = [
+    "dist.use_megatron_fsdp=true",
+    "ddp.use_megatron_fsdp=true",
+    "ddp.use_distributed_optimizer=true",
+    "optimizer.use_distributed_optimizer=true",
+    "checkpoint.ckpt_format=fsdp_dtensor",
+]
 
 # Fields and environment variables the rules read, with values worth trying (invalid ones
 # included): role config's ``rules.DIFFERENTIAL_FIELDS`` / ``DIFFERENTIAL_ENV``, so the cases
@@ -73,7 +78,7 @@ def generate_cases() -> list[dict]:
     cases: list[tuple[list[str], dict]] = [([], {}), (list(FSDP_ON), {})]
     # leave one of the five out
     for i in range(len(FSDP_ON)):
-        cases.append((FSDP_ON[:i] + FSDP_ON[i + 1:], {}))
+        cases.append((FSDP_ON[:i] + FSDP_ON[i + 1 :], {}))
     # each single field value on top of plain DDP and on top of FSDP
     for field, values in FIELD_VALUES.items():
         for v in values:
@@ -93,11 +98,20 @@ def generate_cases() -> list[dict]:
     cases += [
         (FSDP_ON + ["ddp.nccl_ub=true", "ddp.fsdp_manual_registration=false"], {}),
         (FSDP_ON + ["ddp.nccl_ub=false", "ddp.fsdp_manual_registration=true"], {}),
-        (FSDP_ON + ["ddp.data_parallel_sharding_strategy=optim",
-                    "train.check_weight_hash_across_dp_replicas_interval=100"], {}),
+        (
+            FSDP_ON
+            + ["ddp.data_parallel_sharding_strategy=optim", "train.check_weight_hash_across_dp_replicas_interval=100"],
+            {},
+        ),
         (FSDP_ON + ["ddp.average_in_collective=true", "ddp.disable_symmetric_registration=true"], {}),
-        (["ddp.use_distributed_optimizer=true", "dist.use_gloo_process_groups=false",
-          "checkpoint.ckpt_format=torch"], {}),
+        (
+            [
+                "ddp.use_distributed_optimizer=true",
+                "dist.use_gloo_process_groups=false",
+                "checkpoint.ckpt_format=torch",
+            ],
+            {},
+        ),
         (["checkpoint.async_save=true", "checkpoint.ckpt_format=torch"], {}),
         (FSDP_ON + ["dist.use_torch_fsdp2=true", "checkpoint.save=null"], {}),
     ]
@@ -112,8 +126,16 @@ def generate_cases() -> list[dict]:
     # Appended after the random mix so the earlier cases keep their ids: the weight-hash check
     # against each sharding strategy (validate() asserts it off only for optim_grads_params).
     for strategy in ("optim_grads_params", "optim_grads"):
-        cases.append((FSDP_ON + [f"ddp.data_parallel_sharding_strategy={strategy}",
-                                 "train.check_weight_hash_across_dp_replicas_interval=100"], {}))
+        cases.append(
+            (
+                FSDP_ON
+                + [
+                    f"ddp.data_parallel_sharding_strategy={strategy}",
+                    "train.check_weight_hash_across_dp_replicas_interval=100",
+                ],
+                {},
+            )
+        )
     seen, out = set(), []
     for over, env in cases:
         key = (tuple(over), tuple(sorted(env.items())))
@@ -125,6 +147,7 @@ def generate_cases() -> list[dict]:
 
 
 # --------------------------------------------------------------------------- Bridge side
+
 
 def _parse_value(text: str):
     import yaml
@@ -151,8 +174,20 @@ def apply_override(cfg, override: str) -> None:
 def base_container():
     import smoke_train
 
-    args = smoke_train.build_parser().parse_args(["--strategy", "ddp", "--model", "small", "--iters", "10",
-                                                  "--seq-length", "512", "--out", "/tmp/mfsdp-differential"])
+    args = smoke_train.build_parser().parse_args(
+        [
+            "--strategy",
+            "ddp",
+            "--model",
+            "small",
+            "--iters",
+            "10",
+            "--seq-length",
+            "512",
+            "--out",
+            "/tmp/mfsdp-differential",
+        ]
+    )
     cfg, _ = smoke_train.build_config(args, save_dir=BASE_SAVE_DIR)
     return cfg
 
@@ -205,10 +240,12 @@ def main(argv=None) -> int:
     for case in cases:
         case["bridge"] = run_case(case)
     doc = {
-        "generated_by": ("tests/differential/gen_verdicts.py on " + _machine() + ": real megatron-bridge "
-                         f"{metadata.version('megatron-bridge')} runtime_config_update() per case on a freshly built base; "
-                         "no process group, WORLD_SIZE=1 RANK=0 (so data-parallel size 1); TP=PP=CP=1 in every case; "
-                         "the variables of rules.DIFFERENTIAL_ENV are removed from the environment before each case's env is applied"),
+        "generated_by": (
+            "tests/differential/gen_verdicts.py on " + _machine() + ": real megatron-bridge "
+            f"{metadata.version('megatron-bridge')} runtime_config_update() per case on a freshly built base; "
+            "no process group, WORLD_SIZE=1 RANK=0 (so data-parallel size 1); TP=PP=CP=1 in every case; "
+            "the variables of rules.DIFFERENTIAL_ENV are removed from the environment before each case's env is applied"
+        ),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "bridge_version": metadata.version("megatron-bridge"),
         "base_config": "base_run_config.yaml",

@@ -62,8 +62,18 @@ def test_fsdp_smoke_save_resume():
     from mfsdp_lib import smoke as smoke_lib
 
     args = smoke_train.build_parser().parse_args(
-        ["--strategy", "optim_grads_params", "--iters", os.environ.get("MFSDP_SMOKE_ITERS", "10"),
-         "--seq-length", "512", "--save-resume", "--out", _out_dir()])
+        [
+            "--strategy",
+            "optim_grads_params",
+            "--iters",
+            os.environ.get("MFSDP_SMOKE_ITERS", "10"),
+            "--seq-length",
+            "512",
+            "--save-resume",
+            "--out",
+            _out_dir(),
+        ]
+    )
     rec = smoke_train.run(args)
 
     assert rec["bridge_validate"]["ok"], rec["bridge_validate"]
