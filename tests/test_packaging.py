@@ -68,7 +68,7 @@ def test_skills_cli_pin_is_the_same_everywhere():
 def test_dev_sh_treats_an_empty_selection_as_no_failure():
     """pytest exits 5 when a selection runs no test; dev.sh (and so .ci/run) must not fail on it."""
     if not (ROOT / ".venv" / "bin" / "python").exists():
-        pytest.skip(".venv is not set up (bash scripts/dev.sh test sets it up)")
+        pytest.fail(".venv is not set up: run the suite with bash scripts/dev.sh test, which sets it up")
     proc = subprocess.run(
         [
             "bash",
@@ -97,7 +97,7 @@ def test_line_endings_are_pinned():
 def test_demo_runs_twice():
     """README: 'A second run skips the set-up.' The second demo stopped at 'enable -o ... exists' (exit 2)."""
     if not (ROOT / ".venv" / "bin" / "python").exists():
-        pytest.skip(".venv is not set up (bash scripts/dev.sh test sets it up)")
+        pytest.fail(".venv is not set up: run the suite with bash scripts/dev.sh test, which sets it up")
     for attempt in (1, 2):
         proc = subprocess.run(
             ["bash", str(ROOT / "scripts" / "dev.sh"), "demo"], capture_output=True, text=True, timeout=600

@@ -44,12 +44,12 @@ def test_every_emit_form(cli, emit):
         assert yaml.safe_load(p.stdout)["ddp"]["use_megatron_fsdp"] is True
 
 
-def test_real_run_config_needs_no_change(cli, shared_dir):
-    p = cli("enable", str(shared_dir / RUN_CONFIG), "--emit", "json", *CLEAN_ENV)
+def test_real_run_config_needs_no_change(cli, tests_dir):
+    p = cli("enable", str(tests_dir / RUN_CONFIG), "--emit", "json", *CLEAN_ENV)
     assert p.returncode == 0
     assert json.loads(p.stdout)["changes"] == []
-    p = cli("enable", str(shared_dir / RUN_CONFIG), *CLEAN_ENV)  # nothing to change: the file comes back as is
-    assert p.returncode == 0 and p.stdout == (shared_dir / RUN_CONFIG).read_text()
+    p = cli("enable", str(tests_dir / RUN_CONFIG), *CLEAN_ENV)  # nothing to change: the file comes back as is
+    assert p.returncode == 0 and p.stdout == (tests_dir / RUN_CONFIG).read_text()
 
 
 def test_in_place_keeps_backup_and_user_overrides(cli, tmp_path):
