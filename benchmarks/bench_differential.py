@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mfsdp_lib import config_io
+from mfsdp_lib import config_io  # noqa: E402
 from mfsdp_lib.rules import differential  # noqa: E402
 
 VERDICTS = ROOT / "tests" / "fixtures" / "differential" / "verdicts.json"

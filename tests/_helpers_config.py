@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 FACTORY_LITERALS = {"dict": {}, "list": []}
@@ -22,7 +22,7 @@ def wheel_file(bridge_src: Path, mcore_src: Path, rel: str) -> Path:
     return root / rel
 
 
-@lru_cache(maxsize=None)
+@cache
 def parse(path: str) -> ast.Module:
     return ast.parse(Path(path).read_text(encoding="utf-8"))
 
@@ -94,13 +94,18 @@ def field_docstring(path: Path, cls_name: str, field_name: str) -> str:
     cls = find_class(path, cls_name)
     body = cls.body
     for i, stmt in enumerate(body):
-        if isinstance(stmt, ast.AnnAssign) and getattr(stmt.target, "id", None) == field_name:
-            if i + 1 < len(body) and isinstance(body[i + 1], ast.Expr) and isinstance(body[i + 1].value, ast.Constant):
-                return str(body[i + 1].value.value)
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and getattr(stmt.target, "id", None) == field_name
+            and i + 1 < len(body)
+            and isinstance(body[i + 1], ast.Expr)
+            and isinstance(body[i + 1].value, ast.Constant)
+        ):
+            return str(body[i + 1].value.value)
     return ""
 
 
-@lru_cache(maxsize=None)
+@cache
 def string_constants(path: str) -> tuple[str, ...]:
     """Every string constant (implicit concatenation joined; f-strings with {expr})."""
     out = []

@@ -21,7 +21,7 @@ def test_committed_result_is_rebuilt_from_the_raw_files(tmp_path):
 
 def test_rows_say_what_the_h200_said():
     doc = json.loads(RESULT.read_text())
-    rows = {r[0]: dict(zip(doc["columns"], r)) for r in doc["rows"]}
+    rows = {r[0]: dict(zip(doc["columns"], r, strict=True)) for r in doc["rows"]}
     # with a model shape, Bridge was reached and agreed with our rules every time
     for run in ("A0", "A", "B", "C", "D"):
         assert rows[run]["agreement"] == "agree", rows[run]

@@ -19,7 +19,7 @@ TOC_OVER_LINES = 60  # "a short table of contents when long"
 LINKS = [(doc, link) for doc in DOCS for link in relative_links(read(doc))]
 
 
-@pytest.mark.parametrize("doc,link", LINKS, ids=[f"{d}->{l}" for d, l in LINKS])
+@pytest.mark.parametrize("doc,link", LINKS, ids=[f"{d}->{link}" for d, link in LINKS])
 def test_relative_link_resolves(doc, link):
     path, _, frag = link.partition("#")
     target = (ROOT / doc).parent / path if path else ROOT / doc
@@ -30,7 +30,7 @@ def test_relative_link_resolves(doc, link):
 
 
 def test_skill_md_routes_to_every_reference():
-    links = {l.split("#")[0] for l in relative_links(read("SKILL.md"))}
+    links = {link.split("#")[0] for link in relative_links(read("SKILL.md"))}
     for name in MY_REFERENCES + ["rules.md", "memory.md"]:
         assert f"references/{name}" in links, f"SKILL.md never says when to read references/{name}"
 

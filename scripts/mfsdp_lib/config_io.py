@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from . import schema as S
 from .findings import InputError
@@ -176,7 +176,7 @@ def embedded_default() -> dict:
     global _embedded_cache
     _need_yaml()
     if _embedded_cache is None:
-        with open(EMBEDDED_DEFAULT, "r", encoding="utf-8") as fh:
+        with open(EMBEDDED_DEFAULT, encoding="utf-8") as fh:
             _embedded_cache = yaml.load(fh.read(), Loader=_Loader)
     return _embedded_cache
 
@@ -309,9 +309,7 @@ def coerce(path: str, value, where: str = ""):
     if typ == S.STR:
         if isinstance(value, (dict, list)):
             raise _err(f"{bad}, found a {_yaml_type(value)}")
-        if isinstance(value, bool):  # OmegaConf's StringNode stores str(True) == "True"
-            value = str(value)
-        elif not isinstance(value, str):
+        if isinstance(value, bool) or not isinstance(value, str):  # OmegaConf's StringNode stores str(True) == "True"
             value = str(value)
         if choices is not None and value not in choices:
             raise _err(

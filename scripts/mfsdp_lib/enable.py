@@ -30,7 +30,7 @@ the caller is told that comments were lost.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from . import config_io, rules
 from . import schema as S

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1

@@ -19,7 +19,7 @@ def test_yaml_output_passes_check_and_changes_only_what_it_says(cli, tmp_path, r
     before = (root / "scripts/data/llama3_8b_pretrain.yaml").read_text().splitlines()
     after = out.read_text().splitlines()
     assert len(before) == len(after)  # edited in place: same lines, same order
-    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
     assert len(changed) == 7, changed  # 5 minimal + save + load
     assert cli("check", str(out), *CLEAN_ENV).returncode == 0
 

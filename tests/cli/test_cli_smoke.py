@@ -159,8 +159,8 @@ def test_fsdp_overrides_pick_the_strategy():
 
 def test_step_summary_skips_warmup_and_flags_nan():
     steps = [
-        {"time_s": t, "loss": l, "allocated_bytes": 5}
-        for t, l in [(9.0, 10.4), (1.0, 10.3), (0.5, 10.2), (0.7, 10.1), (0.6, 10.0)]
+        {"time_s": t, "loss": loss, "allocated_bytes": 5}
+        for t, loss in [(9.0, 10.4), (1.0, 10.3), (0.5, 10.2), (0.7, 10.1), (0.6, 10.0)]
     ]
     s = smoke_train._summarise_steps(steps, tokens_per_step=4096)
     assert s["step_time_s_median"] == 0.6  # median of steps 3..5; the 9 s first step is left out

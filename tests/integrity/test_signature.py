@@ -16,13 +16,12 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
-from mfsdp_lib.integrity import signature as sig
-
 # The `sign` extra (bash scripts/dev.sh test installs it): a missing one is a failure, not a skip.
 import model_signing  # noqa: E402,F401
 import OpenSSL  # noqa: E402,F401
+import pytest
+
+from mfsdp_lib.integrity import signature as sig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOOL = ROOT / "scripts" / "skill_signature.py"

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from mfsdp_lib import memory as m
 from mfsdp_lib.memory.strategies import _rs_queue_peak
 

@@ -80,7 +80,8 @@ def test_committed_verdicts_are_the_generators_cases():
     if [{k: c[k] for k in ("id", "overrides", "env")} for c in doc["cases"]] != made:
         warnings.warn(
             "tests/differential/gen_verdicts.py now makes other cases than verdicts.json holds; "
-            "rerun it on a GPU machine"
+            "rerun it on a GPU machine",
+            stacklevel=2,
         )
     for c in doc["cases"]:
         b = c["bridge"]

@@ -13,6 +13,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from _helpers_ckptlog import (
     CKPT,
     CKPT_STORED,
@@ -21,8 +24,6 @@ from _helpers_ckptlog import (
     copy_tree,
     real_checkpoint_roots,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from mfsdp_lib.findings import InputError
 from mfsdp_lib.runs import checkpoint_files as F
 from mfsdp_lib.runs import checkpoints as C

@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 from .. import PINNED_BRIDGE, PINNED_MCORE
+from ..findings import InputError
 from ..integrity import anchors as _anchors
 from ..integrity import sources as _sources
-from ..findings import InputError
 
 DESCRIPTION = """\
 Verify the skill's code anchors (file + function/class/field or assertion text)

@@ -120,9 +120,13 @@ def _version_from_package_info(text: str | None) -> str | None:
         return None
     values = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if isinstance(node.value, ast.Constant):
-                values[node.targets[0].id] = node.value.value
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+        ):
+            values[node.targets[0].id] = node.value.value
     if not all(k in values for k in ("MAJOR", "MINOR", "PATCH")):
         return None
     return f"{values['MAJOR']}.{values['MINOR']}.{values['PATCH']}{values.get('PRE_RELEASE', '') or ''}"

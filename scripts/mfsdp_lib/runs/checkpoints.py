@@ -250,9 +250,9 @@ def _classify(path: str, entries: list[str]) -> str | None:
         return "iteration"
     if TRACKER_TRAIN_STATE in entries or TRACKER_TXT in entries:
         return "root"
-    if any(ITER_DIR_RE.match(n) for n in entries) or RELEASE_DIR in entries:
-        if any(_isdir(os.path.join(path, n)) for n in entries if ITER_DIR_RE.match(n) or n == RELEASE_DIR):
-            return "root"
+    iter_like = [n for n in entries if ITER_DIR_RE.match(n) or n == RELEASE_DIR]
+    if any(_isdir(os.path.join(path, n)) for n in iter_like):
+        return "root"
     if is_hf_dir(path, entries):
         return "iteration"
     if any(LEGACY_RANK_DIR_RE.match(n) for n in entries):
