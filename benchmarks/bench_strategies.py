@@ -119,6 +119,7 @@ def run_jobs(a, raw: Path, argv: list[str]) -> None:
         ]
         t0 = time.time()
         with open(out / "train.log", "w") as log:
+            rc: int | str
             try:
                 rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout).returncode
             except subprocess.TimeoutExpired:

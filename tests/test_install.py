@@ -1,6 +1,6 @@
 """`npx skills add` for real: install this working tree with the npm `skills` CLI and use the copy.
 
-The CLI (pinned in scripts/dev.sh, installed into .cache/node by ``bash scripts/dev.sh test``) installs a
+The CLI (pinned by [tool.mfsdp] skills-cli in pyproject.toml, installed into .cache/node by ``bash scripts/dev.sh test``) installs a
 copy of the working tree's files (those git tracks or would commit) into a throw-away project,
 non-interactively and with telemetry off, exactly as a user would:
 
@@ -12,8 +12,6 @@ byte, minus exactly what the CLI skips by design (read from its source, ``copyDi
 it); scripts keep their executable bit; ``scripts/mfsdp.py --help`` and ``check`` run from the copy;
 ``agentskills validate`` (PyPI skills-ref) accepts it; a signature made over the source verifies on the
 installed copy.
-
-Until SKILL.md is merged from its owner's branch, a placeholder is written into the temporary copy only.
 """
 
 from __future__ import annotations
@@ -28,13 +26,18 @@ import sys
 
 import pytest
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
 from mfsdp_lib.integrity import signature as sig
 
 pytestmark = pytest.mark.network  # the CLI comes from npm (cached in .cache/node after the first run)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SKILL = sig.SKILL_NAME
-PINNED_CLI = "1.5.18"  # keep in step with SKILLS_CLI_VERSION in scripts/dev.sh
+PINNED_CLI = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mfsdp"]["skills-cli"]
 PLANTED_SKIPS = ["scripts/__pycache__/junk.cpython-311.pyc", "tests/metadata.json", "__pypackages__/x/y.py"]
 
 

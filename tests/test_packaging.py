@@ -57,12 +57,32 @@ def test_extras_used_by_dev_sh_exist_and_are_pinned():
             assert "==" in req, f"extra {name}: {req} is not pinned"
 
 
-def test_skills_cli_pin_is_the_same_everywhere():
-    m = re.search(r'^SKILLS_CLI_VERSION="([0-9.]+)"', DEV, re.M)
-    assert m
-    install_test = (ROOT / "tests" / "test_install.py").read_text()
-    assert f'PINNED_CLI = "{m.group(1)}"' in install_test
-    assert f"npm `skills` | {m.group(1)}" in README
+def skills_cli_version() -> str:
+    """The one place the npm `skills` CLI version is written: [tool.mfsdp] skills-cli in pyproject.toml."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mfsdp"]["skills-cli"]
+
+
+def test_skills_cli_version_has_one_source():
+    version = skills_cli_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version)
+    assert "skills_cli_version" in DEV and not re.search(r'SKILLS_CLI_VERSION="[0-9.]', DEV), "dev.sh must read it"
+    # README states it for readers; it must say the same.
+    assert f"npm `skills` | {version}" in README and f"npx skills@{version} add" in README
+    for other in re.findall(r"skills@(\d+\.\d+\.\d+)", README):
+        assert other == version, f"README names skills@{other}, pyproject.toml pins {version}"
+
+
+def test_ci_runs_lint_types_and_both_pythons():
+    """CI runs README's test command; that command lints, type-checks and runs Python 3.12 and 3.10."""
+    assert "cmd_lint" in DEV.split("cmd_test() {", 1)[1].split("\n}", 1)[0]
+    assert "cmd_test310" in DEV.split("cmd_test() {", 1)[1].split("\n}", 1)[0]
+    assert re.search(r'^MAIN_PY_VERSION="3\.12"', DEV, re.M) and re.search(r'^OLDEST_PY_VERSION="3\.10"', DEV, re.M)
+    assert "CI=" in CI or "export CI" in CI, ".ci/run must mark the run as CI so a missing Python 3.10 fails"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert {"ruff", "mypy"} == {r.split("==")[0] for r in pyproject["project"]["optional-dependencies"]["lint"]}
+    assert (
+        pyproject["tool"]["ruff"]["target-version"] == "py310" and pyproject["tool"]["mypy"]["python_version"] == "3.10"
+    )
 
 
 def test_dev_sh_treats_an_empty_selection_as_no_failure():

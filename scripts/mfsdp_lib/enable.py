@@ -336,6 +336,14 @@ class NeedsRedump(Exception):
 _TOP = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):(.*)$")
 
 
+def _top_rest(line: str, path: str) -> str:
+    """What follows ``section:`` on a top-level line (found by ``_TOP`` before; re-dump if it no longer matches)."""
+    m = _TOP.match(line.rstrip("\r\n"))
+    if m is None:
+        raise NeedsRedump(path)
+    return m.group(2)
+
+
 def _is_content(line: str) -> bool:
     s = line.strip()
     return bool(s) and not s.startswith("#")
@@ -367,7 +375,7 @@ def _edit_one(lines: list[str], path: str, value) -> list[str]:
             if lines and not lines[-1].endswith("\n"):
                 lines[-1] += nl
             return lines + [f"{sec}: {scalar}{nl}"]
-        rest = _TOP.match(lines[sec_idx].rstrip("\r\n")).group(2)
+        rest = _top_rest(lines[sec_idx], path)
         val, comment = _split_comment(rest)
         if not val.strip() or val.strip().startswith(("|", ">", "&", "!")):
             raise NeedsRedump(path)
@@ -378,7 +386,7 @@ def _edit_one(lines: list[str], path: str, value) -> list[str]:
         if lines and not lines[-1].endswith("\n"):
             lines[-1] += nl
         return lines + [f"{sec}:{nl}", f"  {key}: {scalar}{nl}"]
-    rest = _TOP.match(lines[sec_idx].rstrip("\r\n")).group(2)
+    rest = _top_rest(lines[sec_idx], path)
     val, comment = _split_comment(rest)
     if val.strip():
         if val.strip() in ("null", "~", "{}"):

@@ -94,7 +94,12 @@ class IterationInfo:
     has_hf_export: bool = False
 
     def to_dict(self) -> dict:
-        d = {"path": self.path, "iteration": self.iteration, "format": self.format, "payload": self.payload}
+        d: dict[str, object] = {
+            "path": self.path,
+            "iteration": self.iteration,
+            "format": self.format,
+            "payload": self.payload,
+        }
         if self.backend:
             d["sharded_backend"] = self.backend
         if self.shard_files:
@@ -666,7 +671,7 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
     }
     if expect:
         if fmt != expect:
-            how = conversions.get((fmt, expect), "no documented conversion path between these formats")
+            how = conversions.get((fmt or "", expect), "no documented conversion path between these formats")
             findings.append(
                 Finding(
                     "MFSDP-CKPT-EXPECT",
