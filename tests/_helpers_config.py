@@ -1,4 +1,4 @@
-"""Helpers for role `config`'s tests: reading dataclass facts out of the real wheels with ``ast``.
+"""Helpers for the config and rule tests: reading dataclass facts out of the real wheels with ``ast``.
 
 Bridge and Megatron-Core cannot be imported here (CUDA, Transformer Engine), so the
 tests parse their sources: a dataclass body's annotated assignments give the field

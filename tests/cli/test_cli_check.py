@@ -165,7 +165,7 @@ def test_base_layers_a_partial_file_on_the_recipe(cli, tmp_path):
 
 
 def _trained_run_configs(root):
-    """run_config.yaml files that real Bridge jobs trained with (role gpu's runs on an H200)."""
+    """run_config.yaml files that real Bridge jobs trained with (the recorded H200 runs)."""
     return sorted(
         list((root / "benchmarks" / "results" / "raw").glob("**/run_config.yaml"))
         + list((root / "tests" / "fixtures" / "gpu-run").glob("**/run_config.yaml"))

@@ -183,7 +183,7 @@ def test_checkpoint_format_fsdp_dtensor_on_real_metadata(tmp_path):
     got = smoke.marker_format(ck)
     assert got["format"] == "fsdp_dtensor" and got["recorded_ckpt_format"] == "fsdp_dtensor"
     assert got["iteration_dir"] == "iter_0000010" and got["distcp_files"] == 1
-    full = smoke.checkpoint_format(ck)  # role ckptlog's reader, with the marker details beside it
+    full = smoke.checkpoint_format(ck)  # the checkpoint reader, with the marker details beside it
     assert full["format"] == "fsdp_dtensor" and full["by"] == "mfsdp_lib.runs.checkpoints" and full["latest"] == 10
 
 

@@ -622,7 +622,7 @@ def test_model_construction_peak():
 
 
 def benchmark_runs(results: Path):
-    """(strategy, run_config.yaml, rank records) of every strategy run role gpu recorded."""
+    """(strategy, run_config.yaml, rank records) of every recorded GPU strategy run."""
     for run_config in sorted(results.glob("raw/gpu_strategies_*/*/run_config.yaml")):
         ranks = [json.loads(p.read_text()) for p in sorted(run_config.parent.glob("rank*.json"))]
         ranks = [r for r in ranks if r.get("model_state_bytes") and not r.get("error")]

@@ -285,7 +285,7 @@ def test_marker_file_given_suggests_folder():
         C.inspect(str(REAL_ITER / "run_config.yaml"))
 
 
-# --- real runs (the copied H200 run, plus any the GPU role adds under tests/fixtures/gpu-run/) ---------------
+# --- real runs (the recorded H200 run, plus any GPU runs recorded under tests/fixtures/gpu-run/) ---------------
 
 TENSOR_FILES_LEFT_OUT = {"MFSDP-CKPT-NO-PAYLOAD", "MFSDP-CKPT-SHARDS-INCOMPLETE"}
 

@@ -109,7 +109,7 @@ def preflight(opts, env: Mapping[str, str] | None = None) -> str | None:
 
 
 def checkpoint_format(root: str | os.PathLike | None) -> dict:
-    """The format of the checkpoint under ``root``: role ckptlog's reader, else the marker test."""
+    """The format of the checkpoint under ``root``: the checkpoint reader (``runs.checkpoints``), else the marker test."""
     try:
         from ..runs import checkpoints
     except ImportError:
