@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from _helpers_skill import ROOT
+from mfsdp_lib import SKILL_NAME
 
-NAME = "nemo-mbridge-perf-megatron-fsdp"
+NAME = SKILL_NAME
 # What a user's copy holds: the tracked skill files (no caches, no VCS metadata).
 SKIP_PARTS = {".git", ".pytest_cache", ".benchmarks", "__pycache__", ".hypothesis", "node_modules", ".venv"}
 

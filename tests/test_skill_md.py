@@ -9,17 +9,18 @@ import unicodedata
 import pytest
 
 from _helpers_skill import ROOT, estimate_tokens, frontmatter, mfsdp_commands, read
+from mfsdp_lib import SKILL_NAME
 
 # The Agent Skills specification's frontmatter keys (also what skills-ref enforces).
 ALLOWED_KEYS = {"name", "description", "license", "compatibility", "metadata", "allowed-tools"}
-NAME = "nemo-mbridge-perf-megatron-fsdp"
+NAME = SKILL_NAME
 MAX_NAME = 64
 MAX_DESCRIPTION = 1024
 MAX_COMPATIBILITY = 500
-# Anthropic's guidance for SKILL.md bodies, and the issue's budget for the whole file.
+# Anthropic's guidance for SKILL.md bodies, and the budget for the whole file.
 MAX_LINES = 500
 MAX_TOKENS = 5000
-# What users type when they need this skill (issue 3); each must appear in the description.
+# What users type when they need this skill; each must appear in the description.
 TRIGGER_TERMS = [
     "use_megatron_fsdp",
     "data_parallel_sharding_strategy",
@@ -154,3 +155,15 @@ def test_smoke_section_says_what_the_smoke_command_really_launches(cli):
     assert "-m" in launched and "pytest" not in launched
     assert f"scripts/{entry.rsplit('/', 1)[-1]}" in section
     assert not re.search(r"It runs `python -m torch\.distributed\.run[^`]*pytest", section)
+
+
+def test_skill_name_has_one_source():
+    """mfsdp_lib.SKILL_NAME is the name; every other place that states it must agree."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    assert frontmatter(read("SKILL.md"))[0]["name"] == SKILL_NAME
+    assert tomllib.loads(read("pyproject.toml"))["project"]["name"] == SKILL_NAME
+    assert read("skill-card.md").splitlines()[0] == f"# Skill card: {SKILL_NAME}"

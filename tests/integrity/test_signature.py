@@ -21,6 +21,7 @@ import model_signing  # noqa: E402,F401
 import OpenSSL  # noqa: E402,F401
 import pytest
 
+from mfsdp_lib import SKILL_NAME
 from mfsdp_lib.integrity import signature as sig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_bundle_has_nvidias_shape_and_covers_every_file(signed_copy):
     st = _statement(signed_copy)
     assert st["_type"] == "https://in-toto.io/Statement/v1"
     assert st["predicateType"] == "https://model_signing/signature/v1.0"
-    assert [s["name"] for s in st["subject"]] == ["nemo-mbridge-perf-megatron-fsdp"]
+    assert [s["name"] for s in st["subject"]] == [SKILL_NAME]
     ser = st["predicate"]["serialization"]
     assert ser["method"] == "files" and ser["hash_type"] == "sha256"
     assert "skill.oms.sig" in ser["ignore_paths"]

@@ -60,9 +60,10 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import SKILL_NAME as _SKILL_NAME
 from ..findings import InputError
 
-SKILL_NAME = "nemo-mbridge-perf-megatron-fsdp"  # the in-toto subject name, as NVIDIA names theirs
+SKILL_NAME = _SKILL_NAME  # the in-toto subject name is the skill's name, as NVIDIA names theirs
 SIGNATURE_NAME = "skill.oms.sig"  # where NVIDIA's skills keep the bundle, at the skill root
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"  # model-signing's statement type
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
