@@ -119,7 +119,7 @@ def plan(
 ) -> list[Change]:
     """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied."""
     if strategy not in STRATEGIES:
-        raise config_io._err(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        raise config_io.input_error(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     work = _deep_copy(cfg)
     changes: list[Change] = []
 
@@ -255,15 +255,15 @@ def apply_to_object(obj, overrides: Mapping[str, object]) -> None:
                 target = target.setdefault(p, {})
                 continue
             if not hasattr(target, p):
-                raise config_io._err(f"{path}: {type(target).__name__} has no attribute '{p}'")
+                raise config_io.input_error(f"{path}: {type(target).__name__} has no attribute '{p}'")
             target = getattr(target, p)
             if target is None:
-                raise config_io._err(f"{path}: '{p}' is None in this config; set it to a config object first")
+                raise config_io.input_error(f"{path}: '{p}' is None in this config; set it to a config object first")
         last = parts[-1]
         if isinstance(target, dict):
             target[last] = value
         elif not hasattr(target, last):
-            raise config_io._err(f"{path}: {type(target).__name__} has no attribute '{last}'")
+            raise config_io.input_error(f"{path}: {type(target).__name__} has no attribute '{last}'")
         else:
             setattr(target, last, value)
 
