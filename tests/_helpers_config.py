@@ -13,7 +13,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-FACTORY_LITERALS = {"dict": {}, "list": []}
+FACTORY_LITERALS: dict[str, object] = {"dict": {}, "list": []}
 
 
 def wheel_file(bridge_src: Path, mcore_src: Path, rel: str) -> Path:
@@ -92,16 +92,16 @@ def literal_choices(annotation: str) -> tuple | None:
 def field_docstring(path: Path, cls_name: str, field_name: str) -> str:
     """The string literal right after a field's declaration (its docstring), or ''."""
     cls = find_class(path, cls_name)
+    assert cls is not None, f"{path}: no class {cls_name}"
     body = cls.body
-    for i, stmt in enumerate(body):
+    for stmt, after in zip(body, body[1:], strict=False):  # each statement with the one after it
         if (
             isinstance(stmt, ast.AnnAssign)
             and getattr(stmt.target, "id", None) == field_name
-            and i + 1 < len(body)
-            and isinstance(body[i + 1], ast.Expr)
-            and isinstance(body[i + 1].value, ast.Constant)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
         ):
-            return str(body[i + 1].value.value)
+            return str(after.value.value)
     return ""
 
 
@@ -117,7 +117,7 @@ def string_constants(path: str) -> tuple[str, ...]:
             for v in node.values:
                 if isinstance(v, ast.Constant):
                     parts.append(str(v.value))
-                else:
+                elif isinstance(v, ast.FormattedValue):
                     parts.append("{" + ast.unparse(v.value) + "}")
             out.append("".join(parts))
     return tuple(out)

@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "benchmarks" / "results" / "raw" / "gpu_live_mode_1xh200"
 RESULT = ROOT / "benchmarks" / "results" / "gpu_live_mode_1xh200.json"
 _spec = importlib.util.spec_from_file_location("gpu_live_mode_result", ROOT / "benchmarks" / "gpu_live_mode_result.py")
+assert _spec is not None and _spec.loader is not None
 glr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(glr)
 

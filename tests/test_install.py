@@ -26,10 +26,10 @@ import sys
 
 import pytest
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: pip's own copy of the same parser
+    from pip._vendor import tomli as tomllib
 
 from mfsdp_lib.integrity import signature as sig
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,10 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 DEV = (ROOT / "scripts" / "dev.sh").read_text(encoding="utf-8")
 CI = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli")
+else:  # Python 3.10: pip's own copy of the same parser
+    from pip._vendor import tomli as tomllib
 
 
 def _two_commands() -> list[str]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import unicodedata
 
 import pytest
@@ -159,10 +160,10 @@ def test_smoke_section_says_what_the_smoke_command_really_launches(cli):
 
 def test_skill_name_has_one_source():
     """mfsdp_lib.SKILL_NAME is the name; every other place that states it must agree."""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+    else:  # Python 3.10: pip's own copy of the same parser
+        from pip._vendor import tomli as tomllib
 
     assert frontmatter(read("SKILL.md"))[0]["name"] == SKILL_NAME
     assert tomllib.loads(read("pyproject.toml"))["project"]["name"] == SKILL_NAME

@@ -255,7 +255,7 @@ def test_summary_with_save_resume_needs_fsdp_dtensor_on_disk(tmp_path):
 
 def test_gpu_harness_skips_with_reason_here():
     sys.path.insert(0, str(Path(__file__).parents[1] / "gpu"))
-    import test_smoke_gpu
+    import test_smoke_gpu  # type: ignore[import-not-found]  # tests/gpu, put on sys.path above
 
     reason = test_smoke_gpu._skip_reason()
     if not HAVE_TORCH:

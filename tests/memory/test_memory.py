@@ -166,10 +166,17 @@ def test_nothing_is_sharded_at_dp1():
     assert all(r.buffers_persistent == r.buffers_at_peak == r.buffers_late == 0 for r in fsdp)
 
 
-def _flags(src: str, strategy: str) -> tuple[bool, bool, bool]:
-    block = re.search(rf'== "{strategy}":\n(.*?)(?:\n\s*elif|\n\s*else)', src, re.S).group(1)
+def _group1(match: re.Match[str] | None, what: str) -> str:
+    assert match is not None, f"{what} not found in the source"
+    return match.group(1)
+
+
+def _flags(src: str, strategy: str) -> tuple[bool, ...]:
+    found = re.search(rf'== "{strategy}":\n(.*?)(?:\n\s*elif|\n\s*else)', src, re.S)
+    assert found, f"no branch for {strategy} in the source"
+    block = found.group(1)
     return tuple(
-        "True" in re.search(rf"{name} = (\w+)", block).group(1)
+        "True" in _group1(re.search(rf"{name} = (\w+)", block), name)
         for name in (
             "is_model_weight_buffer_distributed",
             "is_main_weight_buffer_distributed",

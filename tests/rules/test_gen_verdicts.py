@@ -19,6 +19,7 @@ from mfsdp_lib.rules import differential
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gen_verdicts", ROOT / "tests" / "differential" / "gen_verdicts.py")
+assert _spec is not None and _spec.loader is not None
 gen = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gen)
 VERDICTS = ROOT / "tests" / "fixtures" / "differential" / "verdicts.json"
