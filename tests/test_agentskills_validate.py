@@ -5,7 +5,7 @@ controls show the validator really checks: a wrongly named folder and NVIDIA's o
 version (its ``when_to_use`` key) fail.
 
 Needs: ``pip install skills-ref==0.1.1``; for the ``skills add`` test the ``skills``
-CLI (npm ``skills@1.5.18``; 1.7.x needs Node 22) found as ``$SKILLS_CLI`` or on PATH.
+CLI (npm ``skills``, the version pinned in pyproject.toml; 1.7.x needs Node 22) found as ``$SKILLS_CLI`` or on PATH.
 """
 
 from __future__ import annotations
