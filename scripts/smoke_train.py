@@ -244,7 +244,7 @@ def _jsonable(v):
 
 
 def run_our_check(yaml_path: str) -> dict:
-    """Our rules on the container's real to_yaml() output (role config's library)."""
+    """Our rules on the container's real to_yaml() output."""
     try:
         from mfsdp_lib import config_io, rules
     except ImportError as exc:
