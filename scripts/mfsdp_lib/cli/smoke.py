@@ -127,7 +127,7 @@ def run(args) -> int:
     args.out = str(out)
     cmd = smoke.build_command(args)
     if args.dry_run:
-        print(" ".join(shlex.quote(c) if "$(" not in c else c for c in cmd))
+        print(shlex.join(cmd))  # every argument quoted: pasting the line runs exactly this list
         return 0
     why = smoke.preflight(args)
     if why:
