@@ -52,7 +52,7 @@ def _iter(n: int, total: int = 12) -> str:
 def _tb(prefix: str, last: str) -> list[str]:
     return [
         f"{prefix}Traceback (most recent call last):",
-        f'{prefix}  File "/opt/venv/lib/python3.12/site-packages/megatron/bridge/training/train.py", line 312, in train',
+        f'{prefix}  File "/opt/venv/lib/python3.12/site-packages/megatron/bridge/training/train.py", line 3, in train',
         f"{prefix}    loss = train_step(...)",
         f"{prefix}{last}",
     ]
@@ -68,7 +68,9 @@ def test_3a_traceback_after_6_of_12_iterations_is_a_failure(cli, tmp_path):
     log = _write(
         tmp_path,
         "tb.log",
-        REAL[: START + 1] + [_iter(n) for n in range(1, 7)] + _tb("", "RuntimeError: CUDA error: an illegal memory access"),
+        REAL[: START + 1]
+        + [_iter(n) for n in range(1, 7)]
+        + _tb("", "RuntimeError: CUDA error: an illegal memory access"),
     )
     p = _run(cli, "log", log)
     assert p.returncode == 1, p.stdout

@@ -101,17 +101,14 @@ def configure(parser) -> None:
 
 
 def _bridge_installed() -> str | None:
-    """Installed megatron-bridge version, from metadata only (no import)."""
-    from importlib import metadata
+    """Installed megatron-bridge version, from metadata only (no import), and only from the interpreter's real
+    environment: never a *.egg-info or a megatron/ package planted in the skill folder (sources.environment_paths)."""
+    from ..integrity import sources
 
-    for dist in ("megatron-bridge", "megatron_bridge"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        except Exception:
-            return None
-    return None
+    dist = sources.installed_distribution("megatron-bridge")
+    if dist is None or not sources.module_outside_skill("megatron"):
+        return None
+    return dist.version
 
 
 def _report(changes, out) -> None:

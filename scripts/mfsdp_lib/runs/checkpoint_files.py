@@ -155,7 +155,9 @@ TRAIN_STATE_ALLOWED = frozenset(
 )
 UNSAFE_PICKLE_TEXT = "code that unpickling it would run"
 _CLASS_NAME_RE = re.compile(r"^_?[A-Z][A-Za-z0-9_]*$")
-_DTYPE_NAME_RE = re.compile(r"^(?:b?float\w*|u?int\d*|bool|half|double|long|short|c?complex\w*|cfloat|cdouble|q?u?int\w*)$")
+_DTYPE_NAME_RE = re.compile(
+    r"^(?:b?float\w*|u?int\d*|bool|half|double|long|short|c?complex\w*|cfloat|cdouble|q?u?int\w*)$"
+)
 
 
 def unsafe_globals(names: list, allowed: frozenset, class_modules: tuple = ()) -> list[str]:

@@ -374,7 +374,9 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
         if latest is None and iterations:
             ints = [i for i in iterations if isinstance(i, int)]
             latest = max(ints) if ints else iterations[-1]
-        newest_first = sorted(iterations, key=lambda k: (k == latest, isinstance(k, int), k if isinstance(k, int) else 0))
+        newest_first = sorted(
+            iterations, key=lambda k: (k == latest, isinstance(k, int), k if isinstance(k, int) else 0)
+        )
         opened = set(newest_first[-MAX_ITER_SCAN:])
         for key in iterations:
             if key not in opened:

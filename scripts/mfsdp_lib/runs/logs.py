@@ -857,8 +857,8 @@ def judge(rep: LogReport) -> list[Finding]:
                     "MFSDP-LOG-INCOMPLETE-RUN",
                     "warning",
                     src,
-                    f"the last iteration logged is {rep.last_iteration} of train.train_iters={rep.train_iters}: the run "
-                    "is still going, was stopped, or died without a known error",
+                    f"the last iteration logged is {rep.last_iteration} of train.train_iters={rep.train_iters}: "
+                    "the run is still going, was stopped, or died without a known error",
                     "check the end of the log (and the scheduler's job record) for why it stopped",
                 )
             )

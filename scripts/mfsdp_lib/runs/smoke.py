@@ -115,6 +115,13 @@ def preflight(opts, env: dict | None = None) -> str | None:
             "torch is not installed in this Python; run the smoke on a GPU machine with PyTorch and "
             "Megatron-Bridge (tests/gpu/setup_device.sh installs them from a wheel folder)"
         )
+    from ..integrity.sources import module_outside_skill
+
+    if not module_outside_skill("megatron") or not module_outside_skill("torch"):
+        return (
+            "a 'megatron' or 'torch' package inside the skill folder would be imported instead of the installed "
+            "one; remove it"
+        )
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.bridge") is None:
         return "Megatron-Bridge is not installed in this Python (pip install megatron-bridge==0.6.2)"
     return None
