@@ -35,6 +35,8 @@ NO_DEPS_EXTRAS="agents"  # wheels used only for the binaries they carry: their P
 
 # Installer telemetry off everywhere (the skills CLI reads either variable).
 export DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
+# No bytecode in the skill folder: `skill_signature.py verify` reports every unsigned .pyc (SECURITY.md).
+export PYTHONDONTWRITEBYTECODE=1
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 say() { printf '[dev.sh] %s\n' "$*" >&2; }
@@ -156,7 +158,7 @@ cmd_sign() {
     [ -f "$s/leaf.key.pem" ] || die "no signing key at $s/leaf.key.pem (set MFSDP_SIGNING_DIR=folder with leaf.key.pem)"
     "$VENV/bin/python" scripts/skill_signature.py sign --key "$s/leaf.key.pem" --cert "$s/leaf.crt.pem" \
         --chain "$s/ica.crt.pem" --chain "$s/root.crt.pem" "$ROOT"
-    "$VENV/bin/python" scripts/skill_signature.py verify --root "$s/root.crt.pem" "$ROOT"
+    "$VENV/bin/python" scripts/skill_signature.py verify --dev-tree --root "$s/root.crt.pem" "$ROOT"
 }
 
 cmd_benchmark_md() {

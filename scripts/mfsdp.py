@@ -24,6 +24,10 @@ from __future__ import annotations
 import os
 import sys
 
+# Never write bytecode into the skill folder: a .pyc there is a file the signature does not cover, and
+# `skill_signature.py verify` reports it. Set before the library is imported.
+sys.dont_write_bytecode = True
+
 # The library lives next to this file; make it importable however we are run
 # (from the skill root, from an installed copy, through a symlink).
 _HERE = os.path.dirname(os.path.realpath(__file__))

@@ -40,6 +40,8 @@ import sys
 import time
 import traceback
 
+sys.dont_write_bytecode = True  # no unsigned .pyc in the skill folder (see SECURITY.md)
+
 _HERE = os.path.dirname(os.path.realpath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
