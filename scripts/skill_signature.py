@@ -28,6 +28,34 @@ _HERE = os.path.dirname(os.path.realpath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+
+def _refuse_unsigned_bytecode(here: str) -> None:
+    """Exit 2 when compiled bytecode sits among the skill's scripts (see SECURITY.md).
+
+    Python imports a sourceless ``name.pyc`` found on sys.path, and may take ``__pycache__`` bytecode instead of
+    the signed ``.py`` beside it; neither is covered by the signature. The entry points never write any
+    (``sys.dont_write_bytecode``), so finding one means someone else put it there: refuse to run.
+    """
+    found = []
+    for dirpath, dirnames, filenames in os.walk(here):
+        found += [os.path.join(dirpath, d) for d in dirnames if d == "__pycache__"]
+        found += [os.path.join(dirpath, f) for f in filenames if f.endswith((".pyc", ".pyo"))]
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        if found:
+            break
+    if found:
+        sys.stderr.write(
+            f"{os.path.basename(sys.argv[0] or 'mfsdp.py')}: error: compiled bytecode in the skill folder "
+            f"({found[0]}) is not covered by the signature and could run instead of the signed source; remove it "
+            f"(find {here} -name __pycache__ -prune -exec rm -r {{}} + ; find {here} -name '*.py[co]' -delete) "
+            "and check the folder with skill_signature.py verify\n"
+        )
+        sys.exit(2)
+
+
+if os.path.basename(_HERE) == "scripts":  # inside a skill folder (an installed mfsdp-verify has nothing to guard)
+    _refuse_unsigned_bytecode(_HERE)
+
 from mfsdp_lib.findings import EXIT_FINDINGS, EXIT_INPUT, InputError  # noqa: E402
 
 PROG = "skill_signature.py"
