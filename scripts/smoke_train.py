@@ -499,9 +499,11 @@ def _count_parameters(model) -> int | None:
 
 
 def _write(out: str, rank: int, record: dict) -> None:
+    import tempfile
+
     path = os.path.join(out, f"rank{rank}.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
+    fd, tmp = tempfile.mkstemp(prefix=f".rank{rank}.", suffix=".tmp", dir=out)  # a new file: never through a link
+    with os.fdopen(fd, "w") as fh:
         json.dump(record, fh, indent=1, default=str)
     os.replace(tmp, path)
 

@@ -24,12 +24,21 @@ def make_chain(folder: Path, leaf_cn: str = "Skill Signing 001") -> dict:
     later = now + datetime.timedelta(days=2)
 
     def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG), x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        return x509.Name(
+            [x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORG), x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        )
 
     def cert(subject, subject_key, issuer, issuer_key, ca: bool, pathlen=None):
         usage = dict(
-            digital_signature=not ca, content_commitment=False, key_encipherment=False, data_encipherment=False,
-            key_agreement=False, key_cert_sign=ca, crl_sign=ca, encipher_only=False, decipher_only=False,
+            digital_signature=not ca,
+            content_commitment=False,
+            key_encipherment=False,
+            data_encipherment=False,
+            key_agreement=False,
+            key_cert_sign=ca,
+            crl_sign=ca,
+            encipher_only=False,
+            decipher_only=False,
         )
         b = (
             x509.CertificateBuilder()
@@ -42,9 +51,7 @@ def make_chain(folder: Path, leaf_cn: str = "Skill Signing 001") -> dict:
             .add_extension(x509.BasicConstraints(ca=ca, path_length=pathlen), critical=True)
             .add_extension(x509.KeyUsage(**usage), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(subject_key.public_key()), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
         )
         return b.sign(issuer_key, hashes.SHA384())
 

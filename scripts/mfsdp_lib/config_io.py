@@ -742,7 +742,7 @@ def edit_lock(path: str) -> EditLock:
     return EditLock(path).__enter__()
 
 
-def _writable_target(path: str) -> tuple[str, os.stat_result | None]:
+def writable_target(path: str, follow_links: bool = True) -> tuple[str, os.stat_result | None]:
     """Where writing ``path`` really goes, and its stat; InputError unless it is a regular file or absent.
 
     A symbolic link is followed to its target, so the link itself survives (a replaced link would silently
@@ -751,6 +751,8 @@ def _writable_target(path: str) -> tuple[str, os.stat_result | None]:
     """
     import stat
 
+    if os.path.islink(path) and not follow_links:
+        raise _err(f"{path}: is a symbolic link (to {os.readlink(path)}); this output is never written through a link")
     real = os.path.realpath(path) if os.path.islink(path) else path
     try:
         st = os.stat(real)
@@ -791,11 +793,13 @@ def _backup(path: str) -> str:
     return bak
 
 
-def write_atomic(path: str, text: str, backup: bool = False, expect_text: str | None = None) -> str | None:
+def write_atomic(
+    path: str, text: str, backup: bool = False, expect_text: str | None = None, follow_links: bool = True
+) -> str | None:
     """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, rename).
 
     Only a regular file (or a new name) is ever written; a symbolic link is written through to its target
-    (``_writable_target``). With ``backup``, an existing file is first copied to a new ``PATH.bak``
+    (``writable_target``). With ``backup``, an existing file is first copied to a new ``PATH.bak``
     (``PATH.bak.1`` ... when that exists; never overwritten), so nothing of the user's is lost. With
     ``expect_text``, the write is refused when the file no longer holds that text (someone changed it since
     it was read). Returns the backup path.
@@ -803,7 +807,7 @@ def write_atomic(path: str, text: str, backup: bool = False, expect_text: str | 
     import tempfile
 
     shown = path
-    path, st = _writable_target(path)
+    path, st = writable_target(path, follow_links)
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
         raise _err(f"{shown}: folder {folder} does not exist")

@@ -281,3 +281,38 @@ def test_10_run_config_in_a_checkpoint_with_duplicate_keys_is_reported(cli, tmp_
     rc.write_text(rc.read_text() + "checkpoint:\n  ckpt_format: torch_dist\n")
     p = _run(cli, "ckpt", root)
     assert "duplicate key 'checkpoint'" in p.stdout, p.stdout
+
+
+# --------------------------------------------------------------------------- held already: keep them held
+
+
+@pytest.mark.parametrize("kind", ["dev-zero-link", "sparse-1g", "not-utf8", "device"])
+def test_held_inputs_stay_held(cli, tmp_path, kind):
+    path = tmp_path / "cfg.yaml"
+    if kind == "dev-zero-link":
+        path.symlink_to("/dev/zero")
+    elif kind == "sparse-1g":
+        with open(path, "wb") as fh:
+            fh.truncate(1 << 30)
+    elif kind == "not-utf8":
+        path.write_bytes(b"ddp:\n  x: \xff\xfe\n")
+    else:
+        path = Path("/dev/null")
+    for command in ("check", "enable", "memory"):
+        p = _run(cli, command, path)
+        _one_line_error(p)
+        assert p.elapsed < 5
+
+
+def test_smoke_outputs_are_never_written_through_a_planted_link(tmp_path):
+    from mfsdp_lib.findings import InputError
+    from mfsdp_lib.runs import smoke
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.log").symlink_to(victim)
+    with pytest.raises(InputError, match="symbolic link"):
+        smoke.launch([sys.executable, "-c", "print('x')"], out / "train.log")
+    assert victim.read_text() == "keep me\n"

@@ -210,17 +210,26 @@ def test_7_launch_runs_an_argument_list_without_a_shell(tmp_path, monkeypatch, l
     rec = tmp_path / "argv.json"
     for name in ("srun", "pyrec"):
         script = fake / name
-        script.write_text(
-            f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(rec)!r}, 'w'))\n"
-        )
+        script.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(rec)!r}, 'w'))\n")
         script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
     import argparse
 
     opts = argparse.Namespace(
-        nproc_per_node=1, nnodes=2 if launcher == "srun" else 1, node_rank=0, master_addr=None,
-        master_port=29500, launcher=launcher, strategy="optim_grads_params", model="tiny", iters=1,
-        seq_length=8, global_batch_size=1, micro_batch_size=1, save_resume=False, out=str(tmp_path / "o;touch M"),
+        nproc_per_node=1,
+        nnodes=2 if launcher == "srun" else 1,
+        node_rank=0,
+        master_addr=None,
+        master_port=29500,
+        launcher=launcher,
+        strategy="optim_grads_params",
+        model="tiny",
+        iters=1,
+        seq_length=8,
+        global_batch_size=1,
+        micro_batch_size=1,
+        save_resume=False,
+        out=str(tmp_path / "o;touch M"),
     )
     cmd = smoke.build_command(opts, python=str(fake / "pyrec"))
     assert smoke.launch(cmd, tmp_path / "train.log") == 0

@@ -86,14 +86,26 @@ def test_1_sourceless_pyc_beside_the_scripts_is_named_and_never_run(signed, ca):
     assert any(p.startswith("scripts/yaml.pyc: unsigned bytecode") for p in problems), problems
     p = subprocess.run(
         [sys.executable, str(signed / "scripts" / "mfsdp.py"), "check"],
-        capture_output=True, text=True, cwd=signed.parent, timeout=TIMEOUT,
+        capture_output=True,
+        text=True,
+        cwd=signed.parent,
+        timeout=TIMEOUT,
     )
     assert p.returncode == 2 and "compiled bytecode in the skill folder" in p.stderr, p.stderr
     assert not (signed.parent / "PWNED").exists()
     p = subprocess.run(
-        [sys.executable, str(signed / "scripts" / "skill_signature.py"), "verify", "--root", str(ca["root"]),
-         str(signed)],
-        capture_output=True, text=True, cwd=signed.parent, timeout=TIMEOUT,
+        [
+            sys.executable,
+            str(signed / "scripts" / "skill_signature.py"),
+            "verify",
+            "--root",
+            str(ca["root"]),
+            str(signed),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=signed.parent,
+        timeout=TIMEOUT,
     )
     assert p.returncode == 2 and not (signed.parent / "PWNED").exists()
 
@@ -145,13 +157,19 @@ def test_2_a_tampered_folder_cannot_vouch_for_itself(signed, ca, tmp_path):
     own.write_text("import sys\nprint('verified: all files match skill.oms.sig')\nsys.exit(0)\n")
     inside = subprocess.run(
         [sys.executable, str(own), "verify", "--root", str(ca["root"]), str(signed)],
-        capture_output=True, text=True, timeout=TIMEOUT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
     assert inside.returncode == 0 and "verified" in inside.stdout  # the self-vouching the README no longer teaches
     env = dict(os.environ, PYTHONPATH=str(site))
     p = subprocess.run(
-        [*outside, "--root", str(ca["root"]), str(signed)], capture_output=True, text=True, env=env,
-        cwd=tmp_path, timeout=TIMEOUT,
+        [*outside, "--root", str(ca["root"]), str(signed)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=TIMEOUT,
     )
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert "scripts/skill_signature.py: changed" in p.stderr
@@ -159,9 +177,20 @@ def test_2_a_tampered_folder_cannot_vouch_for_itself(signed, ca, tmp_path):
     ms = shutil.which("model_signing", path=os.path.dirname(sys.executable))
     if ms:
         p = subprocess.run(
-            [ms, "verify", "certificate", str(signed), "--signature", str(signed / sig.SIGNATURE_NAME),
-             "--certificate_chain", str(ca["root"]), "--no-ignore-git-paths"],
-            capture_output=True, text=True, timeout=TIMEOUT,
+            [
+                ms,
+                "verify",
+                "certificate",
+                str(signed),
+                "--signature",
+                str(signed / sig.SIGNATURE_NAME),
+                "--certificate_chain",
+                str(ca["root"]),
+                "--no-ignore-git-paths",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
         )
         assert p.returncode == 1 and "Signature mismatch" in (p.stdout + p.stderr)
 
@@ -171,16 +200,34 @@ def test_2_outside_verifier_accepts_the_intact_folder_and_the_inside_one_warns(s
     site.mkdir()
     env = dict(os.environ, PYTHONPATH=str(site))
     p = subprocess.run(
-        [*_outside_verifier(site), "--root", str(ca["root"]), "--expect-version", sig.card_identity(ROOT)[1],
-         str(signed)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=TIMEOUT,
+        [
+            *_outside_verifier(site),
+            "--root",
+            str(ca["root"]),
+            "--expect-version",
+            sig.card_identity(ROOT)[1],
+            str(signed),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=TIMEOUT,
     )
     assert p.returncode == 0, p.stderr
     assert "no other file is there" in p.stdout and "runs from inside" not in p.stderr
     p = subprocess.run(
-        [sys.executable, str(signed / "scripts" / "skill_signature.py"), "verify", "--root", str(ca["root"]),
-         str(signed)],
-        capture_output=True, text=True, timeout=TIMEOUT,
+        [
+            sys.executable,
+            str(signed / "scripts" / "skill_signature.py"),
+            "verify",
+            "--root",
+            str(ca["root"]),
+            str(signed),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
     assert p.returncode == 0 and "runs from inside the folder it checks" in p.stderr
 

@@ -101,11 +101,53 @@ def test_fuzz_config_file_bytes(tmp_path, data):
 # --------------------------------------------------------------------------- pickles (.metadata, train_state.pt)
 
 OPCODE_SNIPPETS = [
-    b"(", b")", b"]", b"}", b"0", b"1", b"2", b"N", b"\x88", b"\x89", b"a", b"e", b"s", b"u", b"t", b"l", b"d",
-    b"\x85", b"\x86", b"\x87", b"R", b"\x81", b"b", b"\x94", b"h\x00", b"q\x00", b"j\x00\x00\x00\x00", b"K\x07",
-    b"J\xff\xff\xff\x7f", b"\x8a\x01\x01", b"G" + struct.pack(">d", 1.5), b"X\x03\x00\x00\x00abc", b"\x8c\x02ab",
-    b"cos\nsystem\n", b"ctorch.distributed.checkpoint.metadata\nMetadata\n", b"\x93", b"\x8f", b"\x90", b"\x91",
-    b"Q", b"P", b"i__main__\nX\n", b"o", b"\x82\x01", b"\x95\x00\x00\x00\x00\x00\x00\x00\x00", b"I12\n", b"L3\n",
+    b"(",
+    b")",
+    b"]",
+    b"}",
+    b"0",
+    b"1",
+    b"2",
+    b"N",
+    b"\x88",
+    b"\x89",
+    b"a",
+    b"e",
+    b"s",
+    b"u",
+    b"t",
+    b"l",
+    b"d",
+    b"\x85",
+    b"\x86",
+    b"\x87",
+    b"R",
+    b"\x81",
+    b"b",
+    b"\x94",
+    b"h\x00",
+    b"q\x00",
+    b"j\x00\x00\x00\x00",
+    b"K\x07",
+    b"J\xff\xff\xff\x7f",
+    b"\x8a\x01\x01",
+    b"G" + struct.pack(">d", 1.5),
+    b"X\x03\x00\x00\x00abc",
+    b"\x8c\x02ab",
+    b"cos\nsystem\n",
+    b"ctorch.distributed.checkpoint.metadata\nMetadata\n",
+    b"\x93",
+    b"\x8f",
+    b"\x90",
+    b"\x91",
+    b"Q",
+    b"P",
+    b"i__main__\nX\n",
+    b"o",
+    b"\x82\x01",
+    b"\x95\x00\x00\x00\x00\x00\x00\x00\x00",
+    b"I12\n",
+    b"L3\n",
 ]
 pickles = st.builds(
     lambda head, body, stop: head + b"".join(body) + stop,
@@ -207,7 +249,7 @@ log_lines = st.one_of(
             "====",
             "failed (exitcode: -11) local_rank: 3 (pid: 9) of binary: /usr/bin/python3",
             "1 passed in 3.21s",
-            "SMOKE_RESULT {\"a\": [[[[1]]]]}",
+            'SMOKE_RESULT {"a": [[[[1]]]]}',
             "Megatron-FSDP requires the fsdp_dtensor checkpointing format!",
             "saving checkpoint at iteration      10 to /c in fsdp_dtensor format",
         ]
@@ -246,9 +288,7 @@ def test_fuzz_signature_bundle_reader(tmp_path, payload, wrap):
     from mfsdp_lib.integrity import signature as sig
 
     if wrap:
-        text = json.dumps(
-            {"dsseEnvelope": {"payload": base64.b64encode(json.dumps(payload).encode()).decode()}}
-        )
+        text = json.dumps({"dsseEnvelope": {"payload": base64.b64encode(json.dumps(payload).encode()).decode()}})
     else:
         text = json.dumps(payload)
     path = tmp_path / "skill.oms.sig"

@@ -137,7 +137,10 @@ def run(args) -> int:
         stale.unlink()
     code = smoke.launch(cmd, out / "train.log")
     summary = smoke.summarise(out, code, cmd, args.save_resume)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    from .. import config_io
+
+    # atomic, and never through a link or onto a FIFO/device planted under that name
+    config_io.write_atomic(str(out / "summary.json"), json.dumps(summary, indent=1, default=str), follow_links=False)
     if args.format == "json":
         json.dump(summary, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")

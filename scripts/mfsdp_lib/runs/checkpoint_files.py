@@ -433,7 +433,7 @@ def _numel(size) -> int | None:
 def read_run_config(path: str) -> tuple[dict | None, str | None]:
     """The ``run_config.yaml`` Bridge wrote (``ConfigContainer.to_yaml()``); plain YAML, safe loader."""
     try:
-        import yaml
+        import yaml  # noqa: F401  (only to say so in one line when it is missing)
     except ImportError:
         return None, "PyYAML is not installed (pip install pyyaml)"
     try:

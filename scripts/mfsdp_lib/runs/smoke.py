@@ -200,8 +200,14 @@ def _run_cli_json(*args: str) -> dict | None:
 
 def launch(cmd: list[str], log_path: Path, env: dict | None = None) -> int:
     """Run ``cmd``, echoing its output and keeping it in ``log_path``."""
+    from .. import config_io
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
+    # Only a regular file (or a new one) is written, never through a symbolic link: a FIFO would hang the
+    # launch and a link would send the log over another file.
+    real, _ = config_io.writable_target(str(log_path), follow_links=False)
+    fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w") as log:
         proc = subprocess.Popen(
             list(cmd),  # an argument list, never a shell: see the module docstring
             stdout=subprocess.PIPE,
