@@ -15,14 +15,15 @@ them into ``.venv``); ``files`` needs the standard library only.
 
 from __future__ import annotations
 
+import os
 import sys
 
-# Never write bytecode into the skill folder: a .pyc there is a file the signature does not cover
-# (verify reports it). Set before the library is imported.
+# Never write bytecode into the skill folder (verify reports any .pyc), and never read a __pycache__ entry
+# planted beside the signed sources (the cache prefix cannot exist). Set before the library is imported.
 sys.dont_write_bytecode = True
+sys.pycache_prefix = os.path.join(os.devnull, "no-bytecode")
 
 import argparse  # noqa: E402
-import os  # noqa: E402
 
 _HERE = os.path.dirname(os.path.realpath(__file__))
 if _HERE not in sys.path:
@@ -30,27 +31,22 @@ if _HERE not in sys.path:
 
 
 def _refuse_unsigned_bytecode(here: str) -> None:
-    """Exit 2 when compiled bytecode sits among the skill's scripts (see SECURITY.md).
+    """Exit 2 when a sourceless ``.pyc`` sits among the skill's scripts (see SECURITY.md).
 
-    Python imports a sourceless ``name.pyc`` found on sys.path, and may take ``__pycache__`` bytecode instead of
-    the signed ``.py`` beside it; neither is covered by the signature. The entry points never write any
-    (``sys.dont_write_bytecode``), so finding one means someone else put it there: refuse to run.
+    Python imports a ``name.pyc`` found on sys.path when no ``name.py`` comes first, and the signature does
+    not cover it. (``__pycache__`` bytecode is never read: ``sys.pycache_prefix`` points elsewhere.)
     """
-    found = []
     for dirpath, dirnames, filenames in os.walk(here):
-        found += [os.path.join(dirpath, d) for d in dirnames if d == "__pycache__"]
-        found += [os.path.join(dirpath, f) for f in filenames if f.endswith((".pyc", ".pyo"))]
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        if found:
-            break
-    if found:
-        sys.stderr.write(
-            f"{os.path.basename(sys.argv[0] or 'mfsdp.py')}: error: compiled bytecode in the skill folder "
-            f"({found[0]}) is not covered by the signature and could run instead of the signed source; remove it "
-            f"(find {here} -name __pycache__ -prune -exec rm -r {{}} + ; find {here} -name '*.py[co]' -delete) "
-            "and check the folder with skill_signature.py verify\n"
-        )
-        sys.exit(2)
+        bad = [os.path.join(dirpath, f) for f in filenames if f.endswith((".pyc", ".pyo"))]
+        if bad:
+            sys.stderr.write(
+                f"{os.path.basename(sys.argv[0] or 'mfsdp.py')}: error: compiled bytecode in the skill folder "
+                f"({bad[0]}) is not covered by the signature and could run instead of the signed source; "
+                f"remove it (find {here} -name '*.py[co]' -delete) and check the folder with "
+                "skill_signature.py verify\n"
+            )
+            sys.exit(2)
 
 
 if os.path.basename(_HERE) == "scripts":  # inside a skill folder (an installed mfsdp-verify has nothing to guard)

@@ -41,6 +41,7 @@ import time
 import traceback
 
 sys.dont_write_bytecode = True  # no unsigned .pyc in the skill folder (see SECURITY.md)
+sys.pycache_prefix = os.path.join(os.devnull, "no-bytecode")  # and none read from its __pycache__
 
 _HERE = os.path.dirname(os.path.realpath(__file__))
 if _HERE not in sys.path:

@@ -277,7 +277,7 @@ def test_6_planted_egg_info_is_not_believed(cli, planted):
 
 
 def test_6_environment_paths_leave_out_the_skill_folder(root):
-    from mfsdp_lib.integrity import sources
+    from mfsdp_lib.integrity import installed
 
     assert str(root / "scripts") in [str(Path(p).resolve()) for p in sys.path if p]
-    assert all(not sources._inside_skill(p) for p in sources.environment_paths())
+    assert all(not installed._inside_skill(p) for p in installed.environment_paths())

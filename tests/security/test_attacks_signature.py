@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import py_compile
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -69,13 +70,41 @@ def _evil_pyc(src_text: str, target: Path) -> None:
 # --------------------------------------------------------------------------- 1. unsigned bytecode
 
 
-def test_1_pycache_bytecode_is_named_by_verify(signed, ca):
-    tag = sys.implementation.cache_tag
-    pyc = signed / "scripts" / "mfsdp_lib" / "__pycache__" / f"findings.{tag}.pyc"
-    _evil_pyc("raise SystemExit('PWNED')\n", pyc)
+def _crafted_cache_entry(source: Path, evil: str) -> Path:
+    """A __pycache__ entry whose header carries the source's own mtime and size: Python loads it INSTEAD of
+    the source (that is how its cache check works), unless told to look for caches elsewhere."""
+    import importlib.util
+    import marshal
+
+    st = source.stat()
+    header = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF, st.st_size)
+    pyc = source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
+    pyc.parent.mkdir(exist_ok=True)
+    pyc.write_bytes(header + marshal.dumps(compile(evil, str(source), "exec")))
+    return pyc
+
+
+def test_1_pycache_bytecode_is_named_by_verify_and_never_loaded(signed, ca):
+    evil = "import pathlib; pathlib.Path('PWNED').write_text('x')\nraise SystemExit('PWNED')\n"
+    pyc = _crafted_cache_entry(signed / "scripts" / "mfsdp_lib" / "findings.py", evil)
     problems = _problems(signed, ca)
-    assert problems == [f"scripts/mfsdp_lib/__pycache__/findings.{tag}.pyc: " + sig._extra_reason(str(pyc))]
-    assert "unsigned bytecode" in problems[0]
+    rel = pyc.relative_to(signed).as_posix()
+    assert problems == [f"{rel}: " + sig._extra_reason(rel)] and "unsigned bytecode" in problems[0]
+    # Without the entry points' cache prefix, plain Python would run it (the attack is real) ...
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'scripts'); import mfsdp_lib.findings"],
+        cwd=signed,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert "PWNED" in probe.stderr and (signed / "PWNED").exists()
+    (signed / "PWNED").unlink()
+    # ... the skill's entry points never do: they compile the signed source
+    for argv in (["scripts/mfsdp.py", "check"], ["scripts/skill_signature.py", "files"]):
+        p = subprocess.run([sys.executable, *argv], cwd=signed, capture_output=True, text=True, timeout=TIMEOUT)
+        assert p.returncode in (0, 1) and "PWNED" not in p.stderr, p.stderr
+    assert not (signed / "PWNED").exists()
 
 
 def test_1_sourceless_pyc_beside_the_scripts_is_named_and_never_run(signed, ca):
@@ -127,6 +156,15 @@ def test_1_entry_points_and_tests_write_no_bytecode(signed, ca, tmp_path):
         assert p.returncode in (0, 1), p.stderr
     assert not [p for p in signed.rglob("*") if p.name == "__pycache__" or p.suffix == ".pyc"]
     assert sig.verify(signed, ca["root"]).files
+    # a run that does write bytecode (plain python, no -B) leaves files that verify names
+    subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'scripts'); import mfsdp_lib.findings"],
+        cwd=signed,
+        env=env,
+        check=True,
+        timeout=TIMEOUT,
+    )
+    assert any("__pycache__" in p for p in _problems(signed, ca))
 
 
 # --------------------------------------------------------------------------- 2. a verifier from outside

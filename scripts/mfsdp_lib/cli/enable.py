@@ -103,10 +103,10 @@ def configure(parser) -> None:
 def _bridge_installed() -> str | None:
     """Installed megatron-bridge version, from metadata only (no import), and only from the interpreter's real
     environment: never a *.egg-info or a megatron/ package planted in the skill folder (sources.environment_paths)."""
-    from ..integrity import sources
+    from ..integrity import installed
 
-    dist = sources.installed_distribution("megatron-bridge")
-    if dist is None or not sources.module_outside_skill("megatron"):
+    dist = installed.installed_distribution("megatron-bridge")
+    if dist is None or not installed.module_outside_skill("megatron"):
         return None
     return dist.version
 

@@ -115,7 +115,7 @@ def preflight(opts, env: dict | None = None) -> str | None:
             "torch is not installed in this Python; run the smoke on a GPU machine with PyTorch and "
             "Megatron-Bridge (tests/gpu/setup_device.sh installs them from a wheel folder)"
         )
-    from ..integrity.sources import module_outside_skill
+    from ..integrity.installed import module_outside_skill
 
     if not module_outside_skill("megatron") or not module_outside_skill("torch"):
         return (
