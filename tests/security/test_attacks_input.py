@@ -316,3 +316,12 @@ def test_smoke_outputs_are_never_written_through_a_planted_link(tmp_path):
     with pytest.raises(InputError, match="symbolic link"):
         smoke.launch([sys.executable, "-c", "print('x')"], out / "train.log")
     assert victim.read_text() == "keep me\n"
+
+
+def test_3_a_caught_traceback_the_rank_survived_is_not_a_failure(cli, tmp_path):
+    """A rank that logs a handled exception (a retried download) and goes on training did not fail."""
+    lines = REAL[: START + 1] + [_iter(n, 10) for n in range(1, 4)]
+    lines += _tb("", "ConnectionError: HTTPSConnectionPool(host='huggingface.co'): Read timed out.")
+    lines += [_iter(n, 10) for n in range(4, 11)]
+    p = _run(cli, "log", _write(tmp_path, "caught.log", lines))
+    assert p.returncode == 0, p.stdout

@@ -314,3 +314,23 @@ def test_13_the_bundle_is_bound_to_the_cards_name(tmp_path, ca):
 def test_13_card_version_is_the_project_version():
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert sig.card_identity(ROOT) == (sig.SKILL_NAME, proj["project"]["version"])
+
+
+def test_1_a_signed_file_replaced_by_a_fifo_does_not_hang_verify(signed, ca):
+    target = signed / "references" / "rules.md"
+    target.unlink()
+    os.mkfifo(target)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "skill_signature.py"),
+            "verify",
+            "--root",
+            str(ca["root"]),
+            str(signed),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and "references/rules.md: is not a regular file" in p.stderr, p.stderr

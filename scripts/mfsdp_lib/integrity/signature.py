@@ -179,9 +179,12 @@ def signed_files(root: pathlib.Path) -> list[str]:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             if _file_is_excluded(rel):
                 continue
-            if (pathlib.Path(dirpath) / name).is_symlink():
+            full = pathlib.Path(dirpath) / name
+            if full.is_symlink():
                 # The installer copies a link's target, so its digest would depend on where it points.
                 raise InputError(f"{rel}: is a symbolic link; the skill must hold real files")
+            if not full.is_file():  # a FIFO would hang the hashing, a device never ends
+                raise InputError(f"{rel}: is not a regular file (a pipe, socket or device); the skill holds files")
             out.append(rel)
         # A symlinked folder is listed among dirnames but not followed: sign it as what it is, an error.
         for d in dirnames:
@@ -372,10 +375,21 @@ def sign(
     return out, files
 
 
+MAX_BUNDLE_BYTES = 16 * 1024 * 1024  # a bundle over ~400 files is ~100 KB
+
+
+def _read_bundle_text(sig_path: pathlib.Path) -> str:
+    if sig_path.exists() and not sig_path.is_file():
+        raise InputError(f"{sig_path}: not a regular file")
+    if sig_path.is_file() and sig_path.stat().st_size > MAX_BUNDLE_BYTES:
+        raise InputError(f"{sig_path}: {sig_path.stat().st_size} bytes is too large for a signature bundle")
+    return sig_path.read_text(encoding="utf-8")
+
+
 def read_statement(sig_path: pathlib.Path) -> dict:
     """The in-toto statement inside a bundle (not authenticated: call after verification for trust)."""
     try:
-        bundle = json.loads(sig_path.read_text(encoding="utf-8"))
+        bundle = json.loads(_read_bundle_text(sig_path))
         env = bundle["dsseEnvelope"]
         statement = json.loads(base64.b64decode(env["payload"], validate=True))
     except FileNotFoundError:
@@ -467,6 +481,8 @@ def verify(
 ) -> Verified:
     """Verify ``root`` against its bundle; raises VerificationError naming what failed."""
     sig_path = pathlib.Path(signature) if signature else root / SIGNATURE_NAME
+    if sig_path.exists() and not sig_path.is_file():
+        raise InputError(f"{sig_path}: not a regular file")
     if not sig_path.is_file():
         raise InputError(f"{sig_path}: no such file (sign with: bash scripts/dev.sh sign)")
     root_p = _need_file(trust_root, "root certificate")

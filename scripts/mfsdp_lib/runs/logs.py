@@ -332,6 +332,7 @@ class LogReport:
     smoke_result: dict | None = None
     failures: list = field(default_factory=list)  # {"rank", "why", "line"}: ranks that failed, first MAX_KEPT
     failures_total: int = 0
+    recovered: int = 0  # tracebacks after which the same rank went on logging iterations
     launcher_failed: bool = False  # torchrun reported a failed child (ChildFailedError / "failed (exitcode")
     error_after_last_iteration: str | None = None  # the log ends in an error: the exception after the last iteration
     current_rank: int | None = None  # rank prefix of the line being read (None: no prefix)
@@ -580,6 +581,13 @@ def _iteration(rep: LogReport, m: re.Match) -> None:
         rep.restarts += 1  # a resumed or re-run job appended to the same log
     rep.iterations += 1
     rep.error_after_last_iteration = None
+    if rep.failures and not rep.launcher_failed:
+        # The rank that printed this line is alive: a traceback it printed earlier was caught and logged
+        # (a retried download, say), not the end of that rank.
+        kept = [f for f in rep.failures if f["rank"] != rep.current_rank]
+        rep.recovered += len(rep.failures) - len(kept)
+        rep.failures_total -= len(rep.failures) - len(kept)
+        rep.failures = kept
     if rep.first_iteration is None:
         rep.first_iteration = it
     rep.last_iteration = it
