@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from . import schema as S
 from .findings import InputError
@@ -80,7 +80,7 @@ def one_line(text: str) -> str:
     return _BREAKS.sub(" ", str(text)).strip()
 
 
-def _err(msg: str) -> InputError:
+def input_error(msg: str) -> InputError:
     """An InputError whose message is guaranteed to be a single line."""
     return InputError(one_line(msg))
 
@@ -116,17 +116,17 @@ def read_regular(path: str, limit: int, what: str = "file") -> bytes:
     import stat
 
     if "\x00" in path:
-        raise _err(f"{path!r}: not a valid file name (contains a NUL byte)")
+        raise input_error(f"{path!r}: not a valid file name (contains a NUL byte)")
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise _err(f"{path}: is {file_kind(st.st_mode)}, expected a regular {what}")
+            raise input_error(f"{path}: is {file_kind(st.st_mode)}, expected a regular {what}")
         if st.st_size > limit:
-            raise _err(f"{path}: {st.st_size} bytes is too large for a {what}")
+            raise input_error(f"{path}: {st.st_size} bytes is too large for a {what}")
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise _err(f"{path}: is {file_kind(os.fstat(fd).st_mode)}, expected a regular {what}")
+                raise input_error(f"{path}: is {file_kind(os.fstat(fd).st_mode)}, expected a regular {what}")
             chunks, size = [], 0
             while size <= limit:
                 chunk = os.read(fd, min(1 << 20, limit + 1 - size))
@@ -138,32 +138,32 @@ def read_regular(path: str, limit: int, what: str = "file") -> bytes:
         finally:
             os.close(fd)
         if len(data) > limit:
-            raise _err(f"{path}: more than {limit} bytes is too large for a {what}")
+            raise input_error(f"{path}: more than {limit} bytes is too large for a {what}")
     except FileNotFoundError:
-        raise _err(f"{path}: no such file") from None
+        raise input_error(f"{path}: no such file") from None
     except PermissionError:
-        raise _err(f"{path}: permission denied") from None
+        raise input_error(f"{path}: permission denied") from None
     except (OSError, ValueError) as exc:
-        raise _err(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        raise input_error(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     return data
 
 
 def read_text(path: str) -> str:
     """The file's text, or InputError naming what is wrong with it."""
     if "\x00" in path:
-        raise _err(f"{path!r}: not a valid file name (contains a NUL byte)")
+        raise input_error(f"{path!r}: not a valid file name (contains a NUL byte)")
     if os.path.isdir(path):
-        raise _err(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
+        raise input_error(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
     data = read_regular(path, MAX_FILE_BYTES, "config file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _err(f"{path}: not UTF-8 text (byte {exc.start}); is this a YAML file?") from None
+        raise input_error(f"{path}: not UTF-8 text (byte {exc.start}); is this a YAML file?") from None
 
 
 def _need_yaml() -> None:
     if yaml is None:
-        raise _err(
+        raise input_error(
             "PyYAML is not installed for this Python; install it with: "
             f"{os.path.basename(sys.executable) or 'python3'} -m pip install PyYAML"
         )
@@ -175,12 +175,12 @@ def parse_yaml(text: str, name: str) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise _err(
+        raise input_error(
             f"{name}: the top level must be a mapping of sections (ddp:, checkpoint:, ...), found a {_yaml_type(data)}"
         )
     for k in data:
         if not isinstance(k, str):
-            raise _err(f"{name}: top-level key {k!r} is not a section name")
+            raise input_error(f"{name}: top-level key {k!r} is not a section name")
     return data
 
 
@@ -203,14 +203,14 @@ def safe_yaml(text: str, name: str, loader=None):
     """
     _need_yaml()
     if "\x00" in text:
-        raise _err(f"{name}: contains NUL bytes; not a YAML file")
+        raise input_error(f"{name}: contains NUL bytes; not a YAML file")
     loader_cls = loader or _Loader
     try:
         depth, aliases = _scan_events(text, loader_cls)
         if depth > MAX_YAML_DEPTH:
-            raise _err(f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge config")
+            raise input_error(f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge config")
         if aliases > MAX_YAML_ALIASES:
-            raise _err(
+            raise input_error(
                 f"{name}: more than {MAX_YAML_ALIASES} YAML aliases (*name); Bridge configs use none, "
                 "and many aliases can expand into an enormous document"
             )
@@ -227,11 +227,11 @@ def safe_yaml(text: str, name: str, loader=None):
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         what = (exc.problem or exc.context or "syntax error").strip()
-        raise _err(f"{name}: YAML syntax error at {where}: {what}") from None
+        raise input_error(f"{name}: YAML syntax error at {where}: {what}") from None
     except yaml.YAMLError as exc:
-        raise _err(f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise input_error(f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     except (RecursionError, ValueError, OverflowError, MemoryError) as exc:
-        raise _err(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
+        raise input_error(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
 
 
 def _check_nodes(root, name: str) -> None:
@@ -242,7 +242,7 @@ def _check_nodes(root, name: str) -> None:
         node, path = stack.pop()
         visited += 1  # an alias is the same node object reached again: counted each time, as a consumer would
         if visited > MAX_YAML_NODES:
-            raise _err(
+            raise input_error(
                 f"{name}: expands to more than {MAX_YAML_NODES} values (YAML aliases repeat whole subtrees); "
                 "not a Bridge config"
             )
@@ -256,7 +256,7 @@ def _check_nodes(root, name: str) -> None:
                     key = key_node.value
                     here = f"{path}.{key}" if path else key
                     if key in seen:
-                        raise _err(
+                        raise input_error(
                             f"{name}: duplicate key '{here}' at line {key_node.start_mark.line + 1} (first at line "
                             f"{seen[key] + 1}); YAML would keep only the last value silently, and Bridge's loader "
                             "(OmegaConf) rejects the file: keep one"
@@ -304,7 +304,7 @@ def embedded_default() -> dict:
     global _embedded_cache
     _need_yaml()
     if _embedded_cache is None:
-        with open(EMBEDDED_DEFAULT, "r", encoding="utf-8") as fh:
+        with open(EMBEDDED_DEFAULT, encoding="utf-8") as fh:
             _embedded_cache = yaml.load(fh.read(), Loader=_Loader)
     return _embedded_cache
 
@@ -337,12 +337,12 @@ def parse_value(text: str):
 def parse_override(item: str) -> tuple[str, object]:
     """``section.key=value`` (also ``+section.key=value`` / ``++...``) -> (dotted path, value)."""
     if not isinstance(item, str) or "=" not in item:
-        raise _err(f"override {item!r}: expected section.key=value (e.g. ddp.use_megatron_fsdp=true)")
+        raise input_error(f"override {item!r}: expected section.key=value (e.g. ddp.use_megatron_fsdp=true)")
     path, _, value = item.partition("=")
     path = path.strip().lstrip("+")
     parts = path.split(".")
     if not path or not all(_KEY.match(p) for p in parts):
-        raise _err(f"override {item!r}: '{path}' is not a dotted key like ddp.use_megatron_fsdp")
+        raise input_error(f"override {item!r}: '{path}' is not a dotted key like ddp.use_megatron_fsdp")
     return path, parse_value(value)
 
 
@@ -352,7 +352,7 @@ def parse_env(items: Sequence[str]) -> dict:
     for item in items or ():
         name, sep, value = str(item).partition("=")
         if not sep or not _ENV_NAME.match(name):
-            raise _err(f"--env {item!r}: expected NAME=VALUE (e.g. --env CUDA_DEVICE_MAX_CONNECTIONS=32)")
+            raise input_error(f"--env {item!r}: expected NAME=VALUE (e.g. --env CUDA_DEVICE_MAX_CONNECTIONS=32)")
         out[name] = value
     return out
 
@@ -402,7 +402,7 @@ def coerce(path: str, value, where: str = ""):
     if value is None:
         if nullable or path in S.REQUIRED:
             return None
-        raise _err(f"{loc}{path}=null is not allowed: expected {_article(typ)}")
+        raise input_error(f"{loc}{path}=null is not allowed: expected {_article(typ)}")
     bad = f"{loc}{path}={value!r}: expected {_article(typ)}"
     if typ == S.BOOL:
         if isinstance(value, bool):
@@ -417,43 +417,41 @@ def coerce(path: str, value, where: str = ""):
                 return True
             if s.lower() in _FALSE:
                 return False
-        raise _err(f"{bad} (true/false, yes/no, on/off or an integer)")
+        raise input_error(f"{bad} (true/false, yes/no, on/off or an integer)")
     if typ == S.INT:
         if isinstance(value, bool):
-            raise _err(f"{bad}, found a bool")
+            raise input_error(f"{bad}, found a bool")
         if isinstance(value, int):
             return value
         if isinstance(value, str) and _INT.match(value.strip()):
             return int(value.strip())
-        raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
+        raise input_error(f"{bad}, found {_yaml_type(value)} {value!r}")
     if typ == S.FLOAT:
         if isinstance(value, bool):
-            raise _err(f"{bad}, found a bool")
+            raise input_error(f"{bad}, found a bool")
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str) and _FLOAT.match(value.strip()):
             return float(value.strip())
-        raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
+        raise input_error(f"{bad}, found {_yaml_type(value)} {value!r}")
     if typ == S.STR:
         if isinstance(value, (dict, list)):
-            raise _err(f"{bad}, found a {_yaml_type(value)}")
-        if isinstance(value, bool):  # OmegaConf's StringNode stores str(True) == "True"
-            value = str(value)
-        elif not isinstance(value, str):
+            raise input_error(f"{bad}, found a {_yaml_type(value)}")
+        if isinstance(value, bool) or not isinstance(value, str):  # OmegaConf's StringNode stores str(True) == "True"
             value = str(value)
         if choices is not None and value not in choices:
-            raise _err(
+            raise input_error(
                 f"{loc}{path}={value!r} is not one of {', '.join(choices)}"
                 f"{_did_you_mean(value, choices)}; Bridge would accept it silently and fail later"
             )
         return value
     if typ == S.LIST:
         if not isinstance(value, list):
-            raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
+            raise input_error(f"{bad}, found {_yaml_type(value)} {value!r}")
         return value
     if typ == S.DICT:
         if not isinstance(value, dict):
-            raise _err(f"{bad}, found a {_yaml_type(value)}")
+            raise input_error(f"{bad}, found a {_yaml_type(value)}")
         return value
     return value
 
@@ -461,12 +459,12 @@ def coerce(path: str, value, where: str = ""):
 def _check_env_vars(value, where: str) -> None:
     loc = f"{where}: " if where else ""
     if not isinstance(value, dict):
-        raise _err(f"{loc}env_vars must be a mapping NAME: value, found a {_yaml_type(value)}")
+        raise input_error(f"{loc}env_vars must be a mapping NAME: value, found a {_yaml_type(value)}")
     for name, v in value.items():
         if not isinstance(name, str) or not name:
-            raise _err(f"{loc}env_vars: variable names must be non-empty strings, found {name!r}")
+            raise input_error(f"{loc}env_vars: variable names must be non-empty strings, found {name!r}")
         if not isinstance(v, (str, int, float, bool)):
-            raise _err(
+            raise input_error(
                 f"{loc}env_vars.{name}: must be a scalar, found a {_yaml_type(v)} "
                 "(Bridge's apply_environment_variables raises TypeError)"
             )
@@ -494,7 +492,7 @@ def validate_section(section: str, value, where: str):
     """Check and coerce one top-level section of a file; returns the coerced value."""
     loc = f"{where}: " if where else ""
     if section not in S.CONTAINER_KEYS and section != "_target_":
-        raise _err(
+        raise input_error(
             f"{loc}unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}; "
             f"sections are {', '.join(sorted(S.CONTAINER_KEYS))}"
         )
@@ -509,29 +507,29 @@ def validate_section(section: str, value, where: str):
             return None
         if isinstance(value, str):
             if value not in S.MIXED_PRECISION_PRESETS:
-                raise _err(
+                raise input_error(
                     f"{loc}mixed_precision={value!r} is not a Bridge preset"
                     f"{_did_you_mean(value, S.MIXED_PRECISION_PRESETS)} (Bridge raises ValueError "
                     "'Unknown mixed-precision recipe')"
                 )
             return value
         if not isinstance(value, dict):
-            raise _err(f"{loc}mixed_precision must be a preset name or a mapping, found a {_yaml_type(value)}")
+            raise input_error(f"{loc}mixed_precision must be a preset name or a mapping, found a {_yaml_type(value)}")
     if value is None:
         if section in ("ddp", "dist", "checkpoint", "train", "model", "optimizer"):
-            raise _err(f"{loc}section '{section}' is null; Bridge needs it (give a mapping or leave it out)")
+            raise input_error(f"{loc}section '{section}' is null; Bridge needs it (give a mapping or leave it out)")
         return None
     if not isinstance(value, dict):
         if any(p.startswith(section + ".") for p in S.FIELDS) or section in ("ddp", "dist", "checkpoint"):
-            raise _err(f"{loc}section '{section}' must be a mapping of keys, found a {_yaml_type(value)}")
+            raise input_error(f"{loc}section '{section}' must be a mapping of keys, found a {_yaml_type(value)}")
         return value
     known = _known_keys(section, value)
     out = {}
     for key, v in value.items():
         if not isinstance(key, str):
-            raise _err(f"{loc}{section}: key {key!r} is not a field name")
+            raise input_error(f"{loc}{section}: key {key!r} is not a field name")
         if known is not None and key not in known:
-            raise _err(f"{loc}unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
+            raise input_error(f"{loc}unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
         out[key] = coerce(f"{section}.{key}", v, where)
     return out
 
@@ -544,10 +542,10 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         cfg[section] = validate_section(section, value, where)
         return
     if section not in S.CONTAINER_KEYS:
-        raise _err(f"{where} {path}: unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}")
+        raise input_error(f"{where} {path}: unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}")
     if section == "env_vars":
         if len(parts) != 2:
-            raise _err(f"{where} {path}: env_vars takes env_vars.NAME=value")
+            raise input_error(f"{where} {path}: env_vars takes env_vars.NAME=value")
         env = dict(cfg.get("env_vars") or {})
         env[parts[1]] = value  # null is refused below, as Bridge's apply_environment_variables does
         _check_env_vars(env, where)
@@ -557,7 +555,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
     if section == "mixed_precision" and isinstance(node, str):
         # Bridge holds a preset as a plain string until runtime_config_update(); a Hydra override of
         # one of its fields fails there too (a string has no keys). Say how to do it instead.
-        raise _err(
+        raise input_error(
             f"{where} {path}: mixed_precision is the preset '{node}', not a mapping; choose another "
             f"preset (mixed_precision=NAME) or write the whole mapping with _target_: "
             f"megatron.bridge.training.mixed_precision.MixedPrecisionConfig"
@@ -566,9 +564,9 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         if section in ("mixed_precision", "comm_overlap"):
             node = {}
         else:
-            raise _err(f"{where} {path}: section '{section}' is null in the config")
+            raise input_error(f"{where} {path}: section '{section}' is null in the config")
     if not isinstance(node, dict):
-        raise _err(f"{where} {path}: section '{section}' is a {_yaml_type(node)}, not a mapping")
+        raise input_error(f"{where} {path}: section '{section}' is a {_yaml_type(node)}, not a mapping")
     node = dict(node)
     if len(parts) > 2:
         # Deeper keys (model.some_struct.field): navigate existing mappings only.
@@ -576,7 +574,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         for p in parts[1:-1]:
             nxt = cur.get(p)
             if not isinstance(nxt, dict):
-                raise _err(f"{where} {path}: '{p}' is not a mapping in section '{section}'")
+                raise input_error(f"{where} {path}: '{p}' is not a mapping in section '{section}'")
             cur[p] = nxt = dict(nxt)
             cur = nxt
         cur[parts[-1]] = value
@@ -585,7 +583,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
     key = parts[1]
     known = _known_keys(section, node)
     if known is not None and key not in known:
-        raise _err(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
+        raise input_error(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
     node[key] = coerce(path, value, f"{where} {path}".strip())
     cfg[section] = node
 
@@ -721,7 +719,7 @@ class EditLock:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     os.close(fd)
-                    raise _err(
+                    raise input_error(
                         f"{self.folder}: another process has been editing a file here for {self.timeout:.0f} s; "
                         "nothing was written, try again"
                     ) from None
@@ -752,18 +750,18 @@ def writable_target(path: str, follow_links: bool = True) -> tuple[str, os.stat_
     import stat
 
     if os.path.islink(path) and not follow_links:
-        raise _err(f"{path}: is a symbolic link (to {os.readlink(path)}); this output is never written through a link")
+        raise input_error(f"{path}: is a symbolic link (to {os.readlink(path)}); this output is never written through a link")
     real = os.path.realpath(path) if os.path.islink(path) else path
     try:
         st = os.stat(real)
     except FileNotFoundError:
         if os.path.islink(path):
-            raise _err(f"{path}: is a broken symbolic link (to {os.readlink(path)}); nothing was written") from None
+            raise input_error(f"{path}: is a broken symbolic link (to {os.readlink(path)}); nothing was written") from None
         return real, None
     except OSError as exc:
-        raise _err(f"{path}: cannot write: {exc.strerror or exc}") from None
+        raise input_error(f"{path}: cannot write: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise _err(f"{path}: is {file_kind(st.st_mode)}; only a regular file is ever replaced, nothing was written")
+        raise input_error(f"{path}: is {file_kind(st.st_mode)}; only a regular file is ever replaced, nothing was written")
     return real, st
 
 
@@ -781,15 +779,15 @@ def _backup(path: str) -> str:
         except FileExistsError:
             n += 1
             if n > 10_000:
-                raise _err(f"{path}: 10,000 backups exist already; remove old {path}.bak.* files") from None
+                raise input_error(f"{path}: 10,000 backups exist already; remove old {path}.bak.* files") from None
         except OSError as exc:  # read-only folder, name too long: the user's input, not a bug
-            raise _err(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written") from None
+            raise input_error(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written") from None
     try:
         with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
             shutil.copyfileobj(src, dst)
         shutil.copystat(path, bak)
     except OSError as exc:
-        raise _err(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written") from None
+        raise input_error(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written") from None
     return bak
 
 
@@ -810,7 +808,7 @@ def write_atomic(
     path, st = writable_target(path, follow_links)
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
-        raise _err(f"{shown}: folder {folder} does not exist")
+        raise input_error(f"{shown}: folder {folder} does not exist")
     bak = None
     mode = None
     if st is not None:
@@ -821,13 +819,13 @@ def write_atomic(
             except InputError:
                 now = None
             if now != expect_text:
-                raise _err(f"{shown}: changed while it was being edited; nothing was written, run again")
+                raise input_error(f"{shown}: changed while it was being edited; nothing was written, run again")
         if backup:
             bak = _backup(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     except OSError as exc:
-        raise _err(f"{path}: cannot write in {folder}: {exc.strerror or exc}") from None
+        raise input_error(f"{path}: cannot write in {folder}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -842,6 +840,6 @@ def write_atomic(
         except OSError:
             pass
         if isinstance(exc, OSError):  # disk full, quota: one line, and the old file is untouched
-            raise _err(f"{path}: cannot write ({exc.strerror or exc}); the file was left as it was") from None
+            raise input_error(f"{path}: cannot write ({exc.strerror or exc}); the file was left as it was") from None
         raise
     return bak

@@ -1,6 +1,6 @@
 """Tampering with the signed folder: one test per attack (SECURITY.md, items 1, 2 and 13).
 
-Each test signs a copy of this skill with a throw-away CA made at test time (tests/_throwaway_ca.py), then
+Each test signs a copy of this skill with a throw-away CA made at test time (conftest's ``signing_keys``), then
 attacks the copy the way an attacker with write access to the installed folder would.
 """
 
@@ -31,10 +31,8 @@ TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
-def ca(tmp_path_factory):
-    from _throwaway_ca import make_chain
-
-    return make_chain(tmp_path_factory.mktemp("ca"))
+def ca(signing_keys):
+    return signing_keys
 
 
 def _copy_and_sign(dest: Path, ca, edit=None) -> Path:
