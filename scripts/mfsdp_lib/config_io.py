@@ -205,6 +205,7 @@ def safe_yaml(text: str, name: str, loader=None):
     if "\x00" in text:
         raise input_error(f"{name}: contains NUL bytes; not a YAML file")
     loader_cls = loader or _Loader
+    assert loader_cls is not None  # _need_yaml() above: PyYAML is there
     try:
         depth, aliases = _scan_events(text, loader_cls)
         if depth > MAX_YAML_DEPTH:
@@ -229,7 +230,9 @@ def safe_yaml(text: str, name: str, loader=None):
         what = (exc.problem or exc.context or "syntax error").strip()
         raise input_error(f"{name}: YAML syntax error at {where}: {what}") from None
     except yaml.YAMLError as exc:
-        raise input_error(f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise input_error(
+            f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     except (RecursionError, ValueError, OverflowError, MemoryError) as exc:
         raise input_error(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
 
@@ -699,7 +702,7 @@ class EditLock:
         self.timeout = timeout
         self.fd: int | None = None
 
-    def __enter__(self) -> "EditLock":
+    def __enter__(self) -> EditLock:
         try:
             import fcntl
         except ImportError:
@@ -750,18 +753,24 @@ def writable_target(path: str, follow_links: bool = True) -> tuple[str, os.stat_
     import stat
 
     if os.path.islink(path) and not follow_links:
-        raise input_error(f"{path}: is a symbolic link (to {os.readlink(path)}); this output is never written through a link")
+        raise input_error(
+            f"{path}: is a symbolic link (to {os.readlink(path)}); this output is never written through a link"
+        )
     real = os.path.realpath(path) if os.path.islink(path) else path
     try:
         st = os.stat(real)
     except FileNotFoundError:
         if os.path.islink(path):
-            raise input_error(f"{path}: is a broken symbolic link (to {os.readlink(path)}); nothing was written") from None
+            raise input_error(
+                f"{path}: is a broken symbolic link (to {os.readlink(path)}); nothing was written"
+            ) from None
         return real, None
     except OSError as exc:
         raise input_error(f"{path}: cannot write: {exc.strerror or exc}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise input_error(f"{path}: is {file_kind(st.st_mode)}; only a regular file is ever replaced, nothing was written")
+        raise input_error(
+            f"{path}: is {file_kind(st.st_mode)}; only a regular file is ever replaced, nothing was written"
+        )
     return real, st
 
 
@@ -781,13 +790,17 @@ def _backup(path: str) -> str:
             if n > 10_000:
                 raise input_error(f"{path}: 10,000 backups exist already; remove old {path}.bak.* files") from None
         except OSError as exc:  # read-only folder, name too long: the user's input, not a bug
-            raise input_error(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written") from None
+            raise input_error(
+                f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written"
+            ) from None
     try:
         with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
             shutil.copyfileobj(src, dst)
         shutil.copystat(path, bak)
     except OSError as exc:
-        raise input_error(f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written") from None
+        raise input_error(
+            f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written"
+        ) from None
     return bak
 
 

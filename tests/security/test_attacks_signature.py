@@ -18,9 +18,9 @@ import pytest
 
 from mfsdp_lib.integrity import signature as sig
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10: pip vendors the same parser
+else:  # Python 3.10: pip's own copy of the same parser
     from pip._vendor import tomli as tomllib
 
 pytest.importorskip("model_signing", reason="model-signing is not installed (bash scripts/dev.sh test installs it)")

@@ -145,7 +145,7 @@ def run(args) -> int:
     if path:
         path = config_io.resolve_config_path(path)
     # --in-place is a read-modify-write: hold the folder lock until run() returns, so concurrent runs serialise.
-    _lock = config_io.edit_lock(path) if args.in_place else None  # noqa: F841 (held, not used)
+    _lock = config_io.edit_lock(path) if args.in_place and path else None  # noqa: F841 (held, not used)
     data, name = config_io.load_file_data(path)
     text = config_io.read_text(path) if path else open(config_io.EMBEDDED_DEFAULT, encoding="utf-8").read()
     env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
