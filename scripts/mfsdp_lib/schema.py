@@ -117,6 +117,8 @@ FIELDS: dict[str, tuple] = {
     "ddp.overlap_grad_reduce": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.overlap_param_gather": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.num_buckets": (INT, None, None, True, f"{MC_DDP}: DistributedDataParallelConfig"),
+    "ddp.megatron_fsdp_cuda_graph_mode": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
+    "ddp.fsdp_all_gather_in_start_param_sync": (BOOL, True, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.bucket_size": (INT, None, None, True, f"{MC_DDP}: DistributedDataParallelConfig"),
     # --- optimizer: Megatron-Core OptimizerConfig ---
     "optimizer.use_distributed_optimizer": (BOOL, False, None, False, f"{MC_OPT}: OptimizerConfig"),
@@ -149,6 +151,13 @@ FIELDS: dict[str, tuple] = {
     "model.tensor_model_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.pipeline_model_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.context_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
+    "model.virtual_pipeline_model_parallel_size": (INT, None, None, True, f"{B_GPT}: GPTModelProvider"),
+    "model.expert_model_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
+    "model.expert_tensor_parallel_size": (INT, None, None, True, f"{MC_MP}: ModelParallelConfig"),
+    "model.overlap_moe_expert_parallel_comm": (BOOL, False, None, False, f"{MC_MP}: ModelParallelConfig"),
+    "model.num_moe_experts": (INT, None, None, True, f"{B_GPT}: GPTModelProvider"),
+    "model.moe_single_grouped_weight": (BOOL, False, None, False, f"{MC_TC}: TransformerConfig"),
+    "model.moe_single_grouped_bias": (BOOL, False, None, False, f"{MC_TC}: TransformerConfig"),
     "model.sequence_parallel": (BOOL, False, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.cpu_offloading": (BOOL, False, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.cpu_offloading_num_layers": (INT, 0, None, False, f"{MC_MP}: ModelParallelConfig"),
@@ -169,10 +178,12 @@ FIELDS: dict[str, tuple] = {
     # --- top-level ConfigContainer fields ---
     "mixed_precision": (ANY, None, None, True, f"{B_CFG}: ConfigContainer"),
     "comm_overlap": (ANY, None, None, True, f"{B_CFG}: ConfigContainer"),
+    "peft": (ANY, None, None, True, f"{B_CFG}: ConfigContainer"),
     "env_vars": (DICT, {}, None, False, f"{B_CFG}: ConfigContainer"),
     # --- comm_overlap: CommOverlapConfig (only read when the section is a mapping) ---
     "comm_overlap.tp_comm_overlap": (BOOL, None, None, True, f"{B_CO}: CommOverlapConfig"),
     "comm_overlap.defer_embedding_wgrad_compute": (BOOL, None, None, True, f"{B_CO}: CommOverlapConfig"),
+    "comm_overlap.overlap_moe_expert_parallel_comm": (BOOL, None, None, True, f"{B_CO}: CommOverlapConfig"),
     # --- mixed_precision: MixedPrecisionConfig (when given as a mapping instead of a preset name) ---
     "mixed_precision.bf16": (BOOL, False, None, False, f"{B_MP}: MixedPrecisionConfig"),
     "mixed_precision.fp16": (BOOL, False, None, False, f"{B_MP}: MixedPrecisionConfig"),

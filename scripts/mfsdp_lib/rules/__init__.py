@@ -7,7 +7,8 @@ record (``model.Rule``, keyword fields), so ``check`` reports every problem in o
 and ``references/rules.md`` is generated from the same table.
 
 Where a rule lives: one module per topic, listed in ``TOPICS`` below (core FSDP,
-checkpoint, environment, parallel layout, precision, activations, CUDA graphs). Search
+checkpoint, environment, parallel layout, MoE, precision, optimizer, PEFT, activations,
+CUDA graphs). Search
 for the rule id, or for the assert message quoted in its ``source``. To add a topic,
 write ``rules/<topic>.py`` with a ``RULES`` list and add its name to ``TOPICS``.
 
@@ -37,7 +38,18 @@ from .context import (
 from .model import SEVERITIES, STAGES, Rule
 
 # The topic modules, in the order ``rules`` lists them (within one severity).
-TOPICS = ("core", "checkpoint", "environment", "parallel", "precision", "activations", "cuda_graphs")
+TOPICS = (
+    "core",
+    "checkpoint",
+    "environment",
+    "parallel",
+    "moe",
+    "precision",
+    "optimizer",
+    "peft",
+    "activations",
+    "cuda_graphs",
+)
 
 
 def _load() -> list[Rule]:
