@@ -31,7 +31,9 @@ from .context import (
     PRE_BLACKWELL_ARCHS,
     Eff,
     fmt,
+    moe_ep_overlap,
     normalize_arch,
+    pp_size,
     raw_get,
     resolve_mixed_precision,
 )
@@ -86,6 +88,8 @@ __all__ = [
     "Rule",
     "evaluate",
     "fmt",
+    "moe_ep_overlap",
+    "pp_size",
     "normalize_arch",
     "raw_get",
     "resolve_mixed_precision",

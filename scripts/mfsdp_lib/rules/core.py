@@ -135,9 +135,9 @@ RULES: list[Rule] = [
             "('Cannot copy out of meta tensor')."
         ),
         fix="model.init_model_with_meta_device=false (or a sharding strategy other than no_shard)",
-        source=f"{SRC_MFSDP_BUF}:1591: DataParallelBuffer.set_item: 'shard.data.copy_(item_data.flatten())' "
+        source=f"{SRC_MFSDP_BUF}: DataParallelBuffer.set_item (line 1591): 'shard.data.copy_(item_data.flatten())' "
         "(NotImplementedError from PyTorch on a meta tensor); "
-        "megatron/core/distributed/fsdp/src/megatron_fsdp/fully_shard.py:364 fully_shard: ValueError "
+        "megatron/core/distributed/fsdp/src/megatron_fsdp/fully_shard.py: fully_shard (line 364): ValueError "
         "'Meta device initialization (init_model_with_meta_device=True) is not supported or necessary' "
         "(its own entry point refuses the pair; Bridge has no such check)",
     ),

@@ -43,7 +43,7 @@ RULES: list[Rule] = [
             "(overlap_moe_expert_parallel_comm) under Megatron FSDP: the wrapper asserts when the model is wrapped."
         ),
         fix="model.cuda_graph_impl=full_iteration (or none, or turn the expert-parallel overlap off)",
-        source=f"{SRC_MCORE_FSDP}:173: FullyShardedDataParallel.__init__: assert '1F1B overlap with FSDP does not "
+        source=f"{SRC_MCORE_FSDP}: FullyShardedDataParallel.__init__ (line 173): assert '1F1B overlap with FSDP does not "
         "support per-layer CUDA graphs'",
     ),
     Rule(
@@ -59,9 +59,9 @@ RULES: list[Rule] = [
             "does); the captured iteration then waits on an all-gather launched outside the graph."
         ),
         fix="ddp.megatron_fsdp_cuda_graph_mode=true and ddp.fsdp_all_gather_in_start_param_sync=false",
-        source=f"{SRC_MLM_TRAINING}:2008: get_megatron_ddp_config: 'When using full-iteration CUDA graphs, "
+        source=f"{SRC_MLM_TRAINING}: get_megatron_ddp_config (line 2008): 'When using full-iteration CUDA graphs, "
         "Megatron-FSDP should not AG parameters' then 'kwargs[\"fsdp_all_gather_in_start_param_sync\"] = False'; "
-        f"{SRC_MFSDP_MAIN}:1278 start_param_sync: 'if self.ddp_config.fsdp_all_gather_in_start_param_sync:'",
+        f"{SRC_MFSDP_MAIN}: start_param_sync (line 1278): 'if self.ddp_config.fsdp_all_gather_in_start_param_sync:'",
     ),
     Rule(
         id="MFSDP-CUDA-GRAPH-SAFE-MODE",
@@ -79,9 +79,9 @@ RULES: list[Rule] = [
             "Megatron FSDP then drops gradient references after each step that graph replay relies on."
         ),
         fix="ddp.megatron_fsdp_cuda_graph_mode=true",
-        source=f"{SRC_MLM_TRAINING}:2004: get_megatron_ddp_config: 'Run Megatron-FSDP in CUDA graph-safe mode.' "
+        source=f"{SRC_MLM_TRAINING}: get_megatron_ddp_config (line 2004): 'Run Megatron-FSDP in CUDA graph-safe mode.' "
         "(Megatron-LM sets it whenever cuda_graph_impl is not none; Bridge leaves it to the config); "
-        "megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:3198 "
+        "megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py (line 3198) "
         "'if not self.ddp_config.megatron_fsdp_cuda_graph_mode:'",
     ),
 ]

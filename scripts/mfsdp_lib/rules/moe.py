@@ -36,8 +36,8 @@ RULES: list[Rule] = [
         ),
         fix="ddp.fsdp_double_buffer=false and ddp.megatron_fsdp_max_pool_double_buffer=false "
         "(or turn the expert-parallel overlap off)",
-        source=f"{SRC_MCORE_FSDP}:169: FullyShardedDataParallel.__init__: assert '1F1B overlap with FSDP does not "
-        f"support double buffer.'; {S.MC_DDP}:273: DistributedDataParallelConfig.__post_init__ "
+        source=f"{SRC_MCORE_FSDP}: FullyShardedDataParallel.__init__ (line 169): assert '1F1B overlap with FSDP does not "
+        f"support double buffer.'; {S.MC_DDP}: DistributedDataParallelConfig.__post_init__ (line 273) "
         "(megatron_fsdp_max_pool_double_buffer sets 'self.fsdp_double_buffer = True')",
     ),
     Rule(
@@ -54,7 +54,7 @@ RULES: list[Rule] = [
             "FSDP: its parameter buffers cannot hold Transformer Engine GroupedTensor parameters."
         ),
         fix="model.moe_single_grouped_weight=false and model.moe_single_grouped_bias=false",
-        source=f"{SRC_MLM_ARGS}:1121: validate_args: ValueError 'Megatron-FSDP does not currently support "
+        source=f"{SRC_MLM_ARGS}: validate_args (line 1121): ValueError 'Megatron-FSDP does not currently support "
         "moe_single_grouped_weight or moe_single_grouped_bias.' (the Megatron-LM launcher check; Bridge has none, "
         "the job fails when the parameters are remapped)",
     ),

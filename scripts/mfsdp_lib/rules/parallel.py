@@ -35,9 +35,9 @@ RULES: list[Rule] = [
         fix="model.pipeline_model_parallel_size=1 and model.virtual_pipeline_model_parallel_size=null "
         "(absorb the stages with more TP or data parallelism; 'mfsdp.py memory' says what fits), "
         "or keep the distributed optimizer without Megatron FSDP",
-        source=f"{SRC_MCORE_FSDP}:561: _get_dp_tp_mesh: einops.rearrange(torch.arange(world_size), "
+        source=f"{SRC_MCORE_FSDP}: _get_dp_tp_mesh (line 561): einops.rearrange(torch.arange(world_size), "
         '"(dp_cp ep tp) -> ep dp_cp tp") over the whole world (dp_cp, ep, tp only); '
-        f"{SRC_MCORE_FSDP}:445 _init_dist_index: 'mesh = _get_dp_tp_mesh(dp_cp_group, tp_group)'",
+        f"{SRC_MCORE_FSDP}: _init_dist_index (line 445): 'mesh = _get_dp_tp_mesh(dp_cp_group, tp_group)'",
     ),
     Rule(
         id="MFSDP-TP-PP-DP-MAPPING",

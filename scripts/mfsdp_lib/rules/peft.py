@@ -32,7 +32,7 @@ RULES: list[Rule] = [
             "it unset, and validate() refuses them until it points at the base model."
         ),
         fix="checkpoint.pretrained_checkpoint=<Hugging Face model folder, or an fsdp_dtensor checkpoint>",
-        source=f"{S.B_CFG}:1488: ConfigContainer.validate: assert 'PEFT requires a pretrained checkpoint path'",
+        source=f"{S.B_CFG}: ConfigContainer.validate (line 1488): assert 'PEFT requires a pretrained checkpoint path'",
     ),
     Rule(
         id="MFSDP-PEFT-META-DEVICE",
@@ -47,8 +47,8 @@ RULES: list[Rule] = [
             "anything, so the load crashes."
         ),
         fix="model.init_model_with_meta_device=false",
-        source=f"{SRC_B_PROVIDER}:649: get_model: builds the model under torch.device meta, then :660 runs the "
-        "pre-wrap hooks '_model = hook(model)' before wrapping (megatron/bridge/training/setup.py:628 "
+        source=f"{SRC_B_PROVIDER}: get_model (line 649): builds the model under torch.device meta, then (line 660) runs the "
+        "pre-wrap hooks '_model = hook(model)' before wrapping (megatron/bridge/training/setup.py, line 628: "
         "the PEFT hook calls '_load_checkpoint_from_path')",
     ),
     Rule(
@@ -71,8 +71,8 @@ RULES: list[Rule] = [
         ),
         fix="point checkpoint.pretrained_checkpoint at the Hugging Face model folder (or convert the base "
         "checkpoint to fsdp_dtensor); 'mfsdp.py ckpt PATH' tells which format a folder holds",
-        source=f"{SRC_B_CKPT}:3632: _load_base_checkpoint: assert \"Checkpoint format '{{ckpt_format}}' from "
-        f"config differs from inferred format\"; {SRC_B_CKPT}:2670 _load_checkpoint_from_path: "
+        source=f"{SRC_B_CKPT}: _load_base_checkpoint (line 3632): assert \"Checkpoint format '{{ckpt_format}}' from "
+        f"config differs from inferred format\"; {SRC_B_CKPT}: _load_checkpoint_from_path (line 2670): "
         "'if is_hf_checkpoint_dir(load_dir):' (Hugging Face folders take their own path)",
     ),
 ]
