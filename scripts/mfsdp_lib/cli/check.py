@@ -15,6 +15,7 @@ every edit, so it must start in a few interpreter start-ups.
 from __future__ import annotations
 
 import os
+import textwrap
 
 from .. import config_io, rules
 from .. import schema as S
@@ -30,7 +31,13 @@ pretrain recipe of Bridge 0.6.2). KEY=VALUE arguments are Hydra-style overrides
 
 Each finding has a stable rule id, a severity, the dotted key to change, the value
 found and a concrete fix. 'mfsdp.py rules' lists the table with the source of each
-rule in Megatron-Bridge / Megatron-Core."""
+rule in Megatron-Bridge / Megatron-Core.
+
+The job's environment is an input, never this shell's by accident: --env NAME=VALUE
+(repeatable), or --shell-env when the job is launched from this shell; the config's
+env_vars apply either way.
+
+""" + textwrap.fill(rules.coverage_text(), 88)
 
 EPILOG = """\
 examples:
@@ -39,7 +46,7 @@ examples:
         # -> MFSDP-CKPT-FORMAT: the recipe saves checkpoints, so fsdp_dtensor is required
   mfsdp.py check run_config.yaml --format json     # a checkpoint's config, machine-readable
   mfsdp.py check my.yaml --env CUDA_DEVICE_MAX_CONNECTIONS=1 --gpu-arch hopper
-        # judge against the launcher's environment instead of this shell's
+        # judge against the launcher's environment (this shell's is ignored without --shell-env)
   mfsdp.py check fsdp_overrides.yaml --base embedded
         # a partial --config-file as the recipe launcher will see it (over the recipe)
 
