@@ -14,8 +14,9 @@ effective config (``config_io.load_effective``) a valid Megatron FSDP config:
    wraps the model, where the fix changes no result of training: double buffering with
    the expert-parallel A2A overlap, single grouped expert weights, the CUDA-graph-safe
    mode of Megatron FSDP for CUDA graphs, meta-device init with ``no_shard`` or PEFT;
+   the NaN-in-loss check that Bridge forbids with full-iteration CUDA graphs;
 3. a fix-point pass: any error the rule table still reports whose fix is one plain
-   ``key=value`` in the ddp/dist/checkpoint/train plumbing is applied, so the output
+   ``key=value`` in the ddp/dist/checkpoint/train/rerun_state_machine plumbing is applied, so the output
    passes ``check``; errors that need a decision (pipeline parallelism, the optimizer,
    offloading, precision, the PEFT base checkpoint) are left, and the CLI refuses to emit
    a config while any error remains (``blocking``).
@@ -98,7 +99,7 @@ PIPELINE_ONLY_KEYS: dict[str, object] = {
 # Sections whose keys the fix-point pass may change on its own: the distributed and
 # checkpoint plumbing that Megatron FSDP dictates. Model shape, parallel sizes, precision
 # and offloading are trade-offs the user decides; errors there are reported instead.
-FIX_POINT_SECTIONS = ("ddp", "dist", "checkpoint", "train")
+FIX_POINT_SECTIONS = ("ddp", "dist", "checkpoint", "train", "rerun_state_machine")
 
 # Fix-point pass: at most this many rounds (each round fixes >= 1 error or stops).
 MAX_FIX_ROUNDS = 8

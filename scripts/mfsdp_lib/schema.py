@@ -31,6 +31,7 @@ MC_DDP = "megatron/core/distributed/distributed_data_parallel_config.py"
 MC_OPT = "megatron/core/optimizer/optimizer_config.py"
 MC_MP = "megatron/core/model_parallel_config.py"
 MC_TC = "megatron/core/transformer/transformer_config.py"
+MT_RESIL = "megatron/training/config/resilience_config.py"
 
 # For each section: the classes a field can be defined in, most derived first (the
 # Python MRO, flattened). The first class that defines a field gives its default.
@@ -48,6 +49,7 @@ SECTION_CLASSES = {
     ),
     "mixed_precision": ((B_MP, "MixedPrecisionConfig"),),
     "comm_overlap": ((B_CO, "CommOverlapConfig"),),
+    "rerun_state_machine": ((B_CFG, "RerunStateMachineConfig"), (MT_RESIL, "RerunStateMachineConfig")),
 }
 
 # Sentinel for a default computed at construction time (``default_factory`` calling a
@@ -147,6 +149,8 @@ FIELDS: dict[str, tuple] = {
     "train.check_weight_hash_across_dp_replicas_interval": (INT, None, None, True, f"{MT_TRAIN}: TrainingConfig"),
     "train.micro_batch_size": (INT, None, None, True, f"{MT_TRAIN}: TrainingConfig"),
     "train.global_batch_size": (INT, None, None, True, f"{MT_TRAIN}: TrainingConfig"),
+    # --- rerun_state_machine: Bridge RerunStateMachineConfig over Megatron-Training's ---
+    "rerun_state_machine.check_for_nan_in_loss": (BOOL, True, None, False, f"{MT_RESIL}: RerunStateMachineConfig"),
     # --- model: GPTModelProvider -> Bridge TransformerConfig -> MCore TransformerConfig -> ModelParallelConfig ---
     "model.tensor_model_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.pipeline_model_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),

@@ -252,11 +252,16 @@ CASES = {
         (
             [
                 "model.cuda_graph_impl=full_iteration",
+                "rerun_state_machine.check_for_nan_in_loss=false",
                 "ddp.megatron_fsdp_cuda_graph_mode=true",
                 "ddp.fsdp_all_gather_in_start_param_sync=false",
             ],
             {},
         ),
+    ),
+    "MFSDP-FULL-ITER-NAN-CHECK": (
+        (["model.cuda_graph_impl=full_iteration"], {}),
+        (["model.cuda_graph_impl=full_iteration", "rerun_state_machine.check_for_nan_in_loss=false"], {}),
     ),
     "MFSDP-CUDA-GRAPH-SAFE-MODE": (
         (["model.cuda_graph_impl=transformer_engine"], {}),

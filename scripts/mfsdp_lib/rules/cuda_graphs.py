@@ -32,6 +32,23 @@ RULES: list[Rule] = [
         source=f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError 'CUDA graphs not supported with CPU offloading.'",
     ),
     Rule(
+        id="MFSDP-FULL-ITER-NAN-CHECK",
+        severity="error",
+        stage="validate",
+        topic="cuda_graphs",
+        paths=("rerun_state_machine.check_for_nan_in_loss", "model.cuda_graph_impl"),
+        when=lambda e: (
+            e.get("model.cuda_graph_impl") == "full_iteration" and bool(e.get("rerun_state_machine.check_for_nan_in_loss"))
+        ),
+        message=lambda e: (
+            "model.cuda_graph_impl=full_iteration with rerun_state_machine.check_for_nan_in_loss=true: the NaN "
+            "check cannot run inside a captured iteration."
+        ),
+        fix="rerun_state_machine.check_for_nan_in_loss=false",
+        source=f"{S.B_CFG}: ConfigContainer.validate (line 1371): assert 'check_for_nan_in_loss must be disabled when "
+        "using full_iteration CUDA graph. '",
+    ),
+    Rule(
         id="MFSDP-MOE-OVERLAP-CUDA-GRAPH",
         severity="error",
         stage="runtime",
