@@ -89,7 +89,12 @@ def test_env_flag_and_process_env(cli):
     p = cli("check", *args, "--shell-env", env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
     assert p.returncode == 1 and "MFSDP-ENV-MAX-CONNECTIONS" in p.stdout
     p = cli(
-        "check", *args, "--shell-env", "--env", "CUDA_DEVICE_MAX_CONNECTIONS=8", env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        "check",
+        *args,
+        "--shell-env",
+        "--env",
+        "CUDA_DEVICE_MAX_CONNECTIONS=8",
+        env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
     )
     assert p.returncode == 0, p.stdout  # --env wins over the shell's value
 

@@ -236,7 +236,11 @@ CASES = {
         (["ddp.data_parallel_sharding_strategy=optim", "model.init_model_with_meta_device=true"], {}),
     ),
     "MFSDP-MOE-OVERLAP-DOUBLE-BUFFER": (
-        (MOE + ["comm_overlap.overlap_moe_expert_parallel_comm=true", "ddp.megatron_fsdp_max_pool_double_buffer=true"], {}),
+        (
+            MOE
+            + ["comm_overlap.overlap_moe_expert_parallel_comm=true", "ddp.megatron_fsdp_max_pool_double_buffer=true"],
+            {},
+        ),
         (MOE + ["comm_overlap.overlap_moe_expert_parallel_comm=false", "ddp.fsdp_double_buffer=true"], {}),
     ),
     "MFSDP-MOE-SINGLE-GROUPED-WEIGHT": (
@@ -267,7 +271,10 @@ CASES = {
         (["model.cuda_graph_impl=transformer_engine"], {}),
         (["model.cuda_graph_impl=transformer_engine", "ddp.megatron_fsdp_cuda_graph_mode=true"], {}),
     ),
-    "MFSDP-OPTIMIZER-UNSUPPORTED": ((["optimizer.optimizer=dist_muon"], {}), (OFF + ["optimizer.optimizer=dist_muon"], {})),
+    "MFSDP-OPTIMIZER-UNSUPPORTED": (
+        (["optimizer.optimizer=dist_muon"], {}),
+        (OFF + ["optimizer.optimizer=dist_muon"], {}),
+    ),
     "MFSDP-PEFT-NEEDS-PRETRAINED": ((LORA, {}), (LORA + ["checkpoint.pretrained_checkpoint=/models/hf"], {})),
     "MFSDP-PEFT-META-DEVICE": (
         (LORA + ["checkpoint.pretrained_checkpoint=/models/hf", "model.init_model_with_meta_device=true"], {}),

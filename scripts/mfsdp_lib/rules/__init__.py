@@ -100,6 +100,8 @@ def coverage_text() -> str:
         f"Covered: {'; '.join(COVERED)}. Not covered (configs are read, no rule was written for them): "
         f"{'; '.join(NOT_COVERED)}. Details per family: references/families.md."
     )
+
+
 RULES_BY_ID = {r.id: r for r in RULES}
 
 __all__ = [

@@ -17,6 +17,7 @@ SRC_MFSDP_MAIN = "megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp
 def _full_iteration_unsafe(e) -> bool:
     return not e.get("ddp.megatron_fsdp_cuda_graph_mode") or bool(e.get("ddp.fsdp_all_gather_in_start_param_sync"))
 
+
 RULES: list[Rule] = [
     Rule(
         id="MFSDP-CPU-OFFLOAD-CUDA-GRAPH",
@@ -38,7 +39,8 @@ RULES: list[Rule] = [
         topic="cuda_graphs",
         paths=("rerun_state_machine.check_for_nan_in_loss", "model.cuda_graph_impl"),
         when=lambda e: (
-            e.get("model.cuda_graph_impl") == "full_iteration" and bool(e.get("rerun_state_machine.check_for_nan_in_loss"))
+            e.get("model.cuda_graph_impl") == "full_iteration"
+            and bool(e.get("rerun_state_machine.check_for_nan_in_loss"))
         ),
         message=lambda e: (
             "model.cuda_graph_impl=full_iteration with rerun_state_machine.check_for_nan_in_loss=true: the NaN "

@@ -29,7 +29,7 @@ RULES: list[Rule] = [
             "parameters; Muon and distributed Muon fail at optimizer construction or at the first step."
         ),
         fix="optimizer.optimizer=adam (or keep this optimizer with the distributed optimizer and no Megatron FSDP)",
-        source=f"{SRC_MLM_ARGS}: validate_args (line 1127): assert \"Megatron-FSDP does not support the\" "
+        source=f'{SRC_MLM_ARGS}: validate_args (line 1127): assert "Megatron-FSDP does not support the" '
         "optimizer (the Megatron-LM launcher check allows sgd and adam only); "
         "megatron/core/optimizer/__init__.py: get_megatron_optimizer (line 1039): "
         "'return _get_megatron_emerging_optimizer(' (no Megatron FSDP branch)",

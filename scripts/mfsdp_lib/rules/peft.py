@@ -72,7 +72,7 @@ RULES: list[Rule] = [
         fix="point checkpoint.pretrained_checkpoint at the Hugging Face model folder (or convert the base "
         "checkpoint to fsdp_dtensor); 'mfsdp.py ckpt PATH' tells which format a folder holds",
         source=f"{SRC_B_CKPT}: _load_base_checkpoint (line 3632): assert \"Checkpoint format '{{ckpt_format}}' from "
-        f"config differs from inferred format\"; {SRC_B_CKPT}: _load_checkpoint_from_path (line 2670): "
+        f'config differs from inferred format"; {SRC_B_CKPT}: _load_checkpoint_from_path (line 2670): '
         "'if is_hf_checkpoint_dir(load_dir):' (Hugging Face folders take their own path)",
     ),
 ]
