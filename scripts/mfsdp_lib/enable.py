@@ -317,7 +317,8 @@ def advice(cfg: Mapping, changes: list[Change]) -> list[str]:
             f"checkpoint.load={load} is kept, so the job still resumes after a preemption. If that directory "
             f"already holds {old_format} checkpoints of an earlier run, resuming fails Bridge's format check "
             f"(ckpt_format {new_format}): convert them to {new_format}, or point checkpoint.load and "
-            f"checkpoint.save at a fresh directory. 'mfsdp.py ckpt {load} --expect {new_format}' tells which applies."
+            f"checkpoint.save at a fresh directory. 'mfsdp.py ckpt {load} --expect {new_format}' tells which applies "
+            f"(exit 0: {new_format}, resumes; 1: another format; 2: nothing there yet, the job starts fresh)."
         )
     pretrained = config_io.get(result, "checkpoint.pretrained_checkpoint")
     if pretrained is not None and config_io.get(result, "peft") is not None and new_format == "fsdp_dtensor":
