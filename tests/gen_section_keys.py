@@ -31,6 +31,7 @@ SOURCES = {
         ("bridge", "megatron/bridge/models"),
         ("mcore", "megatron/core/transformer/transformer_config.py"),
         ("mcore", "megatron/core/model_parallel_config.py"),
+        ("mcore", "megatron/training/models"),  # GPTModelConfig / HybridModelConfig (a nested transformer:)
     ),
     "dataset": (
         ("bridge", "megatron/bridge/data"),

@@ -402,3 +402,14 @@ def test_source_anchor_exists_in_wheels(bridge_src, mcore_src, rule):
 )
 def test_normalize_arch(name, arch):
     assert rules.normalize_arch(name) == arch
+
+
+def test_model_config_with_nested_transformer_is_read(tmp_path):
+    """Megatron's GPTModelConfig keeps TransformerConfig fields under model.transformer (proxied by Bridge)."""
+    p = tmp_path / "gpt_model_config.yaml"
+    p.write_text(
+        "model:\n  _target_: megatron.training.models.gpt.GPTModelConfig\n  vocab_size: 128256\n"
+        "  transformer:\n    pipeline_model_parallel_size: 2\n    num_layers: 4\n"
+    )
+    cfg = config_io.load_effective(str(p), BASE)
+    assert "MFSDP-PIPELINE-PARALLEL" in [f.rule for f in rules.evaluate(cfg, {})]

@@ -130,7 +130,18 @@ def _env_str(value) -> str:
 
 
 def raw_get(cfg: Mapping, path: str):
-    """Value at a dotted path, falling back to the schema default when absent."""
+    """Value at a dotted path, falling back to the schema default when absent.
+
+    A model given as Megatron's ``GPTModelConfig`` / ``HybridModelConfig`` keeps its transformer
+    settings one level down (``model.transformer.*``, proxied by ``__getattr__``): a ``model.X``
+    missing at the top is read there.
+    """
+    if path.startswith("model."):
+        model = cfg.get("model")
+        key = path.split(".", 1)[1]
+        if isinstance(model, Mapping) and key not in model and isinstance(model.get("transformer"), Mapping):
+            if key in model["transformer"]:
+                return model["transformer"][key]
     node = cfg
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
