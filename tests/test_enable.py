@@ -290,3 +290,19 @@ def test_rendered_values_round_trip(value):
     """What enable prints (YAML scalar, Hydra value) parses back to the very value it changed."""
     assert yaml.safe_load(enable.yaml_scalar(value)) == value
     assert config_io.parse_value(enable.hydra_value(value)) == value
+
+
+def test_set_pp1_on_a_gpt_model_config_edits_the_nested_transformer(tmp_path):
+    text = (
+        "model:\n  _target_: megatron.training.models.gpt.GPTModelConfig\n  vocab_size: 128256\n"
+        "  transformer:\n    pipeline_model_parallel_size: 2\n    num_layers: 4\n"
+    )
+    data = config_io.parse_yaml(text, "t")
+    cfg = config_io.merge_file(config_io._defaults(), data, "t")
+    changes = enable.plan(cfg, set_pp1=True)
+    assert "model.transformer.pipeline_model_parallel_size" in {c.path for c in changes}
+    new, _ = enable.yaml_edit(text, data, changes)
+    parsed = yaml.safe_load(new)
+    assert parsed["model"]["transformer"]["pipeline_model_parallel_size"] == 1
+    assert "pipeline_model_parallel_size" not in parsed["model"]  # no stray top-level key GPTModelConfig would reject
+    assert _errors(enable.apply(cfg, changes)) == []

@@ -485,6 +485,13 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         cfg[section] = node
         return
     key = parts[1]
+    nested = node.get("transformer") if section == "model" else None
+    if isinstance(nested, dict) and key in nested:  # GPTModelConfig: Bridge proxies model.X to model.transformer.X
+        nested = dict(nested)
+        nested[key] = coerce(path, value, f"{where} {path}".strip())
+        node["transformer"] = nested
+        cfg[section] = node
+        return
     known = _known_keys(section, node)
     if not _is_known(section, key, known):
         raise _err(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")

@@ -129,8 +129,25 @@ def _set(cfg: dict, path: str, value) -> None:
     if sec == "mixed_precision" and isinstance(node, str):
         node = dict(S.MIXED_PRECISION_PRESETS[node])
     node = dict(node) if isinstance(node, dict) else {}
+    if "." in key:  # model.transformer.X (GPTModelConfig): copy each level on the way down
+        first, rest = key.split(".", 1)
+        sub = node.get(first)
+        node[first] = sub = dict(sub) if isinstance(sub, dict) else {}
+        _set(sub, rest, value) if "." in rest else sub.__setitem__(rest, value)
+        cfg[sec] = node
+        return
     node[key] = value
     cfg[sec] = node
+
+
+def _where(cfg: Mapping, path: str) -> str:
+    """The key that holds ``path``: ``model.X`` lives in ``model.transformer.X`` for a GPTModelConfig."""
+    if path.startswith("model."):
+        model = cfg.get("model")
+        key = path.split(".", 1)[1]
+        if isinstance(model, Mapping) and isinstance(model.get("transformer"), Mapping) and key in model["transformer"]:
+            return f"model.transformer.{key}"
+    return path
 
 
 def plan(
@@ -151,6 +168,7 @@ def plan(
     changes: list[Change] = []
 
     def change(path: str, new, why: str) -> None:
+        path = _where(work, path)
         old = config_io.get(work, path, S.default(path))
         if old == new and type(old) is type(new):
             return
@@ -209,7 +227,7 @@ def plan(
             "each GPU now holds every layer's shard, so re-check memory ('mfsdp.py memory')",
         )
         for path, off in PIPELINE_ONLY_KEYS.items():
-            if config_io.get(work, path, off) != off:
+            if config_io.get(work, _where(work, path), off) != off:
                 change(path, off, "--set-pp-1: only meaningful with pipeline parallelism")
     _plan_runtime_fixes(work, change, strategy, perf)
 

@@ -134,12 +134,12 @@ def raw_get(cfg: Mapping, path: str):
 
     A model given as Megatron's ``GPTModelConfig`` / ``HybridModelConfig`` keeps its transformer
     settings one level down (``model.transformer.*``, proxied by ``__getattr__``): a ``model.X``
-    missing at the top is read there.
+    that the nested transformer holds is read there (the top level then only has our defaults).
     """
     if path.startswith("model."):
         model = cfg.get("model")
         key = path.split(".", 1)[1]
-        if isinstance(model, Mapping) and key not in model and isinstance(model.get("transformer"), Mapping):
+        if isinstance(model, Mapping) and isinstance(model.get("transformer"), Mapping):
             if key in model["transformer"]:
                 return model["transformer"][key]
     node = cfg
