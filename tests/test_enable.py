@@ -25,7 +25,7 @@ def test_minimal_overrides_are_the_five():
     }
 
 
-def test_plan_on_recipe_reproduces_the_real_fixup(shared_dir):
+def test_plan_on_recipe_reproduces_the_real_fixup(tests_dir):
     """enable on the recipe with --save-dir gives the fix-up the real Bridge validated, with checkpoint.load kept.
 
     The recorded fix-up cleared checkpoint.load (as Bridge's perf recipes do); enable keeps it so that a
@@ -36,9 +36,7 @@ def test_plan_on_recipe_reproduces_the_real_fixup(shared_dir):
     result = enable.apply(cfg, changes)
     load = config_io.get(cfg, "checkpoint.load")
     assert load and config_io.get(result, "checkpoint.load") == load
-    fixup = config_io.load_effective(
-        str(shared_dir / FIXUP), ["model.context_parallel_size=2", f"checkpoint.load={load}"]
-    )
+    fixup = config_io.load_effective(str(tests_dir / FIXUP), ["model.context_parallel_size=2", f"checkpoint.load={load}"])
     assert result == fixup
     assert _errors(result) == []
 
@@ -60,8 +58,8 @@ def test_plan_is_idempotent():
     assert [c.path for c in enable.plan(once)] == []
 
 
-def test_load_kept_when_already_fsdp_dtensor(shared_dir):
-    cfg = config_io.load_effective(str(shared_dir / FIXUP), ["checkpoint.load=/ckpt/fsdp"])
+def test_load_kept_when_already_fsdp_dtensor(tests_dir):
+    cfg = config_io.load_effective(str(tests_dir / FIXUP), ["checkpoint.load=/ckpt/fsdp"])
     assert "checkpoint.load" not in {c.path for c in enable.plan(cfg)}
 
 
