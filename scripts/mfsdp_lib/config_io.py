@@ -385,7 +385,7 @@ def _article(typ: str) -> str:
 
 def _unknown_hint(section: str, key: str, known) -> str:
     why = S.NOT_IN_THIS_RELEASE.get(f"{section}.{key}")
-    return f": {why}" if why else _did_you_mean(key, known)
+    return f": {why}" if why else _did_you_mean(key, set(known) | family_keys(section))
 
 
 def _did_you_mean(word: str, choices) -> str:
@@ -473,8 +473,38 @@ def _check_env_vars(value, where: str) -> None:
             )
 
 
+SECTION_KEYS_FILE = os.path.join(os.path.dirname(HERE), "data", "section_keys.json")
+_section_keys_cache: dict | None = None
+
+
+def family_keys(section: str) -> frozenset:
+    """Every field a section can hold across the recipe families (model: MLA, hybrid Mamba, MoE, VLM ...).
+
+    Read from ``data/section_keys.json`` (generated from the pinned wheels by tests/gen_section_keys.py),
+    once, and only when a key is not among the embedded recipe's: the common path pays nothing.
+    """
+    global _section_keys_cache
+    if _section_keys_cache is None:
+        import json
+
+        try:
+            with open(SECTION_KEYS_FILE, encoding="utf-8") as fh:
+                raw = json.load(fh)
+        except (OSError, ValueError):
+            raw = {}
+        _section_keys_cache = {k: frozenset(v) for k, v in raw.items() if isinstance(v, list)}
+    return _section_keys_cache.get(section, frozenset())
+
+
+def _is_known(section: str, key: str, known: set | None) -> bool:
+    return known is None or key in known or key in family_keys(section)
+
+
 def _known_keys(section: str, user_section: Mapping | None) -> set | None:
-    """Keys Bridge knows in ``section``, or None when we cannot tell (another class)."""
+    """Keys Bridge knows in ``section``, or None when we cannot tell (another class).
+
+    The embedded recipe's keys and the rule table's; ``_is_known`` adds the other families' fields.
+    """
     if section == "mixed_precision":
         return set(S.MIXED_PRECISION_KEYS) | {"_target_"}
     if section == "comm_overlap":
@@ -531,7 +561,7 @@ def validate_section(section: str, value, where: str):
     for key, v in value.items():
         if not isinstance(key, str):
             raise input_error(f"{loc}{section}: key {key!r} is not a field name")
-        if known is not None and key not in known:
+        if not _is_known(section, key, known):
             raise input_error(f"{loc}unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
         out[key] = coerce(f"{section}.{key}", v, where)
     return out
@@ -584,8 +614,15 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         cfg[section] = node
         return
     key = parts[1]
+    nested = node.get("transformer") if section == "model" else None
+    if isinstance(nested, dict) and key in nested:  # GPTModelConfig: Bridge proxies model.X to model.transformer.X
+        nested = dict(nested)
+        nested[key] = coerce(path, value, f"{where} {path}".strip())
+        node["transformer"] = nested
+        cfg[section] = node
+        return
     known = _known_keys(section, node)
-    if known is not None and key not in known:
+    if not _is_known(section, key, known):
         raise input_error(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
     node[key] = coerce(path, value, f"{where} {path}".strip())
     cfg[section] = node
