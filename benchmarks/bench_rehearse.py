@@ -633,6 +633,11 @@ def parse_args(argv=None):
     p.add_argument("--only", default=None, help="comma-separated run names (default: the whole group)")
     p.add_argument("--force", action="store_true", help="rerun runs whose report exists")
     p.add_argument("--list", action="store_true", help="print the group's runs and commands, run nothing")
+    p.add_argument(
+        "--no-leftovers",
+        action="store_true",
+        help="group C: do not append the runs of A and B that have no report in --out",
+    )
     return p.parse_args(argv)
 
 
@@ -641,7 +646,7 @@ def main(argv=None) -> int:
     a.budget_s = a.budget_s or GROUP_BUDGET_S[a.group]
     out = Path(a.out).resolve()
     runs = GROUPS[a.group]()
-    if a.group == "C":  # then whatever A and B left without a report
+    if a.group == "C" and not a.no_leftovers:  # then whatever A and B left without a report
         runs += [r for g in ("A", "B") for r in GROUPS[g]() if not report_done(out, r.name)]
     if a.only:
         names = set(a.only.split(","))

@@ -353,8 +353,9 @@ def all_to_all_plan(in_rows: int, out_rows: int, in_splits, out_splits, me: int,
     """
     if world <= 0:
         return [], [(0, out_rows)] if out_rows else []
-    ins = list(in_splits) if in_splits else [in_rows // world] * world
-    outs = list(out_splits) if out_splits else [out_rows // world] * world
+    # split sizes arrive as lists, numpy arrays or tensors: compare lengths, never truth values
+    ins = [int(x) for x in in_splits] if in_splits is not None and len(in_splits) else [in_rows // world] * world
+    outs = [int(x) for x in out_splits] if out_splits is not None and len(out_splits) else [out_rows // world] * world
     copies, fills = [], []
     if not 0 <= me < len(ins):
         n = min(in_rows, out_rows)
@@ -532,7 +533,12 @@ class Mem:
         self.overall_peak = max(self.overall_peak, t.cuda.max_memory_allocated())
         self.overall_peak_reserved = max(self.overall_peak_reserved, t.cuda.max_memory_reserved())
         free, total = t.cuda.mem_get_info()
+        stats = t.cuda.memory_stats()
         return {
+            # the caching allocator had to free cached blocks and retry (a sign of fragmentation
+            # close to the limit), and how often an allocation failed outright
+            "alloc_retries": stats.get("num_alloc_retries"),
+            "ooms": stats.get("num_ooms"),
             "peak_allocated_bytes": self.overall_peak,
             "peak_reserved_bytes": self.overall_peak_reserved,
             "allocated_bytes": t.cuda.memory_allocated(),
@@ -745,6 +751,45 @@ def install_mirror_collectives() -> list[str]:
             setattr(dist, name, wrapper)
         patched.append(name)
     return patched
+
+
+def install_lowest_rank_checkpoint_planner() -> str:
+    """Under the fake backend, make torch.distributed.checkpoint keep duplicated items on
+    the lowest rank.
+
+    With mirrored collectives every rank's save plan is a copy of this rank's, so the
+    coordinator sees each of this rank's shards N times and, by default, spreads them
+    over N writers: this rank would write 1/N of them and the load would look for files
+    nobody wrote. ``dedup_save_to_lowest_rank=True`` keeps them all on the lowest rank,
+    so this rank writes and reads back exactly its own shards (Bridge builds
+    ``DefaultSavePlanner()`` for ``fsdp_dtensor``). Returns what was done.
+    """
+    import inspect
+
+    import torch.distributed.checkpoint as dcp
+
+    base = dcp.DefaultSavePlanner
+    if getattr(base, "_rehearse", False):
+        return "already installed"
+    if "dedup_save_to_lowest_rank" not in inspect.signature(base.__init__).parameters:
+        return "not available in this torch: DefaultSavePlanner has no dedup_save_to_lowest_rank"
+
+    class LowestRankSavePlanner(base):
+        _rehearse = True
+
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("dedup_save_to_lowest_rank", True)
+            super().__init__(*args, **kwargs)
+
+    dcp.DefaultSavePlanner = LowestRankSavePlanner
+    try:
+        import torch.distributed.checkpoint.state_dict_saver as saver
+
+        if getattr(saver, "DefaultSavePlanner", None) is base:
+            saver.DefaultSavePlanner = LowestRankSavePlanner
+    except ImportError:
+        pass
+    return "DefaultSavePlanner(dedup_save_to_lowest_rank=True)"
 
 
 def init_process_group(a, fake: bool) -> dict:
@@ -1288,8 +1333,15 @@ def run_once(a, report: Report, fake: bool) -> int:
     # every fake run of a YAML/recipe (on a dense model it changes no allocation).
     if mirror is None:
         mirror = fake
+    if fake and a.save_load and not mirror:
+        # the checkpoint's plan exchange (all_gather_object, gather/scatter of plans) must
+        # carry real objects: without the mirror they are read from unwritten memory
+        mirror = True
+        report.data["mirror_collectives_why"] = "forced on by --save-load under the fake backend"
     mirror = bool(mirror and fake)
     report.data["mirror_collectives"] = install_mirror_collectives() if mirror else []
+    if fake and a.save_load:
+        report.data["checkpoint_planner"] = install_lowest_rank_checkpoint_planner()
     import megatron.bridge  # noqa: F401
     from megatron.bridge.training.gpt_step import forward_step
 
