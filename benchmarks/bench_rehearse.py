@@ -497,6 +497,13 @@ def _trim_log(path: Path) -> None:
         )
 
 
+def _signal(proc: subprocess.Popen, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM the run's process group (the engine records the phase it was in), then SIGKILL."""
     for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
@@ -525,15 +532,11 @@ def run_group(runs: list[Run], out: Path, a) -> dict:
         # reap and enforce timeouts / the group deadline
         for name, (proc, run, started, log) in list(running.items()):
             rc = proc.poll()
-            over = now - started > run.timeout_s
-            late = now > deadline
-            if rc is None and (over or late):
-                stamp(f"{name}: stopping ({'timeout' if over else 'group budget spent'})")
+            if rc is None and now - started > run.timeout_s:  # the group deadline is handled below, for all at once
+                stamp(f"{name}: stopping (timeout after {run.timeout_s}s)")
                 _stop(proc)
                 rc = proc.poll()
-                jobs[name]["stopped"] = "timeout" if over else "group budget spent"
-                if not over:
-                    (out / name / BUDGET_MARKER).write_text("stopped when the group's time budget was spent\n")
+                jobs[name]["stopped"] = "timeout"
             if rc is not None:
                 log.close()
                 _trim_log(out / name / "log.txt")
@@ -592,12 +595,26 @@ def run_group(runs: list[Run], out: Path, a) -> dict:
         if not running and pending:
             break  # nothing fits in the time left
         time.sleep(1)
-    for name, (proc, _run, started, log) in list(running.items()):
+    # Out of time: stop everything still running at once (SIGTERM lets each engine record
+    # the phase it was in), then SIGKILL what has not exited after a grace period.
+    for name, (proc, _run, _started, _log) in running.items():
         stamp(f"{name}: stopping (group budget spent)")
-        _stop(proc)
+        _signal(proc, signal.SIGTERM)
+    grace = time.time() + 15
+    while time.time() < grace and any(p.poll() is None for (p, _r, _s, _l) in running.values()):
+        time.sleep(0.5)
+    for name, (proc, _run, started, log) in list(running.items()):
+        if proc.poll() is None:
+            _signal(proc, signal.SIGKILL)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         (out / name / BUDGET_MARKER).write_text("stopped when the group's time budget was spent\n")
         log.close()
         _trim_log(out / name / "log.txt")
+        for p in (out / name).rglob("*.distcp"):
+            p.unlink(missing_ok=True)
         jobs[name].update(exit_code=proc.poll(), wall_s=round(time.time() - started, 1), stopped="group budget spent")
     not_run = [r.name for r in pending]
     for name in not_run:

@@ -200,3 +200,12 @@ def test_child_environment_is_offline_and_fsdp_safe(monkeypatch):
     env = br.child_env()
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env and env["HF_HUB_OFFLINE"] == "1"
     assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the caller's own environment untouched
+
+
+def test_budget_stop_is_for_all_running_runs_at_once(tmp_path, stub):
+    out = tmp_path / "res"
+    runs = [_run(f"hang{i}", 10, 1) for i in range(3)]
+    got = br.run_group(runs, out, _args(stub, budget_s=8))
+    assert all(got["jobs"][r.name]["stopped"] == "group budget spent" for r in runs)
+    assert got["wall_s"] < 8 + 10  # not one grace period per run
+    assert all((out / r.name / br.BUDGET_MARKER).exists() for r in runs)
