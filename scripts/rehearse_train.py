@@ -581,8 +581,10 @@ def nvml_process_used_bytes() -> int | None:
             handle = ctypes.c_void_p()
             if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
                 continue
+            # room for 4x the entries announced: a driver whose process record is larger than
+            # this layout still writes inside the buffer
             n = ctypes.c_uint(64)
-            infos = (Info * 64)()
+            infos = (Info * 256)()
             if fn(handle, ctypes.byref(n), infos) != 0:
                 continue
             for k in range(min(n.value, 64)):
@@ -1760,17 +1762,30 @@ def run_parity(a, argv: list[str]) -> int:
         rc = proc.wait()
         log.close()
         path = os.path.join(out, leg, "report.json")
-        rep = json.load(open(path)) if os.path.isfile(path) else None
+        try:
+            with open(path) as fh:
+                rep = json.load(fh)
+        except (OSError, ValueError):
+            rep = None
+        rep = rep or {}
+        mem = rep.get("memory") or {}
         legs_out[leg] = {
             "exit_code": rc,
             "report": os.path.relpath(path, out),
             "command": cmd[1:],
-            "result": rep and rep.get("result"),
+            "result": rep.get("result"),
+            "losses": (rep.get("phases", {}).get("train", {}) or {}).get("losses"),
+            "between_steps_bytes": mem.get("between_steps_bytes"),
+            "peak_allocated_bytes": mem.get("peak_allocated_bytes"),
+            "process_used_bytes_nvml": mem.get("process_used_bytes_nvml"),
+            "first_failure": rep.get("first_failure"),
         }
-        legs_out[leg]["losses"] = ((rep or {}).get("phases", {}).get("train", {}) or {}).get("losses")
+        if rep.get("save_load"):
+            legs_out[leg]["save_load"] = {k: v for k, v in rep["save_load"].items() if k != "checkpoint_files"}
         progress(f"parity leg {leg}: exit {rc}")
     la, lb = legs_out["ddp"]["losses"] or [], legs_out["fsdp"]["losses"] or []
-    diffs = [abs(x - y) for x, y in zip(la, lb) if x is not None and y is not None]
+    num = (int, float)
+    diffs = [abs(x - y) for x, y in zip(la, lb) if isinstance(x, num) and isinstance(y, num)]
     ok = bool(diffs) and len(diffs) == len(la) == len(lb) and all(math.isfinite(d) for d in diffs)
     worst = max(diffs) if diffs else None
     report.data["legs"] = legs_out
@@ -1779,7 +1794,7 @@ def run_parity(a, argv: list[str]) -> int:
         "max_abs_loss_diff": worst,
         "per_step_abs_diff": diffs,
         "atol": a.parity_atol,
-        "passed": ok and worst <= a.parity_atol,
+        "passed": bool(ok and worst <= a.parity_atol),
     }
     if report.data["parity"]["passed"] and all(v["exit_code"] == 0 for v in legs_out.values()):
         report.end()
@@ -1790,7 +1805,7 @@ def run_parity(a, argv: list[str]) -> int:
     report.data["result"] = "failed"
     report.data["first_failure"] = report.data["first_failure"] or {
         "phase": "parity",
-        "type": "ParityMismatch" if diffs else "LegFailed",
+        "type": "LegFailed" if any(v["exit_code"] != 0 for v in legs_out.values()) else "ParityMismatch",
         "message": f"max |loss(DDP) - loss(FSDP)| = {worst} (atol {a.parity_atol}); legs: "
         + ", ".join(f"{k} exit {v['exit_code']}" for k, v in legs_out.items()),
     }

@@ -344,3 +344,17 @@ def test_parity_legs_drop_the_flags_they_set_themselves():
     ]
     drop = {"--parity", "--strategy", "--out", "--fake-pg", "--no-fake-pg", "--world-size", "--rank"}
     assert rt._strip_args(argv, drop) == ["--model-preset", "llama-1b", "--save-load", "--iters", "5", "x.y=1"]
+
+
+def test_parity_reports_failed_legs_without_crashing(tmp_path):
+    # Here the legs refuse (no torch/GPU): the parity verdict must say so, not raise.
+    argv = ["--model-preset", "tiny", "--parity", "--iters", "2", "--out", str(tmp_path / "p")]
+    a = _parse(*argv)
+    assert rt.run_parity(a, argv) == 1
+    rep = json.loads((tmp_path / "p" / "report.json").read_text())
+    assert rep["result"] == "failed" and rep["first_failure"]["type"] == "LegFailed"
+    assert set(rep["legs"]) == {"ddp", "fsdp"}
+    for leg in rep["legs"].values():
+        assert leg["exit_code"] != 0 and "--no-fake-pg" in leg["command"]
+    assert rep["parity"]["passed"] is False and rep["parity"]["steps_compared"] == 0
+    assert "--strategy" in rep["legs"]["fsdp"]["command"] and "optim_grads_params" in rep["legs"]["fsdp"]["command"]
