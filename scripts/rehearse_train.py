@@ -1397,6 +1397,9 @@ def run_once(a, report: Report, fake: bool) -> int:
     report.write()
 
     if a.save_load:
+        # The config holds the model too (Bridge puts the chunks' no_sync/grad_sync methods
+        # on the model config): drop both, so the loaded model is not built beside the old one.
+        cfg = None
         holder = [so]
         del so  # _save_load drops the last reference before the fresh model is built
         try:
@@ -1462,7 +1465,7 @@ def _setup_measured(a, cfg, report: Report, mem: Mem):
             import importlib
 
             mod = importlib.import_module(mod_name)
-        except ImportError:
+        except Exception:  # an optional measurement point; its absence must not stop setup
             continue
         wrap_measured |= patches.wrap(mod, "_ddp_wrap", begin("model_wrap"), lambda _o=None: None)
     patches.wrap(setup_mod, "setup_optimizer", begin("optimizer"), then("data"))
