@@ -16,9 +16,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 import rehearse_train as rt
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 ENGINE = ROOT / "scripts" / "rehearse_train.py"
 
 
@@ -309,7 +310,7 @@ def test_report_is_written_phase_by_phase_and_keeps_the_failure(tmp_path):
     assert on_disk["phases"]["model_wrap"]["status"] == "failed"
     ff = on_disk["first_failure"]
     assert ff["phase"] == "model_wrap" and ff["type"] == "ValueError" and "einops" in ff["message"]
-    assert "test_rehearse_train_cpu.py" in ff["frames"]["innermost"]
+    assert "test_rehearse_engine.py" in ff["frames"]["innermost"]
     assert on_disk["result"] == "failed" and on_disk["request"] == {"world_size": 8}
     assert not list((tmp_path / "run").glob("*.tmp"))
 
@@ -358,3 +359,52 @@ def test_parity_reports_failed_legs_without_crashing(tmp_path):
         assert leg["exit_code"] != 0 and "--no-fake-pg" in leg["command"]
     assert rep["parity"]["passed"] is False and rep["parity"]["steps_compared"] == 0
     assert "--strategy" in rep["legs"]["fsdp"]["command"] and "optim_grads_params" in rep["legs"]["fsdp"]["command"]
+
+
+# --------------------------------------------------------------------------- optimizer accounting
+
+
+class _Param:
+    def __init__(self, n):
+        self.n = n
+
+    def numel(self):
+        return self.n
+
+    def element_size(self):
+        return 4
+
+    def dim(self):
+        return 1
+
+
+class _Inner:
+    def __init__(self, n):
+        self.state = {0: {"exp_avg": _Param(n), "exp_avg_sq": _Param(n), "step": 3}}
+        self.param_groups = [{"params": [_Param(n)]}]
+
+
+class _Wrapped:
+    def __init__(self, n):
+        self.optimizer = _Inner(n)
+
+
+class _Chained:
+    """Like megatron-core's ChainedOptimizer: ``optimizer`` asserts a single child."""
+
+    def __init__(self, *children):
+        self.chained_optimizers = list(children)
+
+    @property
+    def optimizer(self):
+        assert len(self.chained_optimizers) == 1, "ChainedOptimizer has more than one optimizer"
+        return self.chained_optimizers[0].optimizer
+
+
+def test_count_optimizer_walks_every_child_of_a_chained_optimizer():
+    # MoE with the distributed optimizer: one optimizer for dense and one for expert parameters.
+    got = rt.count_optimizer(_Chained(_Wrapped(10), _Wrapped(5)))
+    assert got["state_numel"] == 2 * 10 + 2 * 5  # two moments each; the scalar step is not state memory
+    assert got["updated_param_numel"] == 15
+    assert got["updated_param_bytes"] == 60
+    assert got["inner_optimizers"] == ["_Inner", "_Inner"]

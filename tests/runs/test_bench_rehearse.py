@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
 import bench_rehearse as br
 import rehearse_train as rt
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _tags(group):
