@@ -687,8 +687,8 @@ def summarize_raw(raw: Path) -> dict:
     sys.path.insert(0, str(ROOT / "scripts"))
     from mfsdp_lib.runs import rehearse as rh
 
-    runs = {}
-    summaries = {}
+    runs: dict[str, dict] = {}
+    summaries: dict[str, dict] = {}
     for f in sorted(raw.glob("summary_*.json")):
         summaries.update((_read(f) or {}).get("runs") or {})
     for d in sorted(p for p in raw.iterdir() if p.is_dir()):

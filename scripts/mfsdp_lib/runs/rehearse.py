@@ -204,7 +204,7 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
             category="config",
             why=(
                 "Megatron FSDP builds its device mesh over the whole world as DP x EP x TP, with no pipeline "
-                f"axis (mcore_fsdp_adapter._get_dp_tp_mesh)"
+                "axis (mcore_fsdp_adapter._get_dp_tp_mesh)"
                 + (f"; the job sets pipeline_model_parallel_size={pp}" if pp > 1 else "")
             ),
             fix=_rule_fix(
@@ -389,7 +389,7 @@ def read_report(run_dir: str) -> dict | None:
 
 def summarize(runs: Sequence[tuple[str, str | None]], parity_dir: str | None = None, command=None) -> dict:
     """The whole verdict: ``runs`` is ``[(run folder, role), ...]``; a folder without a report fails."""
-    ranks = []
+    ranks: list[dict] = []
     for run_dir, role in runs:
         rep = read_report(run_dir)
         if rep is None:
