@@ -62,8 +62,8 @@ RULE_PIPELINE = "MFSDP-PIPELINE-PARALLEL"
 
 # What the engine's own settings mean for the user (shown once, under the verdict).
 LIMITS = (
-    "losses and time per step are meaningless under the fake backend (no data moves); memory, shapes, "
-    "wrapping and the code paths taken are real",
+    "under the fake backend (world > 1) losses and time per step mean nothing (no data moves); memory, "
+    "shapes, wrapping and the code paths taken are real",
 )
 
 
@@ -442,6 +442,10 @@ def _fmt(x, unit: str = "") -> str:
     return f"{x:.2f}{unit}" if isinstance(x, float) else f"{x}{unit}"
 
 
+def _loss(x) -> str:
+    return "-" if not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.4f}"
+
+
 def render_text(summary: Mapping) -> str:
     lines: list[str] = []
     for r in summary.get("ranks") or []:
@@ -477,7 +481,8 @@ def render_text(summary: Mapping) -> str:
         m = r.get("memory") or {}
         p = r.get("predicted") or {}
         if any(v is not None for v in m.values()):
-            lines.append("  memory per GPU (GiB)   measured   predicted by 'memory'")
+            until = " (until the failure)" if f else ""
+            lines.append(f"  memory per GPU (GiB){until}   measured   predicted by 'memory'")
             rows = (
                 ("after setup", m.get("after_setup_gib"), None),
                 ("between steps", m.get("between_steps_gib"), p.get("between_steps_gib")),
@@ -513,7 +518,7 @@ def render_text(summary: Mapping) -> str:
         verdict = "PASSED" if par.get("passed") else "FAILED"
         lines.append(
             f"parity (real world of 1, DDP vs Megatron FSDP): {verdict}: max |loss diff| "
-            f"{_fmt(par.get('max_abs_loss_diff'))} over {par.get('steps_compared')} steps (atol {par.get('atol')})"
+            f"{_loss(par.get('max_abs_loss_diff'))} over {par.get('steps_compared')} steps (atol {par.get('atol')})"
         )
         for name, leg in (par.get("legs") or {}).items():
             extra = ""
