@@ -54,7 +54,7 @@ a strategy is close to the GPU's size."""
 EPILOG = """\
 examples:
   mfsdp.py rehearse run_config.yaml --world-size 64
-  mfsdp.py rehearse run_config.yaml --world-size 512 model.pipeline_model_parallel_size=2
+  mfsdp.py rehearse run_config.yaml model.pipeline_model_parallel_size=2 --world-size 512
         # two processes: the first and the last pipeline stage
   mfsdp.py rehearse --model-preset llama-1b --world-size 8 --strategy optim_grads_params
   mfsdp.py rehearse --model-preset qwen3-moe-16l --world-size 64 --balanced-routing
