@@ -408,3 +408,26 @@ def test_count_optimizer_walks_every_child_of_a_chained_optimizer():
     assert got["updated_param_numel"] == 15
     assert got["updated_param_bytes"] == 60
     assert got["inner_optimizers"] == ["_Inner", "_Inner"]
+
+
+def test_global_plan_waiver_answers_valid_in_the_callers_terms(monkeypatch):
+    """The waiver keeps torch's verdict on record and answers "valid" as the installed torch spells it."""
+    import types
+
+    fake_dp = types.ModuleType("torch.distributed.checkpoint.default_planner")
+    pkg = {
+        "torch": types.ModuleType("torch"),
+        "torch.distributed": types.ModuleType("torch.distributed"),
+        "torch.distributed.checkpoint": types.ModuleType("torch.distributed.checkpoint"),
+        "torch.distributed.checkpoint.default_planner": fake_dp,
+    }
+    for verdict, valid in ((False, True), (["key:w has a gap"], [])):
+        fake_dp._validate_global_plan = lambda plan, md, v=verdict: v
+        for name, mod in pkg.items():
+            monkeypatch.setitem(sys.modules, name, mod)
+        pkg["torch.distributed.checkpoint"].default_planner = fake_dp
+        rt.GLOBAL_PLAN_CHECKS.clear()
+        assert rt.waive_global_plan_coverage_check().startswith("global-plan coverage check waived")
+        assert fake_dp._validate_global_plan([], None) == valid
+        assert rt.GLOBAL_PLAN_CHECKS[-1]["torch_verdict"] is False and rt.GLOBAL_PLAN_CHECKS[-1]["waived"] is True
+        assert rt.waive_global_plan_coverage_check() == ""  # installed once

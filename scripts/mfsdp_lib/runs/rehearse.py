@@ -263,7 +263,7 @@ def predicted_memory(run_config: str | None, report: Mapping) -> dict:
     strategy = facts.get("strategy")
     dp = facts.get("data_parallel_size")
     if not run_config or not os.path.isfile(run_config):
-        return {"available": False, "why": "the run wrote no run_config.yaml"}
+        return {"available": False, "why": "no run_config.yaml beside the report"}
     if not strategy or not dp:
         return {"available": False, "why": "the run stopped before its strategy and data-parallel size were known"}
     try:
