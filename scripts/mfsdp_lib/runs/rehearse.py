@@ -184,7 +184,10 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
     frames = ff.get("frames") or {}
     core = str(frames.get("core") or "")
     site = frames.get("core") or frames.get("fsdp") or frames.get("bridge") or frames.get("innermost")
-    first_line = next((ln.strip() for ln in msg.splitlines() if ln.strip()), "")
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    first_line = lines[0] if lines else ""
+    if len(lines) > 1 and len(lines[-1]) < 200:  # einops and others put the specific reason last
+        first_line = f"{first_line} ... {lines[-1]}"
     out = {
         "phase": ff.get("phase"),
         "step": ff.get("step"),
