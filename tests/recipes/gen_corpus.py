@@ -39,6 +39,7 @@ Output (under --out): ``recipes.json`` (every exported name, its function, famil
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime as _dt
 import fnmatch
@@ -372,10 +373,41 @@ class time_limit:
 
 
 def _import_bridge():
-    import torch  # noqa: F401  (first: it loads libnccl that Transformer Engine's library needs)
-    from megatron.bridge import recipes
+    """``megatron.bridge.recipes`` and the errors met importing it.
 
-    return recipes
+    The package's ``__init__`` star-imports every family; one family that fails to import (a missing optional
+    dependency) would otherwise cost every recipe. Then the ``__init__``'s import statements are replayed one by
+    one into a namespace, under a package object whose ``__init__`` is not run, and each failure is recorded."""
+    import types
+
+    import torch  # noqa: F401  (first: it loads libnccl that Transformer Engine's library needs)
+
+    try:
+        from megatron.bridge import recipes
+
+        return recipes, []
+    except Exception as exc:  # noqa: BLE001
+        errors = [{"module": "megatron.bridge.recipes", **exc_record(exc)}]
+    import megatron.bridge
+
+    base = Path(next(iter(megatron.bridge.__path__))) / "recipes"
+    for name in [m for m in sys.modules if m == "megatron.bridge.recipes" or m.startswith("megatron.bridge.recipes.")]:
+        sys.modules.pop(name, None)
+    pkg = types.ModuleType("megatron.bridge.recipes")
+    pkg.__path__ = [str(base)]
+    pkg.__package__ = "megatron.bridge.recipes"
+    sys.modules["megatron.bridge.recipes"] = pkg
+    ns = types.ModuleType("megatron.bridge.recipes")  # what the package would have exported
+    tree = ast.parse((base / "__init__.py").read_text())
+    for node in tree.body:  # replay each top-level import statement on its own
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        code = compile(ast.Module(body=[node], type_ignores=[]), str(base / "__init__.py"), "exec")
+        try:
+            exec(code, ns.__dict__)  # noqa: S102  (Bridge's own import lines)
+        except Exception as exc:  # noqa: BLE001
+            errors.append({"module": getattr(node, "module", None) or ast.unparse(node), **exc_record(exc)})
+    return ns, errors
 
 
 def bridge_revisions() -> tuple[str, ...]:
@@ -701,11 +733,15 @@ def worker_main(a) -> int:
     progress = out / "progress" / f"{tag}.jsonl"
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # Megatron FSDP asserts it unset or > 1
     t0 = time.monotonic()
-    recipes_mod = _import_bridge()
+    recipes_mod, import_errors = _import_bridge()
     append_jsonl(progress, {"event": "imported", "seconds": round(time.monotonic() - t0, 1)})
+    if import_errors and not (out / "import_errors.json").exists():
+        (out / "import_errors.json").write_text(json.dumps(import_errors, indent=1, default=str) + "\n")
     rows = enumerate_recipes(recipes_mod)
-    if k == 0 and not (out / "recipes.json").exists():
-        (out / "recipes.json").write_text(json.dumps(rows, indent=1) + "\n")
+    if not (out / "recipes.json").exists():  # the first worker to get here writes it (atomically)
+        tmp = out / f"recipes.json.{tag}.tmp"
+        tmp.write_text(json.dumps(rows, indent=1) + "\n")
+        os.replace(tmp, out / "recipes.json")
     aliases: dict[str, list] = {}
     for r in rows:
         if r["alias_of"]:
@@ -801,6 +837,34 @@ def param_tasks(rows: list[dict], only: str | None) -> list[dict]:
     return tasks + extra
 
 
+def prepare_model_config(cfg, world: int) -> str:
+    """Finish the model config the way training does before it builds the model: ``runtime_config_update`` (mixed
+    precision sets params/pipeline dtypes, ``validate()`` finalizes the provider). When validation rejects the layout
+    (e.g. a comm-overlap setting that needs TP > 1 after we set TP=1), apply mixed precision and finalize directly."""
+    from megatron.bridge.training.config import runtime_config_update
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    saved = dict(os.environ)
+    os.environ.update({"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0"})
+    try:
+        runtime_config_update(cfg)
+        return "runtime_config_update"
+    except Exception as exc:  # noqa: BLE001
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    mp = cfg.mixed_precision
+    if mp is not None:
+        if isinstance(mp, str):
+            mp = get_mixed_precision_config(mp)
+        mp.finalize()
+        mp.setup(cfg.model, cfg.optimizer, cfg.ddp)
+    if hasattr(cfg.model, "finalize"):
+        cfg.model.finalize()
+    return f"mixed precision + finalize (runtime_config_update raised {why})"
+
+
 def count_params(recipes_mod, name: str, layout: str) -> dict:
     import gc
 
@@ -831,6 +895,7 @@ def count_params(recipes_mod, name: str, layout: str) -> dict:
                 setattr(m, attr, val)
     lay = layout_of(cfg)
     world = lay["world_min"]
+    prep = prepare_model_config(cfg, world)
     if dist.is_initialized():
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
@@ -838,8 +903,6 @@ def count_params(recipes_mod, name: str, layout: str) -> dict:
     os.environ.update({"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0"})
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        if hasattr(m, "finalize"):
-            m.finalize()
         m.initialize_model_parallel(seed=0, create_gloo_process_groups=False)  # gloo needs a real store
         chunks = m.provide_distributed_model(
             wrap_with_ddp=False, init_model_with_meta_device=True, mixed_precision_wrapper=None, bf16=True
@@ -866,6 +929,7 @@ def count_params(recipes_mod, name: str, layout: str) -> dict:
             "split_rank0": groups,
             "numel_materialized_rank0": on_gpu,
             "provider": type(m).__name__,
+            "prepared_by": prep,
             "vocab_size": getattr(m, "vocab_size", None),
             "share_embeddings_and_output_weights": getattr(m, "share_embeddings_and_output_weights", None),
         }
@@ -883,7 +947,7 @@ def param_worker_main(a) -> int:
     tag = a.tag or f"p{k}"
     progress = out / "progress" / f"{tag}.jsonl"
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-    recipes_mod = _import_bridge()
+    recipes_mod, _ = _import_bridge()
     append_jsonl(progress, {"event": "imported"})
     rows = enumerate_recipes(recipes_mod)
     tasks = param_tasks(rows, a.only)
@@ -925,7 +989,8 @@ def validate_yaml_main(a) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-    _import_bridge()
+    import torch  # noqa: F401  (before Transformer Engine, which Bridge imports)
+
     verdicts = Verdicts(dict(os.environ))
     res_path = out / "validate_yaml.jsonl"
     workspace = a.workspace or os.getcwd()

@@ -4,7 +4,7 @@ The generator itself runs on a CUDA machine with Bridge. Here we test its pure p
 path rewriting, world sizes, argument handling, change detection) and its process management end to end: the
 last test runs the real orchestrator and workers against a small stand-in for ``megatron.bridge`` (labelled as
 such: Bridge cannot be imported without CUDA and Transformer Engine) whose recipes succeed, fail, hang, block
-the alarm signal and kill their worker, so a crash costs one recipe and never the run.
+the alarm signal, kill their worker or fail to import, so a crash costs one recipe (or family) and never the run.
 """
 
 from __future__ import annotations
@@ -292,6 +292,7 @@ STANDIN = {
     "megatron/bridge/recipes/__init__.py": """
         from megatron.bridge.recipes.fam_a.recipes import *
         from megatron.bridge.recipes.fam_b.recipes import *
+        from megatron.bridge.recipes.fam_c.recipes import *
         from megatron.bridge.recipes.utils.helpers import *
         from megatron.bridge.recipes.fam_a.recipes import good_1gpu_config as good_alias_config
     """,
@@ -343,6 +344,10 @@ STANDIN = {
         def needs_args_config(size):
             return _cfg()
     """,
+    "megatron/bridge/recipes/fam_c/__init__.py": "",
+    "megatron/bridge/recipes/fam_c/recipes.py": """
+        raise ImportError("this family needs a package the machine lacks")
+    """,
     "megatron/bridge/recipes/fam_b/__init__.py": "",
     "megatron/bridge/recipes/fam_b/recipes.py": """
         from megatron.bridge.recipes.fam_a.recipes import _cfg
@@ -376,6 +381,11 @@ def test_orchestrator_survives_failing_hanging_and_crashing_recipes(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env, check=False)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "[gen_corpus" in p.stdout and "done in" in p.stdout
+
+    # one family failing to import costs that family only
+    import_errors = json.loads((out / "import_errors.json").read_text())
+    assert [e["module"] for e in import_errors] == ["megatron.bridge.recipes", "megatron.bridge.recipes.fam_c.recipes"]
+    assert "needs a package" in import_errors[1]["error"]
 
     rows = json.loads((out / "recipes.json").read_text())
     names = {r["name"]: r for r in rows}
