@@ -608,14 +608,17 @@ def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path) -> dict:
     return rec
 
 
-def process_recipe(row: dict, fn, out: Path, prefixes: list[str], verdicts: Verdicts, hf_calls: list) -> dict:
+def process_recipe(
+    row: dict, fn, out: Path, prefixes: list[str], verdicts: Verdicts, hf_calls: list, rec: dict
+) -> dict:
+    """Fills ``rec`` in place, so a time limit reached half-way keeps what was already found."""
     import copy
 
     import yaml
 
     name = row["name"]
     stem = recipe_stem(name)
-    rec = {"recipe": name, "family": row["family"], "function": row["function"], "aliases": row.get("aliases", [])}
+    rec.update(recipe=name, family=row["family"], function=row["function"], aliases=row.get("aliases", []))
     hf_calls.clear()
     t0 = time.monotonic()
     try:
@@ -772,14 +775,19 @@ def worker_main(a) -> int:
             }
         else:
             fn = getattr(recipes_mod, r["name"])
+            rec = {"recipe": r["name"], "family": r["family"], "function": r["function"]}
             try:
                 with time_limit(a.recipe_timeout):
-                    rec = process_recipe(r, fn, out, prefixes, verdicts, hf_calls)
+                    process_recipe(r, fn, out, prefixes, verdicts, hf_calls, rec)
             except RecipeTimeout as exc:
-                rec = {"recipe": r["name"], "family": r["family"], "function": r["function"], "build": exc_record(exc)}
-                rec["build"]["error"] = f"recipe time limit ({a.recipe_timeout}s) reached"
+                limit = exc_record(exc)
+                limit["error"] = f"recipe time limit ({a.recipe_timeout}s) reached"
+                if "build" in rec:  # built: the limit hit a later step; keep the verdicts found so far
+                    rec["timeout"] = limit
+                else:
+                    rec["build"] = limit
             except BaseException as exc:  # noqa: BLE001
-                rec = {"recipe": r["name"], "family": r["family"], "function": r["function"], "crash": exc_record(exc)}
+                rec["crash"] = exc_record(exc)
         rec["seconds"] = round(time.monotonic() - t1, 2)
         rec["worker"] = tag
         rec = json.loads(rewrite_paths(json.dumps(rec, default=str), prefixes))  # no machine paths in the record

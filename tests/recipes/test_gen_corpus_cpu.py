@@ -283,6 +283,9 @@ STANDIN = {
                     return cls(**yaml.safe_load(f))
 
         def runtime_config_update(cfg):
+            if cfg.model.num_layers == 999:
+                import time
+                time.sleep(1000)
             world = int(os.environ["WORLD_SIZE"])
             tp = cfg.model.tensor_model_parallel_size
             assert world % tp == 0, f"world size ({world}) is not divisible by {tp}"
@@ -327,6 +330,9 @@ STANDIN = {
         def hf_model_config():
             hf = AutoBridge.from_hf_pretrained("meta-llama/Llama-3.2-1B")
             return _cfg(layers=hf["num_hidden_layers"])
+
+        def slow_validate_config():
+            return _cfg(layers=999)
 
         def broken_config():
             raise ValueError("no such model")
@@ -425,6 +431,8 @@ def test_orchestrator_survives_failing_hanging_and_crashing_recipes(tmp_path):
     assert "recipes.py:" in verdicts["broken_config"]["build"]["where"]
     assert verdicts["hang_config"]["build"]["error_type"] == "RecipeTimeout"
     assert verdicts["needs_args_config"]["build"]["error_type"] == "NeedsArguments"
+    slow = verdicts["slow_validate_config"]  # built, then the time limit hit validate(): the build is kept
+    assert slow["build"]["ok"] and slow["timeout"]["error_type"] == "RecipeTimeout" and slow["yaml"]
     assert verdicts["zz_after_crash_config"]["build"]["ok"]
     assert "make_something" not in verdicts
 
@@ -435,8 +443,8 @@ def test_orchestrator_survives_failing_hanging_and_crashing_recipes(tmp_path):
     assert by_name["broken_config"]["reason"] == "build failed"
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["recipes_built"] == 4  # good_1gpu, good_tp2, hf_model, zz_after_crash; never the helper
-    assert summary["per_family"]["fam_a"] == {"exported": 9, "functions": 8, "built": 3, "failed": 3}
+    assert summary["recipes_built"] == 5  # good_1gpu, good_tp2, hf_model, slow_validate, zz_after_crash
+    assert summary["per_family"]["fam_a"] == {"exported": 10, "functions": 9, "built": 4, "failed": 3}
     assert "utils" not in summary["per_family"] and summary["helper_functions"] == ["make_something"]
     assert (out / "summary.md").read_text().startswith("# Recipe corpus run")
     assert not (out / "progress").exists()
