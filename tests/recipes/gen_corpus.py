@@ -26,6 +26,8 @@ Robustness. Recipes run in worker processes (``--jobs``), each importing Bridge 
 the sorted list. Each recipe has a time limit (``signal.alarm``); a worker that dies or stops making progress is
 killed, the recipe it was on is recorded as a failure, and a new worker takes the rest. A global deadline stops
 everything in time and records what was not reached. Results are written as they come: one JSON line per recipe.
+Hugging Face configs come from ``tests/recipes/hf_configs`` laid out as an offline hub cache; Bridge's hub-config
+loader is called with ``max_retries=0`` there (offline, a retry cannot find a file the cache lacks).
 
 Output (under --out): ``recipes.json`` (every exported name, its function, family, alias-of), ``verdicts.jsonl``,
 ``params.jsonl``, ``failures.jsonl``, ``yaml/``, ``enabled/`` (enable's YAML), ``enable/`` (enable's JSON report),
@@ -714,8 +716,34 @@ def _clip(v, n: int = 300):
     return v if len(text) <= n else text[:n]
 
 
+HF_LOADER_MODULES = (  # modules that import Bridge's retrying config loader by name
+    "megatron.bridge.models.conversion.auto_bridge",
+    "megatron.bridge.models.hf_pretrained.causal_lm",
+    "megatron.bridge.models.hf_pretrained.masked_lm",
+)
+
+
+def _no_hub_retries() -> None:
+    """Offline, a failed config load cannot succeed on retry; Bridge's loader would sleep 1+2+4 s first."""
+    import importlib
+
+    for name in HF_LOADER_MODULES:
+        try:
+            mod = importlib.import_module(name)
+            orig = mod.safe_load_config_with_retry
+        except Exception:  # noqa: BLE001, S112  (a layout change: keep Bridge's own behaviour)
+            continue
+
+        def once(*args, _orig=orig, **kwargs):
+            kwargs["max_retries"] = 0
+            return _orig(*args, **kwargs)
+
+        mod.safe_load_config_with_retry = once
+
+
 def _hook_hf_calls(hf_calls: list) -> None:
     """Record which hub ids each recipe reads (AutoBridge.from_hf_pretrained's first argument)."""
+    _no_hub_retries()
     try:
         from megatron.bridge import AutoBridge
     except Exception:  # noqa: BLE001
