@@ -533,7 +533,14 @@ class Verdicts:
         os.environ.update(self.base_env)
         os.environ.update({"WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0"})
         try:
-            cfg = make_cfg()
+            try:
+                cfg = make_cfg()
+            except RecipeTimeout:
+                raise
+            except BaseException as exc:  # noqa: BLE001  (the config could not even be made: not validate()'s verdict)
+                rec = exc_record(exc, time.monotonic() - t0)
+                rec.update(stage="make_config", world=world)
+                return rec
             if mutate:
                 try:
                     mutate(cfg)
@@ -547,7 +554,7 @@ class Verdicts:
             raise
         except BaseException as exc:  # noqa: BLE001  (SystemExit / AssertionError are verdicts too)
             rec = exc_record(exc, time.monotonic() - t0)
-            rec["world"] = world
+            rec.update(stage="runtime_config_update", world=world)
             return rec
         finally:
             os.environ.clear()
@@ -1218,6 +1225,11 @@ def orchestrate(a) -> int:
                 "param_jobs": a.param_jobs,
                 "recipe_timeout_s": a.recipe_timeout,
                 "deadline_s": a.deadline,
+                "environment": {  # what the recipes' env_vars defaults (setdefault) would not override
+                    k: v
+                    for k, v in os.environ.items()
+                    if k.startswith(("NCCL_", "TORCH_NCCL", "PYTORCH_CUDA", "CUDA_DEVICE_MAX", "NVTE_"))
+                },
             },
             indent=1,
         )

@@ -406,6 +406,7 @@ def test_orchestrator_survives_failing_hanging_and_crashing_recipes(tmp_path):
     assert v["as_shipped"] == {"ok": True, "world": 1, "seconds": v["as_shipped"]["seconds"]}
     assert v["fsdp_keep_load"]["ok"] is False and v["fsdp_keep_load"]["error_type"] == "AssertionError"
     assert "no checkpoint.load" in v["fsdp_keep_load"]["error"]
+    assert v["fsdp_keep_load"]["stage"] == "runtime_config_update"
     assert v["fsdp_keep_load"]["where"].startswith("megatron/bridge/training/config.py:")
     assert v["fsdp_load_none"]["ok"] is True
     assert v["roundtrip"]["ok"] is True
