@@ -449,3 +449,13 @@ def test_orchestrator_survives_failing_hanging_and_crashing_recipes(tmp_path):
     assert "utils" not in summary["per_family"] and summary["helper_functions"] == ["make_something"]
     assert (out / "summary.md").read_text().startswith("# Recipe corpus run")
     assert not (out / "progress").exists()
+
+    # --validate-yaml: Bridge's verdict on written files (here: the stand-in's), /workspace mapped back to a folder
+    raw_yaml, enabled_yaml = out / good["yaml"], out / good["enabled_yaml"]
+    cmd = [sys.executable, str(GEN), "--out", str(tmp_path / "reval"), "--validate-yaml", str(raw_yaml)]
+    cmd += [str(enabled_yaml), str(tmp_path / "missing.yaml"), "--workspace", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = gc.read_jsonl(tmp_path / "reval" / "validate_yaml.jsonl")
+    assert [r["verdict"]["ok"] for r in res] == [True, True, False]
+    assert res[2]["verdict"]["error_type"] == "FileNotFoundError"
