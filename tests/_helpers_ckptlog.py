@@ -4,7 +4,7 @@ Role ``gpu`` adds real runs under ``tests/fixtures/gpu-run/``; the tests find th
 their tracker files, logs by ``*.log``) so new runs are tested without editing any test.
 
 ``CKPT`` is not the committed folder but a temporary copy of it with the real file names: the ``skills``
-installer never copies a file named ``metadata.json`` (``mfsdp_lib.signature.INSTALLER_SKIPS_FILES``), so
+installer never copies a file named ``metadata.json`` (``mfsdp_lib.integrity.signature.INSTALLER_SKIPS_FILES``), so
 ``make_fixtures.py`` stores those as ``metadata.json.fixture``; the copy, made once per test process and
 removed at exit, renames them back, so the tests read what Bridge writes in an installed copy too.
 """
@@ -67,7 +67,7 @@ def real_logs() -> list[Path]:
 
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
-    for dirpath, dirs, files in os.walk(dst):  # the shared originals are read-only
+    for dirpath, dirs, files in os.walk(dst):  # the originals may be read-only (an installed copy)
         for n in dirs + files:
             os.chmod(os.path.join(dirpath, n), 0o755 if n in dirs else 0o644)
     return dst

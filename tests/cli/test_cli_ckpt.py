@@ -1,0 +1,156 @@
+"""``mfsdp.py ckpt``: exit codes, JSON contract, bad input without tracebacks, no torch needed."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from _helpers_ckptlog import CKPT, REAL_CKPT, copy_tree, is_root_user
+
+JSON_KEYS = {"ok", "findings", "format", "iterations", "config"}  # the issue's minimum
+FINDING_KEYS = {"rule", "severity", "path", "message", "fix"}  # same shape as `check`
+
+
+def run_json(cli, *args):
+    proc = cli("ckpt", *args, "--format", "json")
+    assert "Traceback" not in proc.stderr
+    return proc, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize(
+    "name,code,fmt",
+    [
+        ("fsdp_dtensor_ok", 0, "fsdp_dtensor"),
+        ("torch_dist_ddp", 0, "torch_dist"),
+        ("hf_llama", 0, "hf"),
+        ("tracker_missing", 1, "fsdp_dtensor"),
+        ("no_payload", 1, None),
+        ("config_torch_dist_dcp_on_disk", 1, "fsdp_dtensor"),
+        ("dtensor_without_mfsdp", 1, "fsdp_dtensor"),
+        ("legacy_torch", 1, "torch"),
+    ],
+)
+def test_exit_codes_and_json(cli, name, code, fmt):
+    proc, obj = run_json(cli, str(CKPT / name))
+    assert proc.returncode == code
+    assert set(obj) >= JSON_KEYS and obj["format"] == fmt
+    assert obj["ok"] is (code == 0)
+    for f in obj["findings"]:
+        assert set(f) >= FINDING_KEYS and f["severity"] in ("error", "warning", "info")
+    assert any(f["severity"] == "error" for f in obj["findings"]) is (code == 1)
+
+
+def test_expect(cli):
+    proc, obj = run_json(cli, str(CKPT / "torch_dist_ddp"), "--expect", "fsdp_dtensor")
+    assert proc.returncode == 1
+    f = next(f for f in obj["findings"] if f["rule"] == "MFSDP-CKPT-EXPECT")
+    assert "convert-torch-dist-to-fsdp-dtensor" in f["fix"]
+    assert cli("ckpt", str(CKPT / "fsdp_dtensor_ok"), "--expect", "fsdp_dtensor").returncode == 0
+
+
+def test_json_carries_run_config_and_iterations(cli):
+    _, obj = run_json(cli, str(CKPT / "fsdp_dtensor_ok"))
+    assert obj["iterations"] == [20] and obj["latest"] == 20
+    assert obj["config"]["checkpoint.ckpt_format"] == "fsdp_dtensor"
+    assert obj["config"]["ddp.use_megatron_fsdp"] is True
+    assert obj["details"]["tracker"]["latest_train_state.pt"]["step"] == 20
+
+
+def test_text_report(cli):
+    proc = cli("ckpt", str(CKPT / "config_torch_dist_dcp_on_disk"))
+    assert proc.returncode == 1
+    assert "format:     fsdp_dtensor" in proc.stdout
+    assert "MFSDP-CKPT-FORMAT-MISMATCH" in proc.stdout and "fix:" in proc.stdout
+
+
+def test_real_run_copy(cli):
+    proc, obj = run_json(cli, str(REAL_CKPT))
+    assert obj["format"] == "fsdp_dtensor" and obj["latest"] == 10
+    assert proc.returncode == 1  # the 214 MB shard was left out of the fixture
+    assert {f["rule"] for f in obj["findings"] if f["severity"] == "error"} == {"MFSDP-CKPT-NO-PAYLOAD"}
+
+
+def test_help_teaches(cli):
+    proc = cli("ckpt", "--help")
+    assert proc.returncode == 0
+    assert "examples:" in proc.stdout and "--expect fsdp_dtensor" in proc.stdout and "--trust-pickle" in proc.stdout
+
+
+def _unusable(tmp_path, kind):
+    p = tmp_path / "x"
+    if kind == "missing":
+        return p
+    if kind == "file":
+        p.write_text("not a folder")
+    elif kind == "loop":
+        os.symlink(tmp_path / "y", p)
+        os.symlink(p, tmp_path / "y")
+    elif kind == "empty_dir":
+        p.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "random_dir":
+        p.mkdir()
+        (p / "notes.txt").write_text("hello")
+    return p
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "loop", "empty_dir", "fifo", "random_dir"])
+def test_unusable_path_exit_2_one_line(cli, tmp_path, kind):
+    proc = cli("ckpt", str(_unusable(tmp_path, kind)))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stdout == ""
+
+
+def test_permission_denied(cli, tmp_path):
+    if is_root_user():
+        pytest.skip("root reads everything; permission cannot be denied")
+    root = copy_tree(CKPT / "fsdp_dtensor_ok", tmp_path / "ck")
+    os.chmod(root, 0)
+    try:
+        proc = cli("ckpt", str(root))
+    finally:
+        os.chmod(root, 0o755)
+    assert proc.returncode == 2 and "permission denied" in proc.stderr
+
+
+def test_unreadable_iteration_does_not_hide_others(cli, tmp_path):
+    """A broken symlink loop inside the root is reported, not fatal."""
+    root = copy_tree(CKPT / "fsdp_dtensor_ok", tmp_path / "ck")
+    os.symlink(root / "iter_0000009", root / "iter_0000008")
+    os.symlink(root / "iter_0000008", root / "iter_0000009")
+    proc, obj = run_json(cli, str(root))
+    assert obj["format"] == "fsdp_dtensor" and proc.returncode in (0, 1)
+
+
+def test_runs_without_torch(cli, tmp_path):
+    """Shadow torch with a module that fails on import: ckpt must not notice."""
+    fake = tmp_path / "shadow" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('torch must not be imported by ckpt')\n")
+    env = {"PYTHONPATH": str(tmp_path / "shadow")}
+    proc = cli("ckpt", str(CKPT / "fsdp_dtensor_ok"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("ckpt", str(CKPT / "fsdp_dtensor_ok"), "--trust-pickle", env=env)
+    assert proc.returncode == 0 and "--trust-pickle" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_deeply_nested_run_config_is_reported_not_a_segfault(cli, tmp_path):
+    """libyaml's composer overflowed the C stack on a 50,000-level run_config.yaml: ckpt died with SIGSEGV."""
+    root = copy_tree(REAL_CKPT, tmp_path / "ck")
+    (root / "iter_0000010" / "run_config.yaml").write_text("- " * 50_000 + "x\n")
+    proc, obj = run_json(cli, str(root))
+    assert proc.returncode in (0, 1), proc.returncode
+    assert any("nested more than" in f["message"] for f in obj["findings"])
+
+
+def test_metadata_json_nested_too_deep_is_a_finding(cli, tmp_path):
+    """json.loads raises RecursionError (not ValueError) past ~1,000 levels: ckpt exited 3 'internal error'."""
+    root = copy_tree(REAL_CKPT, tmp_path / "ck")
+    (root / "iter_0000010" / "metadata.json").write_text("[" * 100_000 + "]" * 100_000)
+    proc, obj = run_json(cli, str(root))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert any("metadata.json unreadable" in f["message"] for f in obj["findings"])
