@@ -14,9 +14,18 @@ Run where Megatron-Bridge imports (a CUDA machine with Transformer Engine). For 
    ``fsdp_load_none``: the same with checkpoint.load=None;
    ``roundtrip``: the written YAML loaded back with ``ConfigContainer.from_yaml`` (a control for the next two);
    ``enabled_rebuilt``: the output of ``scripts/mfsdp.py enable`` loaded back the same way;
-   ``enabled_overrides``: the keys that ``enable`` changed, applied onto a fresh copy of the recipe object;
+   ``enabled_overrides``: the keys that ``enable`` changed, applied onto a fresh copy of the recipe object
+   (the primary check: ``from_yaml`` cannot rebuild PEFT configs, whose ``peft.params_to_save`` is a set);
+   for recipes with a ``peft`` section, which Bridge rejects without a base model, also ``peft_pretrained_*``
+   (as shipped / FSDP keep-load / FSDP load=None) and ``enabled_overrides_pretrained``, with
+   ``checkpoint.pretrained_checkpoint`` set to an existing folder, as a user must;
+   ``--corpus DIR`` runs ``enable`` on the committed corpus file instead of the fresh YAML (and records whether
+   the two are the same), so the recorded enabled verdicts are those of the files the tests read;
 3. counts parameters of the built model (meta device, rank 0 of a fake process group) at TP=PP=EP=1 and at the
-   recipe's own layout, for one recipe per family first, then for every other pretrain model while time lasts.
+   recipe's own layout, for one recipe per family first, then for every other pretrain model while time lasts
+   (``--params-only``: nothing else). Settings that only choose kernels (``COUNT_NEUTRAL_SETTINGS``: APEX's
+   gradient-accumulation fusion, userbuffers, DeepEP, fused DSA) are turned off first; a hybrid model is built
+   without mamba-ssm where only its gated RMSNorm needs it (that weight is counted from its shape).
 
 World size. ``validate()`` reads the world size (``WORLD_SIZE`` when no process group exists). Each verdict runs at
 the smallest world the recipe's layout allows: lcm(TP*PP*CP, ETP*EP*PP) (``world_min``), and again at the GPU count in
@@ -34,6 +43,8 @@ Output (under --out): ``recipes.json`` (every exported name, its function, famil
 ``summary.json`` and ``summary.md``, ``logs/`` (each worker's stderr tail).
 
     python3 tests/recipes/gen_corpus.py --out RESULTS [--only 'llama3*,qwen3_30b*'] [--jobs 10]
+    python3 tests/recipes/gen_corpus.py --out RESULTS --corpus tests/fixtures/recipes/yaml   # re-record verdicts
+    python3 tests/recipes/gen_corpus.py --out RESULTS --params-only --param-jobs 8          # only the counts
     python3 tests/recipes/gen_corpus.py --out RESULTS --validate-yaml a.yaml b.yaml   # Bridge's verdict on YAMLs
     python3 tests/recipes/gen_corpus.py --help                                       # works without Bridge
 """
@@ -115,6 +126,19 @@ KEY_SETTINGS = (
     "dataset.seq_length",
     "comm_overlap",
 )
+# Settings that choose kernels or communication overlap but not one parameter's shape: parameter counting turns
+# them off, since the machine that counts need not have the kernels (APEX, DeepEP, fused DSA, userbuffers).
+COUNT_NEUTRAL_SETTINGS = (
+    ("gradient_accumulation_fusion", False),  # APEX's fused_weight_gradient_mlp_cuda (tensor_parallel/layers.py)
+    ("tp_comm_overlap", False),  # Transformer Engine userbuffers: initialize_ub() before layer construction
+    ("defer_embedding_wgrad_compute", False),  # refused without PP (model_parallel_config.py); TP=PP=1 counts
+    ("moe_enable_deepep", False),  # DeepEP / HybridEP dispatchers: token routing, not weights
+    ("dsa_kernel_backend", "none"),  # fused DSA kernels: attention maths, not weights
+)
+COUNT_NEUTRAL_DISPATCHER = "alltoall"  # replaces the "flex" token dispatcher (DeepEP/HybridEP) when counting
+# A real, empty folder stands for the base model a PEFT recipe needs (Bridge asserts the path exists); the
+# written records show it as this path.
+PRETRAINED_DIR = "pretrained_checkpoint"
 RECIPE_TIMEOUT_S = 90  # one recipe: build + 3-5 verdicts + enable; the slowest seen builds take a few seconds
 ENABLE_TIMEOUT_S = 60
 PARAM_TASK_TIMEOUT_S = 120  # one meta-device model build
@@ -286,7 +310,7 @@ def exc_record(exc: BaseException, seconds: float | None = None) -> dict:
     raise_site = f"{short_path(frames[-1].filename)}:{frames[-1].lineno}" if frames else None
     megatron = [f for f in frames if "/megatron/" in f.filename]
     where = f"{short_path(megatron[-1].filename)}:{megatron[-1].lineno}" if megatron else raise_site
-    causes = []
+    causes: list[dict] = []
     c = exc.__cause__ or exc.__context__
     while c is not None and len(causes) < 4:
         cf = traceback.extract_tb(c.__traceback__) if c.__traceback__ else []
@@ -573,6 +597,24 @@ def _fsdp(keep_load: bool):
     return mutate
 
 
+def pretrained_path() -> str:
+    """The stand-in base-model folder (created on first use, under the run's scratch folder)."""
+    path = Path(os.environ.get("GEN_CORPUS_TMP") or tempfile.gettempdir()) / PRETRAINED_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def _pretrained(then=None):
+    """checkpoint.pretrained_checkpoint = an existing folder (what a PEFT user sets), then ``then``."""
+
+    def mutate(cfg):
+        apply_setting(cfg, "checkpoint.pretrained_checkpoint", pretrained_path())
+        if then is not None:
+            then(cfg)
+
+    return mutate
+
+
 def _overrides(changes: dict):
     """Apply enable's changed keys onto a recipe object (leaves only; _target_ keys skipped)."""
 
@@ -593,7 +635,7 @@ def _from_yaml(path: Path):
 
 def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path) -> dict:
     """Our tool's ``enable`` on the recipe YAML: exit code and output, plus its JSON report."""
-    rec = {}
+    rec: dict = {}
     cmd = [sys.executable, str(MFSDP), "enable", str(raw_yaml), "-o", str(out_yaml)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=ENABLE_TIMEOUT_S, cwd=str(ROOT), check=False)
@@ -618,7 +660,14 @@ def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path) -> dict:
 
 
 def process_recipe(
-    row: dict, fn, out: Path, prefixes: list[str], verdicts: Verdicts, hf_calls: list, rec: dict
+    row: dict,
+    fn,
+    out: Path,
+    prefixes: list[str],
+    verdicts: Verdicts,
+    hf_calls: list,
+    rec: dict,
+    corpus: Path | None = None,
 ) -> dict:
     """Fills ``rec`` in place, so a time limit reached half-way keeps what was already found."""
     import copy
@@ -647,7 +696,7 @@ def process_recipe(
         return rec
 
     work = Path(tempfile.mkdtemp(prefix=f"{stem}.", dir=os.environ.get("GEN_CORPUS_TMP")))
-    raw = work / f"{stem}.yaml"
+    raw: Path | None = work / f"{stem}.yaml"
     try:
         cfg.to_yaml(str(raw))
     except RecipeTimeout:
@@ -683,6 +732,12 @@ def process_recipe(
     v["as_shipped"] = verdicts.run(fresh, w)
     v["fsdp_keep_load"] = verdicts.run(fresh, w, _fsdp(True))
     v["fsdp_load_none"] = verdicts.run(fresh, w, _fsdp(False))
+    peft = getattr(cfg, "peft", None) is not None
+    if peft:  # as a user must: point checkpoint.pretrained_checkpoint at the base model
+        rec["pretrained_checkpoint"] = f"{WORKSPACE}/{PRETRAINED_DIR}"
+        v["peft_pretrained_as_shipped"] = verdicts.run(fresh, w, _pretrained())
+        v["peft_pretrained_fsdp_keep_load"] = verdicts.run(fresh, w, _pretrained(_fsdp(True)))
+        v["peft_pretrained_fsdp_load_none"] = verdicts.run(fresh, w, _pretrained(_fsdp(False)))
     if "world_named" in worlds:
         wn = worlds["world_named"]
         rec["verdicts_named_world"] = {
@@ -694,7 +749,17 @@ def process_recipe(
         return rec
     v["roundtrip"] = verdicts.run(_from_yaml(raw), w)
     enabled = work / f"{stem}.enabled.yaml"
-    rec["enable"] = run_enable(raw, enabled, out / "enable" / f"{stem}.json")
+    enable_input = raw
+    if corpus is not None:  # enable runs on the corpus file (the one the tests read), when it has this recipe
+        corpus_yaml = corpus / f"{stem}.yaml"
+        if corpus_yaml.is_file():
+            enable_input = corpus_yaml
+            ctext = corpus_yaml.read_text()
+            rec["corpus_yaml_same"] = ctext == rewrite_paths(text, prefixes)
+            doc = yaml.safe_load(ctext)
+        else:
+            rec["corpus_yaml_same"] = None
+    rec["enable"] = run_enable(enable_input, enabled, out / "enable" / f"{stem}.json")
     if enabled.exists():
         etext = enabled.read_text()
         (out / "enabled" / f"{stem}.yaml").write_text(rewrite_paths(etext, prefixes))
@@ -705,6 +770,8 @@ def process_recipe(
                 changes = changed_keys(doc, yaml.safe_load(etext))
                 rec["enable"]["changed"] = {k: [_clip(a), _clip(b)] for k, (a, b) in changes.items()}
                 v["enabled_overrides"] = verdicts.run(fresh, w, _overrides(changes))
+                if peft:
+                    v["enabled_overrides_pretrained"] = verdicts.run(fresh, w, _pretrained(_overrides(changes)))
             except RecipeTimeout:
                 raise
             except Exception as exc:  # noqa: BLE001
@@ -745,7 +812,7 @@ def _no_hub_retries() -> None:
             kwargs["max_retries"] = 0
             return _orig(*args, **kwargs)
 
-        mod.safe_load_config_with_retry = once
+        setattr(mod, "safe_load_config_with_retry", once)  # noqa: B010  (a module found by name)
 
 
 def _hook_hf_calls(hf_calls: list) -> None:
@@ -797,6 +864,7 @@ def worker_main(a) -> int:
     verdicts = Verdicts(base_env)
     hf_calls: list = []
     _hook_hf_calls(hf_calls)
+    corpus = Path(a.corpus).resolve() if a.corpus else None
     for r in mine:
         r["aliases"] = aliases.get(r["name"], [])
         append_jsonl(progress, {"event": "start", "name": r["name"], "t": _now()})
@@ -813,7 +881,7 @@ def worker_main(a) -> int:
             rec = {"recipe": r["name"], "family": r["family"], "function": r["function"]}
             try:
                 with time_limit(a.recipe_timeout):
-                    process_recipe(r, fn, out, prefixes, verdicts, hf_calls, rec)
+                    process_recipe(r, fn, out, prefixes, verdicts, hf_calls, rec, corpus)
             except RecipeTimeout as exc:
                 limit = exc_record(exc)
                 limit["error"] = f"recipe time limit ({a.recipe_timeout}s) reached"
@@ -908,6 +976,40 @@ def prepare_model_config(cfg, world: int) -> str:
     return f"mixed precision + finalize (runtime_config_update raised {why})"
 
 
+def count_neutral(cfg) -> list[str]:
+    """Turn off what only chooses kernels (COUNT_NEUTRAL_SETTINGS) on the model and comm-overlap configs."""
+    done = []
+    for section in ("model", "comm_overlap"):
+        obj = getattr(cfg, section, None)
+        if obj is None:
+            continue
+        for attr, val in COUNT_NEUTRAL_SETTINGS:
+            if hasattr(obj, attr) and getattr(obj, attr) not in (val, None):
+                setattr(obj, attr, val)
+                done.append(f"{section}.{attr}={val}")
+    m = cfg.model
+    if getattr(m, "moe_token_dispatcher_type", None) == "flex":
+        m.moe_token_dispatcher_type = COUNT_NEUTRAL_DISPATCHER
+        done.append(f"model.moe_token_dispatcher_type={COUNT_NEUTRAL_DISPATCHER}")
+    return done
+
+
+def vocab_for_count(cfg) -> tuple[int, str]:
+    """Training sets model.vocab_size from the tokenizer (training/setup.py); use the tokenizer config's size when
+    it states one, else count with one vocabulary row and say so (embedding/output then count per row)."""
+    tok = getattr(cfg, "tokenizer", None)
+    size = getattr(tok, "vocab_size", None) if tok is not None else None
+    if isinstance(size, int) and size > 0:
+        return size, f"vocab_size from tokenizer config ({size})"
+    return 1, "vocab_size unknown without the tokenizer: counted with 1 row (embedding/output counts are per row)"
+
+
+def build_meta(m):
+    return m.provide_distributed_model(
+        wrap_with_ddp=False, init_model_with_meta_device=True, mixed_precision_wrapper=None, bf16=True
+    )
+
+
 def count_params(recipes_mod, name: str, layout: str) -> dict:
     import gc
 
@@ -936,9 +1038,14 @@ def count_params(recipes_mod, name: str, layout: str) -> dict:
         ):
             if hasattr(m, attr):
                 setattr(m, attr, val)
+    neutral = count_neutral(cfg)
+    vocab_note = None
+    if getattr(m, "vocab_size", 0) is None:
+        m.vocab_size, vocab_note = vocab_for_count(cfg)
     lay = layout_of(cfg)
     world = lay["world_min"]
     prep = prepare_model_config(cfg, world)
+    neutral += count_neutral(cfg)  # again: runtime_config_update may copy comm-overlap settings back
     if dist.is_initialized():
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
@@ -947,9 +1054,29 @@ def count_params(recipes_mod, name: str, layout: str) -> dict:
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
         m.initialize_model_parallel(seed=0, create_gloo_process_groups=False)  # gloo needs a real store
-        chunks = m.provide_distributed_model(
-            wrap_with_ddp=False, init_model_with_meta_device=True, mixed_precision_wrapper=None, bf16=True
-        )
+        mamba_stub = None
+        try:
+            chunks = build_meta(m)
+        except ImportError as exc:
+            if "MambaSSM" not in str(exc):
+                raise
+            # mamba-ssm absent: its kernels run only in forward; MambaMixer's weights are plain torch parameters
+            # except the gated RMSNorm, which is counted from its known shape (weight of d_inner_local_tp).
+            mamba_stub = f"built without mamba-ssm ({type(exc).__name__}: {str(exc)[:120]})"
+            import megatron.core.ssm.mamba_mixer as mixer
+
+            mixer.HAVE_MAMBA_SSM = True
+            chunks = build_meta(m)
+        extra_mamba_norm = 0
+        if mamba_stub:
+            from megatron.core.ssm.mamba_mixer import MambaMixer
+
+            for chunk in chunks:
+                for mod in chunk.modules():
+                    if isinstance(mod, MambaMixer) and getattr(mod, "rmsnorm", False):
+                        norm = getattr(mod, "norm", None)
+                        if not isinstance(norm, torch.nn.Module):  # the library's MagicMock stand-in
+                            extra_mamba_norm += int(mod.d_inner_local_tp)
         groups = {"embedding": 0, "output_layer": 0, "experts": 0, "shared_experts": 0, "other": 0}
         total, seen, on_gpu = 0, set(), 0
         for chunk in chunks:
@@ -961,9 +1088,14 @@ def count_params(recipes_mod, name: str, layout: str) -> dict:
                 groups[param_group(pname)] += p.numel()
                 if p.device.type != "meta":
                     on_gpu += p.numel()
+        total += extra_mamba_norm
+        groups["other"] += extra_mamba_norm
         n_chunks = len(chunks)
         del chunks  # free the materialized parts (embeddings) before the next build
         return {
+            "count_neutral_settings": neutral,
+            "vocab_note": vocab_note,
+            "mamba": None if not mamba_stub else {"note": mamba_stub, "gated_rmsnorm_weights_added": extra_mamba_norm},
             "layout": lay,
             "recipe_layout": own,
             "world": world,
@@ -991,8 +1123,13 @@ def param_worker_main(a) -> int:
     progress = out / "progress" / f"{tag}.jsonl"
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
     recipes_mod, _ = _import_bridge()
+    _no_hub_retries()
     append_jsonl(progress, {"event": "imported"})
     rows = enumerate_recipes(recipes_mod)
+    if not (out / "recipes.json").exists():  # --params-only: no recipe worker writes it
+        tmp = out / f"recipes.json.{tag}.tmp"
+        tmp.write_text(json.dumps(rows, indent=1) + "\n")
+        os.replace(tmp, out / "recipes.json")
     tasks = param_tasks(rows, a.only)
     skip = set(json.loads(Path(a.exclude_file).read_text())) if a.exclude_file else set()
     for t in shard(tasks, k, n):
@@ -1039,7 +1176,7 @@ def validate_yaml_main(a) -> int:
     workspace = a.workspace or os.getcwd()
     for f in a.validate_yaml:
         src = Path(f)
-        rec = {"file": str(f)}
+        rec: dict = {"file": str(f)}
         try:
             text = src.read_text()
             # /workspace/... paths in the fixtures are this machine's cwd again
@@ -1077,7 +1214,7 @@ class Slot:
         self.excluded: set = set()
         self.failures: list[dict] = []
         self.finished = False
-        self.proc = None
+        self.proc: subprocess.Popen | None = None
         self.spawn()
 
     @property
@@ -1107,6 +1244,8 @@ class Slot:
         ]
         if a.only:
             cmd += ["--only", a.only]
+        if a.corpus:
+            cmd += ["--corpus", a.corpus]
         self.out_path = out / "logs" / f"{self.tag}.out"
         self.err_path = out / "logs" / f"{self.tag}.err"
         with open(self.out_path, "w") as fo, open(self.err_path, "w") as fe:
@@ -1234,10 +1373,12 @@ def orchestrate(a) -> int:
             indent=1,
         )
     )
-    slots = [Slot("recipes", k, a.jobs, a, out, env, workdir) for k in range(a.jobs)]
+    slots = [] if a.params_only else [Slot("recipes", k, a.jobs, a, out, env, workdir) for k in range(a.jobs)]
     if a.param_jobs and not a.no_params:
         slots += [Slot("params", k, a.param_jobs, a, out, env, workdir) for k in range(a.param_jobs)]
-    log(f"started {a.jobs} recipe worker(s) and {0 if a.no_params else a.param_jobs} parameter worker(s)")
+    log(
+        f"started {0 if a.params_only else a.jobs} recipe worker(s) and {0 if a.no_params else a.param_jobs} parameter worker(s)"
+    )
     deadline = t_start + a.deadline
     while True:
         live = [s for s in slots if not s.finished]
@@ -1246,7 +1387,7 @@ def orchestrate(a) -> int:
         now = time.monotonic()
         for s in live:
             s.pump()
-            rc = s.proc.poll()
+            rc = s.proc.poll() if s.proc is not None else -1
             if rc is not None:
                 s.pump()
                 s.handle_exit(f"worker exited with code {rc}", respawn=now < deadline)
@@ -1274,7 +1415,7 @@ def finish(a, out: Path, slots: list, t_start: float, tmp: Path) -> int:
     rows = json.loads((out / "recipes.json").read_text()) if (out / "recipes.json").exists() else []
     canon = [r for r in rows if not r["alias_of"] and not r.get("helper") and match_only(r["name"], a.only)]
     seen = {r["recipe"] for r in verdicts} | {f["name"] for f in failures if f["kind"] == "recipes"}
-    for r in canon:
+    for r in [] if a.params_only else canon:
         if r["name"] not in seen:
             failures.append({"kind": "recipes", "name": r["name"], "reason": "not reached before the deadline"})
     for r in verdicts:
@@ -1402,6 +1543,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=10, help="recipe worker processes (default 10)")
     p.add_argument("--param-jobs", type=int, default=3, help="parameter-counting worker processes (default 3)")
     p.add_argument("--no-params", action="store_true", help="skip parameter counting")
+    p.add_argument(
+        "--params-only", action="store_true", help="only count parameters (no recipe verdicts, no enable runs)"
+    )
+    p.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="run enable on DIR/<recipe>.yaml (the committed corpus) instead of the freshly written YAML, and "
+        "record whether the two are the same",
+    )
     p.add_argument("--recipe-timeout", type=int, default=RECIPE_TIMEOUT_S, help="seconds per recipe")
     p.add_argument("--param-timeout", type=int, default=PARAM_TASK_TIMEOUT_S, help="seconds per model build")
     p.add_argument("--deadline", type=int, default=DEADLINE_S, help="seconds for the whole run (default 330)")
@@ -1427,6 +1577,12 @@ def parse_args(argv=None):
     a.shard, a.tag, a.exclude_file = a._shard, a._tag, a._exclude_file
     if a.jobs < 1:
         p.error("--jobs must be at least 1")
+    if a.params_only and (a.no_params or a.param_jobs < 1):
+        p.error("--params-only needs --param-jobs >= 1 and no --no-params")
+    if a.corpus:
+        if not Path(a.corpus).is_dir():
+            p.error(f"--corpus {a.corpus}: no such folder")
+        a.corpus = str(Path(a.corpus).resolve())  # workers run in a scratch folder
     if a.param_jobs < 0:
         p.error("--param-jobs must be 0 or more")
     if a.recipe_timeout < 5 or a.param_timeout < 5:

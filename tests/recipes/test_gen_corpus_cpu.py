@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,7 @@ GEN = HERE / "gen_corpus.py"
 HF = HERE / "hf_configs"
 
 spec = importlib.util.spec_from_file_location("gen_corpus", GEN)
+assert spec is not None and spec.loader is not None
 gc = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gc)
 
@@ -291,6 +293,9 @@ STANDIN = {
             assert world % tp == 0, f"world size ({world}) is not divisible by {tp}"
             if cfg.ddp.use_megatron_fsdp:
                 assert cfg.checkpoint.load is None, "stand-in rule: no checkpoint.load with Megatron FSDP"
+            if getattr(cfg, "peft", None) is not None:
+                assert cfg.checkpoint.pretrained_checkpoint is not None, "PEFT requires a pretrained checkpoint path"
+                assert os.path.isdir(cfg.checkpoint.pretrained_checkpoint), "Pretrained checkpoint does not exist"
     """,
     "megatron/bridge/recipes/__init__.py": """
         from megatron.bridge.recipes.fam_a.recipes import *
@@ -323,6 +328,11 @@ STANDIN = {
 
         def good_1gpu_config():
             return _cfg()
+
+        def lora_1gpu_peft_config():
+            sections = _cfg().to_dict()
+            sections["checkpoint"]["pretrained_checkpoint"] = None
+            return ConfigContainer(peft={"dim": 8}, **sections)
 
         def good_tp2_pretrain_8gpu_config():
             return _cfg(tp=2)
@@ -410,15 +420,27 @@ def test_orchestrator_survives_failing_hanging_and_crashing_recipes(tmp_path):
     assert v["fsdp_keep_load"]["where"].startswith("megatron/bridge/training/config.py:")
     assert v["fsdp_load_none"]["ok"] is True
     assert v["roundtrip"]["ok"] is True
-    assert v["enabled_rebuilt"]["ok"] is True  # the real scripts/mfsdp.py enable cleared checkpoint.load
-    assert good["enable"]["rc"] == 0 and good["enable"]["changed"]["checkpoint.load"] == ["/workspace/ckpt", None]
-    assert v["enabled_overrides"]["error_type"] == "OverrideError"  # the stand-in lacks fields enable sets
+    # the real scripts/mfsdp.py enable ran: the stand-in's rule judges its output by whether it kept checkpoint.load
+    assert good["enable"]["rc"] == 0, good["enable"]
+    cleared = good["enable"]["changed"].get("checkpoint.load") == ["/workspace/ckpt", None]
+    assert v["enabled_rebuilt"]["ok"] is cleared, v["enabled_rebuilt"]
+    assert v["enabled_overrides"]["ok"] is False  # the stand-in lacks fields enable sets, or keeps load
     dumped = json.dumps(good)
     assert str(tmp_path) not in dumped, dumped[dumped.find(str(tmp_path)) - 300 :][:600]
     assert "/tmp/gen_corpus." not in dumped
     assert "enable" in good and "rc" in good["enable"]
     written = (out / good["yaml"]).read_text()
     assert "/workspace/ckpt" in written and str(tmp_path) not in written
+
+    # PEFT: rejected as shipped; with checkpoint.pretrained_checkpoint set to an existing folder, judged on the rest
+    lora = verdicts["lora_1gpu_peft_config"]
+    lv = lora["verdicts"]
+    assert "PEFT requires a pretrained checkpoint path" in lv["as_shipped"]["error"]
+    assert lv["peft_pretrained_as_shipped"]["ok"] is True, lv["peft_pretrained_as_shipped"]
+    assert "no checkpoint.load" in lv["peft_pretrained_fsdp_keep_load"]["error"]
+    assert lv["peft_pretrained_fsdp_load_none"]["ok"] is True
+    assert lora["pretrained_checkpoint"] == "/workspace/pretrained_checkpoint"
+    assert "peft_pretrained_as_shipped" not in v  # only recipes with a PEFT section get these
 
     tp2 = verdicts["good_tp2_pretrain_8gpu_config"]
     assert tp2["worlds"] == {"world_min": 2, "world_named": 8}
@@ -444,8 +466,8 @@ def test_orchestrator_survives_failing_hanging_and_crashing_recipes(tmp_path):
     assert by_name["broken_config"]["reason"] == "build failed"
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["recipes_built"] == 5  # good_1gpu, good_tp2, hf_model, slow_validate, zz_after_crash
-    assert summary["per_family"]["fam_a"] == {"exported": 10, "functions": 9, "built": 4, "failed": 3}
+    assert summary["recipes_built"] == 6  # good_1gpu, good_tp2, hf_model, lora, slow_validate, zz_after_crash
+    assert summary["per_family"]["fam_a"] == {"exported": 11, "functions": 10, "built": 5, "failed": 3}
     assert "utils" not in summary["per_family"] and summary["helper_functions"] == ["make_something"]
     assert (out / "summary.md").read_text().startswith("# Recipe corpus run")
     assert not (out / "progress").exists()
@@ -459,3 +481,67 @@ def test_orchestrator_survives_failing_hanging_and_crashing_recipes(tmp_path):
     res = gc.read_jsonl(tmp_path / "reval" / "validate_yaml.jsonl")
     assert [r["verdict"]["ok"] for r in res] == [True, True, False]
     assert res[2]["verdict"]["error_type"] == "FileNotFoundError"
+
+    # --corpus: enable runs on the committed corpus file; the record says whether it matches the fresh to_yaml
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(out / good["yaml"], corpus / Path(good["yaml"]).name)
+    edited = (out / lora["yaml"]).read_text().replace("ckpt_format: torch_dist", "ckpt_format: fsdp_dtensor")
+    (corpus / "lora_1gpu_peft.yaml").write_text(edited)
+    out2 = tmp_path / "results2"
+    cmd = [sys.executable, str(GEN), "--out", str(out2), "--jobs", "1", "--no-params", "--only", "good_1gpu,lora"]
+    cmd += ["--corpus", str(corpus), "--deadline", "120"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env, check=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    again = {r["recipe"]: r for r in gc.read_jsonl(out2 / "verdicts.jsonl")}
+    assert set(again) == {"good_1gpu_config", "lora_1gpu_peft_config"}
+    assert again["good_1gpu_config"]["corpus_yaml_same"] is True
+    assert again["lora_1gpu_peft_config"]["corpus_yaml_same"] is False
+    assert "checkpoint.ckpt_format" in again["good_1gpu_config"]["enable"]["changed"]
+    assert "checkpoint.ckpt_format" not in again["lora_1gpu_peft_config"]["enable"]["changed"]  # read the edited file
+    assert "enabled_overrides_pretrained" in again["lora_1gpu_peft_config"]["verdicts"]
+
+
+# --------------------------------------------------------------------------- parameter counting helpers
+
+
+def test_count_neutral_turns_off_only_kernel_choices():
+    class Obj:
+        pass
+
+    cfg, m, co = Obj(), Obj(), Obj()
+    m.gradient_accumulation_fusion, m.tp_comm_overlap, m.moe_token_dispatcher_type = True, True, "flex"
+    m.dsa_kernel_backend, m.hidden_size = "cudnn", 4096
+    co.tp_comm_overlap, co.defer_embedding_wgrad_compute = True, None  # None = "not set": left alone
+    cfg.model, cfg.comm_overlap = m, co
+    done = gc.count_neutral(cfg)
+    assert (m.gradient_accumulation_fusion, m.tp_comm_overlap, m.dsa_kernel_backend) == (False, False, "none")
+    assert m.moe_token_dispatcher_type == gc.COUNT_NEUTRAL_DISPATCHER and co.tp_comm_overlap is False
+    assert co.defer_embedding_wgrad_compute is None and m.hidden_size == 4096
+    assert "model.gradient_accumulation_fusion=False" in done and "comm_overlap.tp_comm_overlap=False" in done
+    assert gc.count_neutral(cfg) == []  # a second pass changes nothing
+
+
+def test_vocab_for_count_says_where_the_size_came_from():
+    class Obj:
+        pass
+
+    cfg, tok = Obj(), Obj()
+    tok.vocab_size = 32000
+    cfg.tokenizer = tok
+    assert gc.vocab_for_count(cfg) == (32000, "vocab_size from tokenizer config (32000)")
+    tok.vocab_size = None
+    size, note = gc.vocab_for_count(cfg)
+    assert size == 1 and "per row" in note
+
+
+def test_params_only_and_corpus_arguments(tmp_path, capsys):
+    a = gc.parse_args(["--out", "r", "--params-only", "--corpus", str(tmp_path)])
+    assert a.params_only and a.corpus == str(tmp_path.resolve())
+    for argv, message in (
+        (["--out", "r", "--params-only", "--no-params"], "--params-only needs"),
+        (["--out", "r", "--corpus", str(tmp_path / "nope")], "no such folder"),
+    ):
+        with pytest.raises(SystemExit):
+            gc.parse_args(argv)
+        assert message in capsys.readouterr().err
