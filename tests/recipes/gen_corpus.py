@@ -19,6 +19,8 @@ Run where Megatron-Bridge imports (a CUDA machine with Transformer Engine). For 
    for recipes with a ``peft`` section, which Bridge rejects without a base model, also ``peft_pretrained_*``
    (as shipped / FSDP keep-load / FSDP load=None) and ``enabled_overrides_pretrained``, with
    ``checkpoint.pretrained_checkpoint`` set to an existing folder, as a user must;
+   where ``enable`` refuses for a decision only the user can take (PP>1: ``--set-pp-1``; PEFT: the base model's
+   path), it runs again with that decision taken (``enable.decided``) and its output gets the verdicts;
    ``--corpus DIR`` runs ``enable`` on the committed corpus file instead of the fresh YAML (and records whether
    the two are the same), so the recorded enabled verdicts are those of the files the tests read;
 3. counts parameters of the built model (meta device, rank 0 of a fake process group) at TP=PP=EP=1 and at the
@@ -633,29 +635,58 @@ def _from_yaml(path: Path):
     return lambda: ConfigContainer.from_yaml(str(path))
 
 
-def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path) -> dict:
-    """Our tool's ``enable`` on the recipe YAML: exit code and output, plus its JSON report."""
-    rec: dict = {}
-    cmd = [sys.executable, str(MFSDP), "enable", str(raw_yaml), "-o", str(out_yaml)]
+# enable refuses (exit 1, nothing written) while an error needs the user's decision; for these two the corpus run
+# takes the decision a user would, so that enable's output gets a verdict too (the others stay refused).
+DECISIONS = {
+    "MFSDP-PIPELINE-PARALLEL": lambda: ["--set-pp-1"],  # PP=1: Megatron FSDP's mesh has no pipeline axis
+    "MFSDP-PEFT-NEEDS-PRETRAINED": lambda: [f"checkpoint.pretrained_checkpoint={pretrained_path()}"],
+}
+
+
+def _enable(args: list[str]) -> dict:
+    cmd = [sys.executable, str(MFSDP), "enable", *args]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=ENABLE_TIMEOUT_S, cwd=str(ROOT), check=False)
-        rec.update(rc=p.returncode, stdout=p.stdout[-4000:], stderr=p.stderr[-2000:])
     except subprocess.TimeoutExpired:
-        rec.update(rc=None, error=f"timed out after {ENABLE_TIMEOUT_S}s")
-        return rec
+        return {"rc": None, "error": f"timed out after {ENABLE_TIMEOUT_S}s", "stdout": "", "stderr": ""}
+    return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+
+def refused_rules(json_text: str) -> list[str] | None:
+    """The error rules of ``enable --emit json`` when it refuses; None when it does not (or the text is not JSON)."""
     try:
-        p = subprocess.run(
-            [sys.executable, str(MFSDP), "enable", str(raw_yaml), "--emit", "json"],
-            capture_output=True,
-            text=True,
-            timeout=ENABLE_TIMEOUT_S,
-            cwd=str(ROOT),
-            check=False,
-        )
-        json_out.write_text(p.stdout)
-        rec["json_rc"] = p.returncode
-    except subprocess.TimeoutExpired:
-        rec["json_rc"] = None
+        data = json.loads(json_text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not data.get("refused"):
+        return None
+    findings = data.get("findings", [])
+    return sorted({str(f["rule"]) for f in findings if isinstance(f, dict) and f.get("severity") == "error"})
+
+
+def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path) -> dict:
+    """Our tool's ``enable`` on the recipe YAML: exit code and output, its JSON report; when it refuses for a
+    decision in DECISIONS, again with that decision taken (``decided``), so the output still gets a verdict."""
+    j = _enable([str(raw_yaml), "--emit", "json"])
+    json_out.write_text(j["stdout"])
+    rec: dict = {"json_rc": j["rc"]}
+    blockers = refused_rules(j["stdout"])
+    if blockers is not None:
+        rec["refused_rules"] = blockers
+    first = _enable([str(raw_yaml), "-o", str(out_yaml)])
+    rec.update(rc=first["rc"], stdout=first["stdout"][-4000:], stderr=first["stderr"][-2000:])
+    if "error" in first:
+        rec["error"] = first["error"]
+    decisions = [arg for rule in sorted(blockers or []) if rule in DECISIONS for arg in DECISIONS[rule]()]
+    if first["rc"] != 0 and decisions and not out_yaml.exists():
+        second = _enable([str(raw_yaml), *decisions, "-o", str(out_yaml)])
+        rec["decided"] = {
+            "args": decisions,
+            "rc": second["rc"],
+            "stdout": second["stdout"][-4000:],
+            "stderr": second["stderr"][-2000:],
+        }
+    rec["output"] = out_yaml.exists()
     return rec
 
 
@@ -1202,6 +1233,54 @@ def validate_yaml_main(a) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- --install (no Bridge needed)
+
+# What of a run goes into the repository's fixtures; the rest (enable's YAML output, worker logs) is regenerated
+# by the tests or only matters on the machine that ran.
+INSTALL_FILES = ("recipes.json", "verdicts.jsonl", "failures.jsonl", "summary.json", "summary.md")
+ENABLE_OUT_KEEP = 600  # characters of enable's stdout kept per recipe (its decision, not the whole listing)
+
+
+def lean_verdict(rec: dict) -> dict:
+    """A verdict line for the fixtures: enable's long output cut, run-local fields dropped."""
+    rec = {k: v for k, v in rec.items() if k not in ("enabled_yaml", "worker")}
+    en = rec.get("enable")
+    if isinstance(en, dict):
+        en = dict(en)
+        for key in ("stdout", "stderr"):
+            if isinstance(en.get(key), str) and len(en[key]) > ENABLE_OUT_KEEP:
+                en[key] = en[key][:ENABLE_OUT_KEEP] + "[...]"
+        rec["enable"] = en
+    return rec
+
+
+def install(results: Path, into: Path, params_from: Path | None = None) -> dict:
+    """Copy a run's results into the fixtures folder (``yaml/`` replaced); ``params_from``: take ``params.jsonl``
+    from another run (a ``--params-only`` one). Returns what was written, for the log."""
+    results, into = Path(results), Path(into)
+    missing = [f for f in INSTALL_FILES if not (results / f).is_file()]
+    if missing or not (results / "yaml").is_dir():
+        raise FileNotFoundError(f"{results}: not a finished run (missing {missing or ['yaml/']})")
+    into.mkdir(parents=True, exist_ok=True)
+    for f in INSTALL_FILES:
+        if f == "verdicts.jsonl":
+            lines = [json.dumps(lean_verdict(r), sort_keys=True) for r in read_jsonl(results / f)]
+            (into / f).write_text("".join(line + "\n" for line in lines))
+        else:
+            shutil.copyfile(results / f, into / f)
+    params = (params_from or results) / "params.jsonl"
+    if params.is_file():
+        shutil.copyfile(params, into / "params.jsonl")
+    if (into / "yaml").is_dir():
+        shutil.rmtree(into / "yaml")
+    shutil.copytree(results / "yaml", into / "yaml")
+    run = json.loads((results / "run.json").read_text()) if (results / "run.json").is_file() else {}
+    run.pop("argv", None)  # the machine's folders
+    (into / "run.json").write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    size = sum(p.stat().st_size for p in into.rglob("*") if p.is_file())
+    return {"yaml_files": len(list((into / "yaml").glob("*.yaml"))), "bytes": size}
+
+
 # --------------------------------------------------------------------------- orchestrator
 
 
@@ -1558,6 +1637,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--validate-yaml", nargs="+", metavar="FILE", help="only validate these YAML files (ConfigContainer.from_yaml)"
     )
+    p.add_argument(
+        "--install",
+        metavar="RESULTS",
+        help="copy a finished run's results into --out (e.g. tests/fixtures/recipes); needs no Bridge",
+    )
+    p.add_argument("--params-from", metavar="RESULTS", help="--install: take params.jsonl from this run instead")
     p.add_argument("--world", type=int, help="--validate-yaml: world size (default: the smallest the layout allows)")
     p.add_argument("--workspace", help=f"--validate-yaml: real folder for {WORKSPACE}/ paths (default: cwd)")
     # internal: worker processes
@@ -1598,6 +1683,14 @@ def main(argv=None) -> int:
         return worker_main(a)
     if a.param_worker:
         return param_worker_main(a)
+    if a.install:
+        try:
+            done = install(Path(a.install), Path(a.out), Path(a.params_from) if a.params_from else None)
+        except (OSError, ValueError) as exc:
+            print(f"gen_corpus: {exc}", file=sys.stderr)
+            return 2
+        log(f"installed {a.install} into {a.out}: {done['yaml_files']} YAML files, {done['bytes']:,} bytes")
+        return 0
     if a.validate_yaml:
         return validate_yaml_main(a)
     if not HF_CONFIGS.is_dir():
