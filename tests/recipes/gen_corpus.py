@@ -211,6 +211,16 @@ def offline_env(hf_home: Path) -> dict[str, str]:
     }
 
 
+def tree_digest(folder: Path) -> str:
+    """sha256 over the relative paths and bytes of every .py file under ``folder`` (sorted)."""
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*.py")):
+        if "__pycache__" in p.parts:
+            continue
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def rewrite_paths(text: str, prefixes: list[str], target: str = WORKSPACE) -> str:
     """Replace each machine prefix (longest first, whole path components only) with ``target``."""
     for prefix in sorted({p.rstrip("/") for p in prefixes if p and p.rstrip("/")}, key=len, reverse=True):
@@ -1439,6 +1449,9 @@ def orchestrate(a) -> int:
                 "argv": sys.argv,
                 "hf_models": cache,
                 "pinned_revisions": revisions,
+                "scripts_sha256": tree_digest(ROOT / "scripts"),  # which check/enable the enable verdicts judge
+                "corpus": bool(a.corpus),
+                "params_only": a.params_only,
                 "jobs": a.jobs,
                 "param_jobs": a.param_jobs,
                 "recipe_timeout_s": a.recipe_timeout,
