@@ -149,6 +149,8 @@ def run(args) -> int:
         out, files = sig.sign(root, args.key, args.cert, args.chain, args.output, args.allow_untracked)
         print(f"signed {len(files)} files of {root} as '{sig.SKILL_NAME}' -> {out}")
         return 0
+    if args.root is None and os.path.basename(_HERE) != "scripts":  # installed (mfsdp-verify): no shipped root
+        raise InputError("give --root ROOT.pem, the maintainers' root certificate as you obtained it")
     trust = args.root or _default_root()
     if _inside(root, _HERE):
         sys.stderr.write(
@@ -185,6 +187,8 @@ def _inside(root, here: str) -> bool:
 
 def verify_main() -> int:
     """The ``mfsdp-verify`` entry point: ``skill_signature.py verify`` installed outside the folder it checks."""
+    global PROG
+    PROG = "mfsdp-verify"
     return main(["verify", *sys.argv[1:]])
 
 

@@ -253,6 +253,10 @@ def test_2_outside_verifier_accepts_the_intact_folder_and_the_inside_one_warns(s
     assert p.returncode == 0, p.stderr
     assert "no other file is there" in p.stdout and "runs from inside" not in p.stderr
     p = subprocess.run(
+        [*_outside_verifier(site), str(signed)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60
+    )
+    assert p.returncode == 2 and p.stderr.startswith("mfsdp-verify verify: error: give --root"), p.stderr
+    p = subprocess.run(
         [
             sys.executable,
             str(signed / "scripts" / "skill_signature.py"),
