@@ -119,17 +119,14 @@ def configure(parser) -> None:
 
 
 def _bridge_installed() -> str | None:
-    """Installed megatron-bridge version, from metadata only (no import)."""
-    from importlib import metadata
+    """Installed megatron-bridge version, from metadata only (no import), and only from the interpreter's real
+    environment: never a *.egg-info or a megatron/ package planted in the skill folder (sources.environment_paths)."""
+    from ..integrity import installed
 
-    for dist in ("megatron-bridge", "megatron_bridge"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        except Exception:
-            return None
-    return None
+    dist = installed.installed_distribution("megatron-bridge")
+    if dist is None or not installed.module_outside_skill("megatron"):
+        return None
+    return dist.version
 
 
 def _report(changes, out) -> None:
@@ -182,6 +179,8 @@ def run(args) -> int:
 
     if path:
         path = config_io.resolve_config_path(path)
+    # --in-place is a read-modify-write: hold the folder lock until run() returns, so concurrent runs serialise.
+    _lock = config_io.edit_lock(path) if args.in_place and path else None  # noqa: F841 (held, not used)
     data, name = config_io.load_file_data(path)
     text = config_io.read_text(path) if path else open(config_io.EMBEDDED_DEFAULT, encoding="utf-8").read()
     env = job_env(args)
@@ -243,7 +242,12 @@ def run(args) -> int:
         report = sys.stdout
         report.write(f"{target} left as it was (nothing to change)\n")
     elif target:
-        bak = config_io.write_atomic(target, body, backup=bool(args.in_place or os.path.exists(target)))
+        bak = config_io.write_atomic(
+            target,
+            body,
+            backup=bool(args.in_place or os.path.lexists(target)),
+            expect_text=text if args.in_place else None,
+        )
         report = sys.stdout
         report.write(f"wrote {target}" + (f" (backup: {bak})" if bak else "") + "\n")
     else:
