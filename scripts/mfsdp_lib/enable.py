@@ -306,13 +306,14 @@ def _plan_runtime_fixes(work: dict, change, strategy: str, perf: bool) -> None:
             if path == "model.init_model_with_meta_device" and not meta_ok:
                 continue  # fails with no_shard (nothing to materialise) and with PEFT (weights load before wrap)
             change(path, value, why)
-        co = work.get("comm_overlap")
-        if isinstance(co, Mapping) and co.get("defer_embedding_wgrad_compute"):
-            change(
-                "comm_overlap.defer_embedding_wgrad_compute",
-                False,
-                "Bridge's performance harness turns it off with Megatron FSDP",
-            )
+    co = work.get("comm_overlap")
+    if isinstance(co, Mapping) and co.get("defer_embedding_wgrad_compute"):
+        change(
+            "comm_overlap.defer_embedding_wgrad_compute",
+            False,
+            "MFSDP-DEFER-EMBEDDING-WGRAD: Bridge's performance harness turns it off because it cannot work with "
+            "Megatron FSDP; only the embedding gradient's overlap is lost",
+        )
     if not meta_ok and e.get("model.init_model_with_meta_device"):
         rule = "MFSDP-NO-SHARD-META-INIT" if strategy == "no_shard" else "MFSDP-PEFT-META-DEVICE"
         change(

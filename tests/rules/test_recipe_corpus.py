@@ -183,3 +183,30 @@ def test_enable_gives_a_startable_config_or_refuses_for_a_decision(rec):
     if "MFSDP-PIPELINE-PARALLEL" in left:
         result = enable.apply(cfg, enable.plan(cfg, set_pp1=True))
         assert "MFSDP-PIPELINE-PARALLEL" not in _errors(rules.evaluate(result, {}, None))
+
+
+# What a user passes once enable has refused for a decision (as tests/recipes/enable_corpus.py does).
+USER_CHOICES = {"MFSDP-PEFT-NEEDS-PRETRAINED": "checkpoint.pretrained_checkpoint=/workspace/base_model_hf"}
+# Refusals that stay whatever the user passes here: another optimizer or graph mode is a choice of theirs.
+STAYS_REFUSED = {"MFSDP-OPTIMIZER-UNSUPPORTED", "MFSDP-MOE-OVERLAP-CUDA-GRAPH"}
+
+
+@pytest.mark.parametrize("rec", RECORDS, ids=IDS)
+def test_enabled_yaml_as_written_passes_check_after_the_users_decisions(rec):
+    """The YAML enable writes (edited in place), read back like check reads it: no error left but a real refusal."""
+    path = DIR / rec["yaml"]
+    text = path.read_text(encoding="utf-8")
+    data = config_io.parse_yaml(text, str(path))
+    cfg = config_io.merge_file(config_io.base_config(None), data, str(path))
+    first = _errors(rules.evaluate(enable.apply(cfg, enable.plan(cfg)), {}, None))
+    changes = []
+    for rule in sorted(first & set(USER_CHOICES)):
+        key, value = config_io.parse_override(USER_CHOICES[rule])
+        changes.append(enable.Change(key, config_io.get(cfg, key), value, "the user's choice"))
+        config_io.set_path(cfg, key, value)
+    changes += enable.plan(cfg, set_pp1="MFSDP-PIPELINE-PARALLEL" in first)
+    body, _ = enable.yaml_edit(text, data, changes)
+    reread = config_io.merge_file(config_io.base_config(None), config_io.parse_yaml(body, "result"), "result")
+    left = _errors(rules.evaluate(reread, {}, None))
+    assert left <= STAYS_REFUSED, sorted(left)
+    assert config_io.get(reread, "checkpoint.load") == config_io.get(cfg, "checkpoint.load")

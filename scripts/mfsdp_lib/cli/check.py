@@ -15,7 +15,6 @@ every edit, so it must start in a few interpreter start-ups.
 from __future__ import annotations
 
 import os
-import textwrap
 
 from .. import config_io, rules
 from .. import schema as S
@@ -37,7 +36,7 @@ The job's environment is an input, never this shell's by accident: --env NAME=VA
 (repeatable), or --shell-env when the job is launched from this shell; the config's
 env_vars apply either way.
 
-""" + textwrap.fill(rules.coverage_text(), 88)
+""" + rules.coverage_text(88)
 
 EPILOG = """\
 examples:
