@@ -271,8 +271,7 @@ def test_wrap_failure_evidence_matches_the_pipeline_rule():
     assert ev["phases"]["validate"] == "passed" and ev["phases"]["model_wrap"] == "failed"
     assert ev["first_failure"]["core_frame"].startswith("megatron/core/distributed/fsdp/mcore_fsdp_adapter.py:")
     if PP_RULE in RULE_IDS:  # the rule is not a validate-stage one and cites the failing function
-        rule = rules.RULES_BY_ID[PP_RULE] if hasattr(rules, "RULES_BY_ID") else None
-        rule = rule or next(r for r in rules.RULES if r.id == PP_RULE)
+        rule = rules.RULES_BY_ID[PP_RULE]
         assert rule.stage != "validate" and "mcore_fsdp_adapter.py" in rule.source
         assert ev["first_failure"]["core_frame"].split(" in ")[1] in rule.source
 
