@@ -1254,13 +1254,18 @@ ENABLE_OUT_KEEP = 600  # characters of enable's stdout kept per recipe (its deci
 def lean_verdict(rec: dict) -> dict:
     """A verdict line for the fixtures: enable's long output cut, run-local fields dropped."""
     rec = {k: v for k, v in rec.items() if k not in ("enabled_yaml", "worker")}
-    en = rec.get("enable")
-    if isinstance(en, dict):
-        en = dict(en)
+
+    def cut(run: dict) -> dict:
+        run = dict(run)
         for key in ("stdout", "stderr"):
-            if isinstance(en.get(key), str) and len(en[key]) > ENABLE_OUT_KEEP:
-                en[key] = en[key][:ENABLE_OUT_KEEP] + "[...]"
-        rec["enable"] = en
+            if isinstance(run.get(key), str) and len(run[key]) > ENABLE_OUT_KEEP:
+                run[key] = run[key][:ENABLE_OUT_KEEP] + "[...]"
+        if isinstance(run.get("decided"), dict):
+            run["decided"] = cut(run["decided"])
+        return run
+
+    if isinstance(rec.get("enable"), dict):
+        rec["enable"] = cut(rec["enable"])
     return rec
 
 
