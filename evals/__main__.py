@@ -47,7 +47,7 @@ examples:
   {PROG} run --agent claude-code --cases decoy-torchtitan-fsdp2 --attempts 1   # scripted model without an API key
   {PROG} report results/claude-code.json
 
-exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input.
+exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input, 3 not judged (--judge required).
 """
 
 
@@ -156,12 +156,19 @@ def cmd_grade(args) -> int:
         case = grader.get_case(args.case, args.evals)
     except KeyError:
         return _fail(f"unknown case '{args.case}' in {args.evals or EVALS_JSON}")
-    result = grader.grade(case, args.transcript, agent=args.agent, judge=args.judge)
+    meta = None
+    if args.meta:
+        from .transcripts import load_meta
+
+        meta = load_meta(args.meta, args.meta_sha256)
+    elif args.meta_sha256:
+        return _fail("--meta-sha256 needs --meta")
+    result = grader.grade(case, args.transcript, agent=args.agent, judge=args.judge, meta=meta)
     if args.format == "json":
         print(json.dumps(result, indent=2))
     else:
         sys.stdout.write(grader.render_text(result))
-    return 0 if result["passed"] else 1
+    return {True: 0, False: 1}.get(result["passed"], 3)
 
 
 def cmd_report(args) -> int:
@@ -178,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", metavar="{validate,grade,run,report}")
+    sub = p.add_subparsers(dest="command", metavar="{validate,grade,run,adversarial,report}")
     v = sub.add_parser("validate", help="check evals.json against its schema and the scripts it names")
     v.add_argument("--evals", default=str(EVALS_JSON), help="cases file (default: evals/evals.json)")
     v.add_argument("--schema", default=str(SCHEMA_JSON), help="JSON Schema (default: evals/evals.schema.json)")
@@ -187,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         "grade",
         help="score one transcript on the five dimensions",
         description="Score TRANSCRIPT (Claude Code stream-json or Codex exec --json; a "
-        "TRANSCRIPT.meta.json invocation record beside it is read too) against case ID.",
+        "file beside it is never read: pass the runner's invocation record with --meta and the digest the runner "
+        "recorded with --meta-sha256) against case ID.",
         epilog=f"example: {PROG} grade --case decoy-cuda-graphs out/codex.jsonl --agent codex",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -197,11 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=("text", "json"), default="text")
     g.add_argument(
         "--judge",
-        action="store_true",
-        help="also ask an LLM judge (only when ANTHROPIC_API_KEY is set; skipped otherwise)",
+        choices=("off", "optional", "required"),
+        default="off",
+        help="LLM judge: optional (may veto), required (no verdict = 'not judged', exit 3); needs ANTHROPIC_API_KEY",
     )
+    g.add_argument("--meta", help="the runner's invocation record for this transcript (e.g. TRANSCRIPT.meta.json)")
+    g.add_argument("--meta-sha256", help="the SHA-256 the runner recorded for --meta (results.json: meta_sha256)")
     g.add_argument("--evals", default=None, help="cases file (default: evals/evals.json)")
     sub.add_parser("run", help="run the agent CLIs end to end (evals/runner.py)", add_help=False)
+    sub.add_parser("adversarial", help="the grader's false-pass / false-fail rates on the labelled set", add_help=False)
     r = sub.add_parser("report", help="turn a run results file into benchmarks/results/evals_<agent>.json")
     from . import report as report_mod
 
@@ -211,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "adversarial":
+        from . import adversarial
+
+        return adversarial.main(argv[1:])
     if argv and argv[0] == "run":
         if not (HERE / "runner.py").is_file():
             return _fail("'run' needs evals/runner.py (the end-to-end runner), which is not in this copy")
