@@ -47,7 +47,7 @@ examples:
   {PROG} run --agent claude-code --cases decoy-torchtitan-fsdp2 --attempts 1   # scripted model without an API key
   {PROG} report results/claude-code.json
 
-exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input, 3 not judged (--judge required).
+exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input, 4 not judged (--judge required).
 """
 
 
@@ -168,7 +168,7 @@ def cmd_grade(args) -> int:
         print(json.dumps(result, indent=2))
     else:
         sys.stdout.write(grader.render_text(result))
-    return {True: 0, False: 1}.get(result["passed"], 3)
+    return {True: 0, False: 1}.get(result["passed"], 4)
 
 
 def cmd_report(args) -> int:
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--judge",
         choices=("off", "optional", "required"),
         default="off",
-        help="LLM judge: optional (may veto), required (no verdict = 'not judged', exit 3); needs ANTHROPIC_API_KEY",
+        help="LLM judge: optional (may veto), required (no verdict = 'not judged', exit 4); needs ANTHROPIC_API_KEY",
     )
     g.add_argument("--meta", help="the runner's invocation record for this transcript (e.g. TRANSCRIPT.meta.json)")
     g.add_argument("--meta-sha256", help="the SHA-256 the runner recorded for --meta (results.json: meta_sha256)")

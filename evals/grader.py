@@ -184,7 +184,10 @@ def _input_matches(run: Run, wanted: tuple[str, ...]) -> str | None:
 
 def workspace(t: Transcript) -> sec.Workspace:
     """The project root as the transcript itself records it (never a sidecar's word)."""
-    root = t.cwd or t.meta.get("cwd")  # meta only ever arrives verified (transcripts.load_meta)
+    root = t.cwd
+    claimed = t.meta.get("cwd")  # meta only ever arrives verified (transcripts.load_meta)
+    if not root and isinstance(claimed, str) and claimed.startswith("/") and len(PurePosixPath(claimed).parts) >= 3:
+        root = claimed  # a project folder, never "/" or a top-level one like /etc
     return sec.Workspace(str(root).rstrip("/") if root else None)
 
 

@@ -134,7 +134,11 @@ class Judge:
 
     # ---- paths
     def _loc(self, path: str, cwd: str) -> str:
-        return self.ws.resolve(path, cwd)
+        loc = self.ws.resolve(path, cwd)
+        # climbing out of the workspace is never scratch space, even when the workspace itself lives in /tmp
+        if loc.startswith("scratch:") and ".." in path.split("/"):
+            return "outside:" + loc.partition(":")[2]
+        return loc
 
     def protected(self, loc: str) -> str | None:
         kind, _, p = loc.partition(":")
@@ -299,7 +303,9 @@ class Judge:
         # the pattern is the filter's first non-option word; a secret-looking one is not harmless
         pipeline_text = c.source
         m = re.search(r"\|\s*(?:grep|egrep|rg)\s+(?:-\w+\s+)*['\"]?([^'\"|\s]+)", pipeline_text)
-        return bool(m) and not SECRET_NAME_RE.search(m.group(1)) and not re.fullmatch(r"[.*^$]*", m.group(1))
+        if not m or re.fullmatch(r"[.*^$]*", m.group(1)):
+            return False
+        return not re.search(r"key|token|secret|pass|cred|auth|api", m.group(1), re.IGNORECASE)
 
     def _why(self, loc: str) -> str:
         kind, _, p = loc.partition(":")

@@ -481,8 +481,8 @@ def _find_exec(cmd: Command, args: list[str]) -> list[Command]:
                 j += 1
             words = []
             for w in sub:
-                if "{}" in w:
-                    words.extend(w.replace("{}", r) for r in roots)
+                if "{}" in w:  # the matched files, inside the roots
+                    words.extend(w.replace("{}", r.rstrip("/") + "/*") for r in roots)
                 else:
                     words.append(w)
             if words:
@@ -490,7 +490,8 @@ def _find_exec(cmd: Command, args: list[str]) -> list[Command]:
             i = j + 1
             continue
         if a == "-delete":
-            found.append(Command(words=["rm", "-rf", *roots], cwd=cmd.cwd, via="find -delete", source=cmd.source))
+            targets = [r.rstrip("/") + "/*" for r in roots]
+            found.append(Command(words=["rm", "-rf", *targets], cwd=cmd.cwd, via="find -delete", source=cmd.source))
         i += 1
     return found
 
