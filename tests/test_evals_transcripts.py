@@ -16,6 +16,8 @@ from evals.transcripts import (  # noqa: E402
     CLAUDE,
     CODEX,
     UnreadableTranscript,
+    load_meta,
+    meta_digest,
     read_events,
     read_transcript,
     split_commands,
@@ -141,7 +143,10 @@ def test_codex_legacy_msg_generation():
 
 
 def test_slash_prompt_from_invocation_record():
-    t = read_transcript(HAND / "claude_slash_prompt_vs_fsdp2.jsonl")
+    path = HAND / "claude_slash_prompt_vs_fsdp2.jsonl"
+    side = Path(str(path) + ".meta.json")
+    assert read_transcript(path).skills_loaded == []  # a sidecar is never picked up by itself
+    t = read_transcript(path, meta=load_meta(side, meta_digest(side)))
     assert t.tool_calls == []
     assert [(s.name, s.how) for s in t.skills_loaded] == [(SKILL, "slash-prompt")]
     assert t.meta["with_skill"] is True and t.meta["scripted_model"] is False
@@ -178,10 +183,11 @@ def test_missing_file_and_agent_mismatch(tmp_path):
         read_transcript(tmp_path / "none.jsonl")
     with pytest.raises(UnreadableTranscript, match="not codex"):
         read_transcript(HAND / "claude_pass_ckpt_assertion.jsonl", agent=CODEX)
-    (tmp_path / "x.jsonl").write_text((HAND / "claude_pass_ckpt_assertion.jsonl").read_text())
     (tmp_path / "x.jsonl.meta.json").write_text("{broken")
     with pytest.raises(UnreadableTranscript, match="invocation record"):
-        read_transcript(tmp_path / "x.jsonl")
+        load_meta(tmp_path / "x.jsonl.meta.json", meta_digest(tmp_path / "x.jsonl.meta.json"))
+    with pytest.raises(UnreadableTranscript, match="digest"):
+        load_meta(tmp_path / "x.jsonl.meta.json", "0" * 64)
 
 
 def test_truncated_stream_keeps_what_was_read(tmp_path):
@@ -355,13 +361,16 @@ def test_json_nested_too_deep_is_unreadable_not_a_traceback(tmp_path, sidecar):
     """json.loads raises RecursionError (not ValueError) past ~1,000 levels; grade printed a traceback."""
     deep = "[" * 100_000 + "]" * 100_000
     path = tmp_path / "t.jsonl"
+    extra: list[str] = []
     if sidecar:
         path.write_text((HAND / "claude_pass_ckpt_assertion.jsonl").read_text())
-        (tmp_path / "t.jsonl.meta.json").write_text(deep)
+        side = tmp_path / "t.jsonl.meta.json"
+        side.write_text(deep)
+        extra = ["--meta", str(side), "--meta-sha256", meta_digest(side)]
     else:
         path.write_text('{"type":"assistant","message":' + deep + "}\n" + deep + "\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "evals", "grade", "--case", "mfsdp-ckpt-format-assertion", str(path)],
+        [sys.executable, "-m", "evals", "grade", "--case", "mfsdp-ckpt-format-assertion", str(path), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
