@@ -3,7 +3,7 @@
 
 Reads ``tests/fixtures/differential/verdicts.json`` (real ``runtime_config_update()``
 verdicts recorded by role ``gpu`` with ``tests/differential/gen_verdicts.py`` on a
-GPU machine), replays every case through our rule table (``mfsdp_lib.differential``)
+GPU machine), replays every case through our rule table (``mfsdp_lib.rules.differential``)
 and writes ``benchmarks/results/differential_agreement.json``: how many rejections we
 reproduce, how many name the same rule as Bridge's message, and how many acceptances
 we leave alone (with the documented exceptions counted separately).
@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mfsdp_lib import config_io, differential  # noqa: E402
+from mfsdp_lib import config_io
+from mfsdp_lib.rules import differential  # noqa: E402
 
 VERDICTS = ROOT / "tests" / "fixtures" / "differential" / "verdicts.json"
 RESULT = ROOT / "benchmarks" / "results" / "differential_agreement.json"

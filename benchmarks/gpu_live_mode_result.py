@@ -134,7 +134,7 @@ def main(argv=None) -> int:
             "CUDA_DEVICE_MAX_CONNECTIONS=1. F is the one disagreement: without a model shape Bridge raised "
             "ZeroDivisionError in the model's own set-up, outside the Megatron FSDP settings our rules cover; "
             "live mode reported it as MFSDP-LIVE-DISAGREE, the wording now says to fix what Bridge names.",
-            "Bug 1 (fixed in scripts/mfsdp_lib/cli_enable.py): a recipe that fails to build (E0: the HF hub "
+            "Bug 1 (fixed in scripts/mfsdp_lib/cli/enable.py): a recipe that fails to build (E0: the HF hub "
             "offline) was reported as 'internal error ... this is a bug in the skill', exit 3; the run-time copy "
             "already printed one line with Bridge's first line and exit 2 (E).",
             "Bug 2 (fixed after the run, not re-run on a GPU: 194 s of device time were left, a machine starts "

@@ -13,7 +13,7 @@
 #     pyproject.toml extras the job needs (read from pyproject.toml, so versions live in one place);
 #     a stamp with pyproject.toml's digest skips pip when nothing changed.
 #   * the npm `skills` CLI (pinned below) goes into .cache/node for the install test.
-# Both folders are git-ignored and are not part of the signed skill (scripts/mfsdp_lib/signature.py).
+# Both folders are git-ignored and are not part of the signed skill (scripts/mfsdp_lib/integrity/signature.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

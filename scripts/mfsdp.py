@@ -11,7 +11,7 @@ only when that command runs. Two reasons:
 * isolation: a broken optional part (say, the GPU smoke launcher) cannot stop
   the offline commands from working.
 
-Each command module under ``mfsdp_lib`` provides ``configure(parser)`` (adds its
+Each command module under ``mfsdp_lib/cli/`` provides ``configure(parser)`` (adds its
 arguments to an ``argparse`` parser) and ``run(args) -> int`` (the exit code).
 Errors in the user's input are raised as ``mfsdp_lib.findings.InputError`` and
 become one line on stderr with exit code 2, never a traceback.
@@ -32,17 +32,17 @@ if _HERE not in sys.path:
 
 MIN_PYTHON = (3, 10)  # NVIDIA's PyTorch containers ship 3.10 and newer.
 
-# name -> (module under mfsdp_lib, one-line summary). The order is the order
+# name -> (module under mfsdp_lib/cli, one-line summary). The order is the order
 # of --help, which follows the enablement workflow in SKILL.md.
 COMMANDS = {
-    "check": ("cli_check", "check a Bridge config against every Megatron FSDP rule at once"),
-    "enable": ("cli_enable", "apply the Megatron FSDP overrides to a config and say what changed"),
-    "memory": ("cli_memory", "estimate per-GPU memory for DDP, distributed optimizer and each FSDP strategy"),
-    "ckpt": ("cli_ckpt", "tell a checkpoint's real format and whether it matches its run config"),
-    "log": ("cli_log", "judge a training log: finite loss, skipped/NaN iterations, known failures"),
-    "anchors": ("cli_anchors", "verify the skill's code anchors against the installed Megatron-Bridge"),
-    "rules": ("cli_rules", "list the rule table, or write references/rules.md from it"),
-    "smoke": ("cli_smoke", "run the GPU smoke test (torchrun + Megatron-Bridge pretrain)"),
+    "check": ("check", "check a Bridge config against every Megatron FSDP rule at once"),
+    "enable": ("enable", "apply the Megatron FSDP overrides to a config and say what changed"),
+    "memory": ("memory", "estimate per-GPU memory for DDP, distributed optimizer and each FSDP strategy"),
+    "ckpt": ("ckpt", "tell a checkpoint's real format and whether it matches its run config"),
+    "log": ("log", "judge a training log: finite loss, skipped/NaN iterations, known failures"),
+    "anchors": ("anchors", "verify the skill's code anchors against the installed Megatron-Bridge"),
+    "rules": ("rules", "list the rule table, or write references/rules.md from it"),
+    "smoke": ("smoke", "run the GPU smoke test (torchrun + Megatron-Bridge pretrain)"),
 }
 
 EPILOG = """\
@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{prog}: unknown command '{name}'{hint}; run '{prog} --help'\n")
         return 2
 
-    from mfsdp_lib import cliutil
+    from mfsdp_lib.cli import common
 
-    return cliutil.run_command(prog, name, COMMANDS[name], rest)
+    return common.run_command(prog, name, COMMANDS[name], rest)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ changed file fails ``verify`` with its name. The bundle has the shape of
 NVIDIA's signed skills (OpenSSF Model Signing: Sigstore bundle v0.3, x509
 chain, DSSE over an in-toto statement), so ``verify`` also checks NVIDIA's.
 Which files are signed, and why build products such as ``.venv`` are not, is
-explained in ``scripts/mfsdp_lib/signature.py``.
+explained in ``scripts/mfsdp_lib/integrity/signature.py``.
 
 Needs ``model-signing`` and ``pyopenssl`` (``bash scripts/dev.sh test`` installs
 them into ``.venv``); ``files`` needs the standard library only.
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from mfsdp_lib import signature as sig
+    from mfsdp_lib.integrity import signature as sig
 
     root = sig.skill_root(args.dir)
     if args.command == "files":

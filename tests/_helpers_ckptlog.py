@@ -4,7 +4,7 @@ Role ``gpu`` adds real runs under ``tests/fixtures/gpu-run/``; the tests find th
 their tracker files, logs by ``*.log``) so new runs are tested without editing any test.
 
 ``CKPT`` is not the committed folder but a temporary copy of it with the real file names: the ``skills``
-installer never copies a file named ``metadata.json`` (``mfsdp_lib.signature.INSTALLER_SKIPS_FILES``), so
+installer never copies a file named ``metadata.json`` (``mfsdp_lib.integrity.signature.INSTALLER_SKIPS_FILES``), so
 ``make_fixtures.py`` stores those as ``metadata.json.fixture``; the copy, made once per test process and
 removed at exit, renames them back, so the tests read what Bridge writes in an installed copy too.
 """

@@ -81,7 +81,7 @@ def test_evidence_entries_cover_real_items_and_point_at_real_files():
                 assert pending, f"evidence {e['ref']} does not exist"
                 continue
         if e["kind"] == "test":
-            assert re.fullmatch(r"tests/test_\w+\.py", e["ref"])
+            assert re.fullmatch(r"tests/(\w+/)?test_\w+\.py", e["ref"])
 
 
 def test_runtime_verified_only_from_a_recorded_run_in_this_repo():

@@ -126,7 +126,7 @@ COMMANDS_CITED = mfsdp_commands(TEXT) + [
 @pytest.mark.parametrize("argv", COMMANDS_CITED, ids=[" ".join(a)[:60] for a in COMMANDS_CITED])
 def test_cited_command_exists_and_its_flags_parse(argv):
     import mfsdp
-    from mfsdp_lib import cliutil
+    from mfsdp_lib.cli import common as cliutil
 
     name, rest = argv[0], argv[1:]
     assert name in mfsdp.COMMANDS, f"SKILL.md/references cite unknown command {name!r}"
@@ -142,7 +142,7 @@ def test_cited_command_exists_and_its_flags_parse(argv):
 
 
 def test_no_bare_line_number_citations():
-    from mfsdp_lib.anchors import BARE_LINE_RE
+    from mfsdp_lib.integrity.anchors import BARE_LINE_RE
 
     for p in [ROOT / "SKILL.md", *sorted((ROOT / "references").glob("*.md"))]:
         assert not BARE_LINE_RE.search(p.read_text()), f"{p.name} cites a Megatron file by line number"

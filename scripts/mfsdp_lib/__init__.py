@@ -1,18 +1,24 @@
-"""Library behind scripts/mfsdp.py: one module per concern.
+"""Library behind scripts/mfsdp.py, organised by concern.
 
-Where things live (a newcomer should find a rule in one step):
+Where things live (a newcomer should find a rule, a memory term or a command in one step):
 
-* ``findings``   - the Finding record, text/JSON rendering, exit codes, InputError.
-* ``cliutil``    - how a command module is loaded and run (no tracebacks for bad input).
-* ``schema``     - the Bridge 0.6.x fields the rules read: type, default, allowed values.
-* ``config_io``  - loading YAML / ``key=value`` overrides into an effective config, writing it back.
-* ``rules``      - THE rule table: every Megatron FSDP constraint, with id, severity, fix, source anchor.
-* ``enable``     - the Megatron FSDP overrides and how they are applied.
-* ``checkpoints``- reading checkpoint folders (metadata only, never tensors).
-* ``logs``       - streaming judge of Megatron-Bridge training logs and pytest output.
-* ``memory``     - per-GPU memory model for DDP, distributed optimizer and FSDP strategies.
-* ``anchors``    - verifying the code anchors cited by SKILL.md and references/.
-* ``cli_*``      - thin argparse glue, one per subcommand of scripts/mfsdp.py.
+* ``cli/``        - one thin module per subcommand of scripts/mfsdp.py (``configure`` + ``run``);
+                    ``cli/common.py`` loads and runs a command (no tracebacks for bad input).
+* ``rules/``      - THE rule table: typed ``Rule`` records (``rules/model.py``), one module per
+                    topic (core, checkpoint, environment, parallel, precision, activations,
+                    cuda_graphs), the registry and ``evaluate`` in ``rules/__init__.py``;
+                    ``rules/differential.py`` replays real Bridge verdicts through it.
+* ``memory/``     - per-GPU memory model: ``shapes`` (model shapes, parameter counting),
+                    ``terms`` (precision, activations), ``strategies`` (model state per
+                    strategy), ``estimate`` (totals and the report).
+* ``runs/``       - what a run leaves behind: ``logs``, ``checkpoints`` (with ``checkpoint_files``
+                    and the no-unpickle ``pickle_reader``), and the GPU ``smoke`` test.
+* ``integrity/``  - ``signature`` (skill.oms.sig), ``anchors`` (code anchors in SKILL.md and
+                    references/), ``sources`` (finding the real Megatron-Bridge source).
+* ``findings``    - the Finding record, text/JSON rendering, exit codes, InputError.
+* ``schema``      - the Bridge 0.6.x fields the rules read: type, default, allowed values.
+* ``config_io``   - loading YAML / ``key=value`` overrides into an effective config, writing it back.
+* ``enable``      - the Megatron FSDP overrides and how they are applied.
 """
 
 __version__ = "0.1.0"

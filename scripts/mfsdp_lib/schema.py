@@ -1,6 +1,6 @@
 """The Megatron-Bridge 0.6.x config fields that the Megatron FSDP rules read.
 
-Every rule in ``rules.py`` reads a value such as ``ddp.data_parallel_sharding_strategy``.
+Every rule in ``rules/`` reads a value such as ``ddp.data_parallel_sharding_strategy``.
 When a config file does not set that value, Bridge uses the dataclass default, so we
 must know it; when a file sets it, we must know its type (to coerce ``"True"`` or
 ``"4"`` the way OmegaConf would) and, for enums, the allowed values (a misspelt

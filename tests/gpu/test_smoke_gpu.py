@@ -59,7 +59,7 @@ def _out_dir() -> str:
 @pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 def test_fsdp_smoke_save_resume():
     import smoke_train
-    from mfsdp_lib import smoke as smoke_lib
+    from mfsdp_lib.runs import smoke as smoke_lib
 
     args = smoke_train.build_parser().parse_args(
         [

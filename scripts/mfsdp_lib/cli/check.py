@@ -1,0 +1,141 @@
+"""``mfsdp.py check``: every Megatron FSDP problem of a Bridge config, in one pass.
+
+Glue only: ``config_io.load_effective`` builds the effective config (Bridge defaults,
+then CONFIG or the embedded Llama 3 8B recipe, then ``KEY=VALUE`` overrides),
+``rules.evaluate`` runs the whole rule table against it and the environment, and
+``findings`` renders the result. The environment is ``--env`` when given (exactly
+those variables: a launcher's environment, not this shell's), else this process's;
+the config's own ``env_vars`` are applied over it with ``setdefault``, as Bridge does.
+
+Kept light on purpose (imports yaml and the rule table only): the agent runs it after
+every edit, so it must start in a few interpreter start-ups.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import config_io, rules
+from .. import schema as S
+from ..findings import exit_code, render_json, render_text
+
+DESCRIPTION = """\
+Check a Megatron-Bridge config against every Megatron FSDP rule at once.
+
+CONFIG is a run_config.yaml (as Bridge writes into each checkpoint; a checkpoint's
+iter_* folder stands for the run_config.yaml in it), a partial override file (ddp:, checkpoint:, ... sections) or nothing (the embedded Llama 3 8B
+pretrain recipe of Bridge 0.6.2). KEY=VALUE arguments are Hydra-style overrides
+(section.key=value) applied on top, coerced like Bridge's OmegaConf loading.
+
+Each finding has a stable rule id, a severity, the dotted key to change, the value
+found and a concrete fix. 'mfsdp.py rules' lists the table with the source of each
+rule in Megatron-Bridge / Megatron-Core."""
+
+EPILOG = """\
+examples:
+  mfsdp.py check                                   # the embedded recipe as shipped
+  mfsdp.py check dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true
+        # -> MFSDP-CKPT-FORMAT: the recipe saves checkpoints, so fsdp_dtensor is required
+  mfsdp.py check run_config.yaml --format json     # a checkpoint's config, machine-readable
+  mfsdp.py check my.yaml --env CUDA_DEVICE_MAX_CONNECTIONS=1 --gpu-arch hopper
+        # judge against the launcher's environment instead of this shell's
+  mfsdp.py check fsdp_overrides.yaml --base embedded
+        # a partial --config-file as the recipe launcher will see it (over the recipe)
+
+exit codes: 0 no error-severity finding, 1 at least one error, 2 unusable input
+(missing file, YAML syntax error, unknown section/key, wrong type, unknown enum value
+such as a misspelt sharding strategy, malformed KEY=VALUE)."""
+
+
+def configure(parser) -> None:
+    parser.add_argument(
+        "items",
+        nargs="*",
+        metavar="[CONFIG] [KEY=VALUE ...]",
+        help="optional config file, then section.key=value overrides",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="environment of the training job (repeatable); default: this process's environment",
+    )
+    parser.add_argument(
+        "--gpu-arch",
+        type=_arch,
+        default=None,
+        metavar="ARCH",
+        help=f"GPU architecture of the job ({', '.join(rules.KNOWN_ARCHS)}, or a product name "
+        "such as h100, gb200); enables architecture-specific advice",
+    )
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    add_base_argument(parser)
+    allow_intermixed(parser)
+
+
+def allow_intermixed(parser) -> None:
+    """Let KEY=VALUE items follow options (``check a.yaml --base embedded ddp.x=1``).
+
+    Plain argparse stops filling a ``nargs="*"`` positional at the first option; the
+    intermixed parser (standard library, Python 3.7+) collects the items wherever they are.
+    """
+    parser.parse_args = parser.parse_intermixed_args
+
+
+def add_base_argument(parser) -> None:
+    parser.add_argument(
+        "--base",
+        metavar="BASE",
+        help="full config that a partial CONFIG is layered on, as a recipe launcher does with "
+        "--config-file: a run_config.yaml, or 'embedded' for the embedded Llama 3 8B "
+        "recipe (default: Bridge's dataclass defaults)",
+    )
+
+
+def _arch(text: str) -> str:
+    import argparse
+
+    arch = rules.normalize_arch(text)
+    if arch is None:
+        raise argparse.ArgumentTypeError(
+            f"unknown GPU architecture {text!r}; use one of "
+            f"{', '.join(rules.KNOWN_ARCHS)} or a product name (h100, b200, ...)"
+        )
+    return arch
+
+
+def split_items(items: list[str]) -> tuple[str | None, list[str]]:
+    """First item is CONFIG unless it looks like KEY=VALUE (and is not an existing file)."""
+    if not items:
+        return None, []
+    first = items[0]
+    if "=" not in first and not os.path.exists(first) and first.split(".", 1)[0] in S.CONTAINER_KEYS:
+        raise config_io._err(
+            f"{first!r}: no such file; for an override write it as section.key=value (e.g. {first}=true)"
+        )
+    if "=" not in first or os.path.isfile(first):
+        rest = items[1:]
+    else:
+        return None, list(items)
+    for r in rest:
+        if "=" not in r:
+            raise config_io._err(f"{r!r}: expected section.key=value after CONFIG (only one config file is read)")
+    return first, rest
+
+
+def run(args) -> int:
+    path, overrides = split_items(args.items)
+    if path:
+        path = config_io.resolve_config_path(path)
+    cfg = config_io.load_effective(path, overrides, base=args.base)
+    env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
+    found = rules.evaluate(cfg, env, args.gpu_arch)
+    name = path or config_io.EMBEDDED_NAME
+    fsdp = bool(config_io.get(cfg, "dist.use_megatron_fsdp")) or bool(config_io.get(cfg, "ddp.use_megatron_fsdp"))
+    if args.format == "json":
+        render_json(found, config=name, overrides=list(overrides), megatron_fsdp=fsdp)
+    else:
+        extra = f" + {len(overrides)} override(s)" if overrides else ""
+        render_text(found, header=f"check {name}{extra}: Megatron FSDP {'on' if fsdp else 'off'}")
+    return exit_code(found)

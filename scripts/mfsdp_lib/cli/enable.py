@@ -1,0 +1,340 @@
+"""``mfsdp.py enable``: apply the Megatron FSDP overrides and say what changed.
+
+Glue over ``enable.plan`` (what to change and why), ``enable.yaml_edit`` (edit the
+user's YAML in place, keeping comments and key order) and ``rules.evaluate`` (the
+result is checked before it is written: what we emit passes ``check``).
+
+Output goes to stdout unless ``-o OUT`` (written atomically; an existing OUT needs
+``--force`` and is backed up) or ``--in-place`` (CONFIG itself, backed up first).
+The report of changes goes to stderr when the result is on stdout, so
+``mfsdp.py enable --emit overrides > fsdp.args`` captures only the overrides.
+
+Live mode (``--recipe NAME``) needs an importable Megatron-Bridge (an NVIDIA
+container): it builds the real recipe, applies the same overrides to the real
+``ConfigContainer``, runs the real ``runtime_config_update()`` (which ends in
+``validate()``) and reports any disagreement with our rule table. Importability is detected from the installed distribution's metadata,
+without importing anything, so the offline path stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+from .. import config_io, enable, rules
+from ..cli.check import add_base_argument, allow_intermixed, split_items
+from ..findings import Finding, has_errors, render_text, sort_findings
+
+DESCRIPTION = """\
+Apply the Megatron FSDP overrides to a Megatron-Bridge config and say what changed.
+
+Sets dist/ddp.use_megatron_fsdp, the sharding strategy, average_in_collective=false and
+ckpt_format=fsdp_dtensor, plus what follows from the config (checkpoint.load cleared when
+it points at another format, --save-dir, settings Bridge rejects with Megatron FSDP).
+Every change is listed with its old value and why. The result is checked with the same
+rule table as 'mfsdp.py check' before it is printed or written.
+
+CONFIG is a run_config.yaml, a partial override file, or nothing (the embedded Llama 3
+8B recipe). KEY=VALUE overrides are applied first, like Bridge's launchers do."""
+
+EPILOG = """\
+examples:
+  mfsdp.py enable --emit overrides --save-dir /results/ckpt
+        # Hydra lines for a Bridge launcher: dist.use_megatron_fsdp=true ...
+  mfsdp.py enable run_config.yaml -o fsdp_run_config.yaml
+        # full YAML, edited in place (comments and key order kept), written atomically
+  mfsdp.py enable my_overrides.yaml --in-place   # rewrites it, keeping my_overrides.yaml.bak
+  mfsdp.py enable my_overrides.yaml --base embedded -o fsdp_overrides.yaml
+        # a partial --config-file for the recipe launcher: adds what the recipe needs too
+  mfsdp.py enable --emit python                  # cfg.ddp.use_megatron_fsdp = True ...
+  mfsdp.py enable --strategy optim_grads --perf --emit json
+  mfsdp.py enable --recipe llama3_8b_pretrain_config   # live: real recipe + real validate()
+        # Llama recipes read the model config from the Hugging Face hub (offline: HF_HUB_OFFLINE=1
+        # with it cached); vanilla_gpt_pretrain_config builds offline but needs the model shape:
+  mfsdp.py enable --recipe vanilla_gpt_pretrain_config model.num_layers=2 model.hidden_size=256 model.num_attention_heads=4
+
+exit codes: 0 result passes check, 1 errors remain that need a decision (listed),
+2 unusable input (or --recipe where Megatron-Bridge is not installed)."""
+
+
+def configure(parser) -> None:
+    parser.add_argument(
+        "items",
+        nargs="*",
+        metavar="[CONFIG] [KEY=VALUE ...]",
+        help="optional config file, then section.key=value overrides applied first",
+    )
+    parser.add_argument(
+        "--emit",
+        choices=("yaml", "python", "overrides", "json"),
+        default="yaml",
+        help="yaml: the full config; python: cfg.x.y = v lines; overrides: section.key=value "
+        "lines; json: changes + findings (default yaml)",
+    )
+    parser.add_argument("-o", "--output", metavar="OUT", help="write the result to OUT atomically")
+    parser.add_argument("--force", action="store_true", help="allow -o to replace an existing OUT (kept as OUT.bak)")
+    parser.add_argument("--in-place", action="store_true", help="rewrite CONFIG itself (kept as CONFIG.bak)")
+    parser.add_argument("--save-dir", metavar="DIR", help="set checkpoint.save to DIR")
+    parser.add_argument(
+        "--strategy",
+        choices=enable.STRATEGIES,
+        default="optim_grads_params",
+        help="data_parallel_sharding_strategy (default optim_grads_params: shard everything)",
+    )
+    parser.add_argument(
+        "--perf", action="store_true", help="also apply the settings Bridge's perf recipes use with Megatron FSDP"
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="environment of the job, for the final check (default: this process's)",
+    )
+    parser.add_argument(
+        "--recipe", metavar="NAME", help="live mode: build Bridge's recipe NAME (needs megatron-bridge installed)"
+    )
+    add_base_argument(parser)
+    allow_intermixed(parser)
+
+
+def _bridge_installed() -> str | None:
+    """Installed megatron-bridge version, from metadata only (no import)."""
+    from importlib import metadata
+
+    for dist in ("megatron-bridge", "megatron_bridge"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        except Exception:
+            return None
+    return None
+
+
+def _report(changes, out) -> None:
+    if not changes:
+        out.write("no changes: Megatron FSDP is already enabled as required\n")
+        return
+    out.write(f"{len(changes)} change(s):\n")
+    for c in changes:
+        out.write(f"  {c.path}: {rules.fmt(c.old)} -> {rules.fmt(c.new)}\n      why: {c.why}\n")
+
+
+def run(args) -> int:
+    if args.recipe:
+        return _run_live(args)
+    path, overrides = split_items(args.items)
+    if args.in_place and path is None:
+        raise config_io._err("--in-place needs a CONFIG file to rewrite")
+    if args.in_place and args.output:
+        raise config_io._err("use either --in-place or -o OUT, not both")
+    if args.in_place and args.emit != "yaml":  # CONFIG is YAML: never replace it with Python or override lines
+        raise config_io._err(f"--in-place rewrites CONFIG as YAML; drop --emit {args.emit}, or write it with -o OUT")
+    if (
+        args.output
+        and os.path.exists(args.output)
+        and not args.force
+        and not (path and os.path.abspath(args.output) == os.path.abspath(path) and args.in_place)
+    ):
+        raise config_io._err(
+            f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o"
+        )
+
+    if path:
+        path = config_io.resolve_config_path(path)
+    data, name = config_io.load_file_data(path)
+    text = config_io.read_text(path) if path else open(config_io.EMBEDDED_DEFAULT, encoding="utf-8").read()
+    env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
+
+    # The user's KEY=VALUE overrides are changes too (they must appear in the emitted config).
+    base = config_io.merge_file(config_io.base_config(args.base), data, name)
+    user_changes = []
+    eff = enable._deep_copy(base)
+    for item in overrides:
+        p, v = config_io.parse_override(item)
+        old = config_io.get(eff, p, enable.S.default(p))
+        config_io.set_path(eff, p, v, "override")
+        user_changes.append(enable.Change(p, old, config_io.get(eff, p), "given on the command line"))
+
+    changes = user_changes + enable.plan(eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env)
+    result = enable.apply(base, changes)
+    findings = rules.evaluate(result, env, None)
+    ok = not has_errors(findings)
+
+    in_place_edit = True
+    if args.emit == "yaml":
+        body, in_place_edit = enable.yaml_edit(text, data, changes)
+        # the written text, re-read through the loader, must give the same verdict
+        reread = config_io.merge_file(config_io.base_config(args.base), config_io.parse_yaml(body, "result"), "result")
+        findings = rules.evaluate(reread, env, None)
+        ok = not has_errors(findings)
+    elif args.emit == "python":
+        body = enable.render_python(changes)
+    elif args.emit == "overrides":
+        body = enable.render_overrides(changes)
+    else:
+        body = (
+            json.dumps(
+                {
+                    "ok": ok,
+                    "config": name,
+                    "strategy": args.strategy,
+                    "changes": [c.to_dict() for c in changes],
+                    "overrides": enable.overrides_of(changes),
+                    "findings": [f.to_dict() for f in sort_findings(findings)],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+    target = path if args.in_place else args.output
+    if args.in_place and body == text:  # nothing to change: no rewrite, no backup piling up per run
+        report = sys.stdout
+        report.write(f"{target} left as it was (nothing to change)\n")
+    elif target:
+        bak = config_io.write_atomic(target, body, backup=bool(args.in_place or os.path.exists(target)))
+        report = sys.stdout
+        report.write(f"wrote {target}" + (f" (backup: {bak})" if bak else "") + "\n")
+    else:
+        sys.stdout.write(body)
+        report = sys.stderr
+    if args.emit != "json":
+        _report(changes, report)
+        if not in_place_edit:
+            report.write("note: the file could not be edited line by line; it was re-dumped (comments dropped)\n")
+        notable = [f for f in findings if f.severity != "info"]
+        if notable:  # errors left for the user to decide, and warnings worth knowing
+            render_text(notable, header="check of the result:", out=report)
+        if env.get(rules.MAX_CONN) == "1":
+            report.write(f"note: your environment sets {rules.MAX_CONN}=1; unset it (or set 32) before launching\n")
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------- live mode
+
+
+def _find_recipe(name: str):
+    import importlib
+
+    recipes = importlib.import_module("megatron.bridge.recipes")
+    fn = getattr(recipes, name, None)
+    if fn is None:
+        for sub in ("llama", "qwen", "deepseek", "gemma", "nemotronh", "gpt"):
+            try:
+                mod = importlib.import_module(f"megatron.bridge.recipes.{sub}")
+            except Exception:
+                continue
+            fn = getattr(mod, name, None)
+            if fn is not None:
+                break
+    if fn is None or not callable(fn):
+        raise config_io._err(f"--recipe {name}: no such recipe function in megatron.bridge.recipes")
+    return fn
+
+
+def _call_recipe(name: str, fn):
+    """Build the recipe; a failure is one line and exit 2, not an "internal error".
+
+    A recipe can fail for the environment's reasons, not the skill's: the Llama recipes
+    read the model's config from the Hugging Face hub, and on the offline H200 (2026-12-02)
+    ``llama3_8b_pretrain_config`` raised ``ValueError: Failed to load configuration from
+    meta-llama/Meta-Llama-3-8B after 4 attempts`` with HF_HUB_OFFLINE=1, and kept retrying
+    past 45 s without it. Bridge's first line names the cause, so it is what we print.
+    """
+    try:
+        return fn()
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise config_io._err(f"--recipe {name}: building the recipe raised {type(exc).__name__}: {first}") from None
+
+
+def _run_live(args) -> int:
+    if args.items and "=" not in args.items[0]:
+        raise config_io._err(
+            f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({args.items[0]})"
+        )
+    for flag in ("in_place", "output"):
+        if getattr(args, flag):
+            raise config_io._err("--recipe prints the overrides and the live verdict; -o/--in-place do not apply")
+    version = _bridge_installed()
+    if version is None:
+        raise config_io._err(
+            "--recipe needs Megatron-Bridge installed (an NVIDIA NeMo container); "
+            "it is not, so use CONFIG/--emit offline instead"
+        )
+    path, overrides = split_items(args.items)
+    if path is not None:
+        raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({path})")
+    env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
+    # stdout is for the overrides alone. Megatron's log handler (megatron/training/log_handler.py)
+    # binds sys.stdout when megatron.training is imported, and Bridge prints with print_rank_0, so
+    # on the H200 `--recipe NAME > fsdp.args` captured INFO lines too. Importing, building and
+    # validating with sys.stdout pointed at stderr binds that handler to stderr instead.
+    with contextlib.redirect_stdout(sys.stderr):
+        changes, ours, bridge_error = _live_verdicts(args, version, overrides, env)
+    findings = list(ours)
+    if bridge_error and not has_errors(ours):
+        findings.append(
+            Finding(
+                "MFSDP-LIVE-DISAGREE",
+                "error",
+                "config",
+                f"Bridge {version} runtime_config_update() raised {bridge_error}; our rules, "
+                "which cover the Megatron FSDP settings, found no error.",
+                "fix what Bridge names; if it is a Megatron FSDP setting, our rule table lacks it: "
+                "report it to the skill's maintainers",
+            )
+        )
+    elif not bridge_error and has_errors(ours):
+        findings.append(
+            Finding(
+                "MFSDP-LIVE-DISAGREE",
+                "warning",
+                "config",
+                f"our rules report errors that Bridge {version} validate() accepted.",
+                "check the listed errors; runtime-stage rules fail after validate()",
+            )
+        )
+    sys.stdout.write(enable.render_overrides(changes))
+    _report(changes, sys.stderr)
+    verdict = f"raised {bridge_error}" if bridge_error else "accepted"
+    sys.stderr.write(f"Bridge {version} runtime_config_update() (ends in validate()): {verdict}\n")
+    render_text(findings, header=f"live check of {args.recipe} with megatron-bridge {version}:", out=sys.stderr)
+    return 1 if has_errors(findings) or bridge_error else 0
+
+
+def _live_verdicts(args, version, overrides, env):
+    """Real recipe + our plan applied to it; (changes, our findings, Bridge's error or None)."""
+    try:
+        import tempfile
+
+        from megatron.bridge.training.config import runtime_config_update
+    except Exception as exc:  # installed but not importable (no CUDA / TE)
+        raise config_io._err(
+            f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
+    cfg_obj = _call_recipe(args.recipe, _find_recipe(args.recipe))
+    user = {}
+    for item in overrides:
+        p, v = config_io.parse_override(item)
+        user[p] = v
+    enable.apply_to_object(cfg_obj, user)
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = os.path.join(tmp, "recipe.yaml")
+        cfg_obj.to_yaml(dump)
+        eff = config_io.load_effective(dump)
+    changes = enable.plan(eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env)
+    enable.apply_to_object(cfg_obj, enable.overrides_of(changes))
+    ours = rules.evaluate(enable.apply(eff, changes), env, None)
+    bridge_error = None
+    try:
+        # The real path a training job takes: env_vars with setdefault, mixed precision, DP size, validate().
+        runtime_config_update(cfg_obj)
+    except Exception as exc:
+        bridge_error = f"{type(exc).__name__}: {exc}"
+    return changes, ours, bridge_error

@@ -1,0 +1,224 @@
+"""``mfsdp.py memory``: argparse glue around ``mfsdp_lib.memory``.
+
+Kept thin on purpose: the model (and every formula's source) lives in
+``memory.py``; this module only turns arguments into a ``memory.report`` call and
+prints the result as a table or as the JSON object. A CONFIG and ``KEY=VALUE``
+overrides are loaded with ``config_io.load_effective`` (Bridge defaults, then the
+YAML, then the overrides), so the estimate sees the same effective config as
+``check``. Bad input becomes ``InputError``: one stderr line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from .. import memory
+from ..findings import InputError
+
+DESCRIPTION = """\
+Estimate per-GPU memory for DDP, the distributed optimizer (distopt) and each Megatron
+FSDP sharding strategy (no_shard, optim, optim_grads, optim_grads_params): parameters,
+gradients, optimizer state, Megatron FSDP's unsharded buffers, activations and the
+total, whether it fits in --gpu-mem-gib, and the smallest data-parallel size at which
+each strategy fits. Precision (bf16, grad_reduce_in_fp32, megatron_fsdp_main_*_dtype,
+use_precision_aware_optimizer, optimizer_cpu_offload), recomputation and parallel sizes
+are read from the config when one is given.
+
+The model to size comes from (first match): --model NAME (built-in: {builtins}),
+--params N (no shape: no activations, no FSDP buffers), or the config's model section.
+
+examples:
+  mfsdp.py memory --model llama3-8b --dp 8 --gpu-mem-gib 80
+  mfsdp.py memory --model llama3-70b --dp 64 --tp 4 --strategy optim_grads_params --gpu-mem-gib 141
+  mfsdp.py memory run_config.yaml --dp 16 --gpu-mem-gib 80 --format json
+  mfsdp.py memory run_config.yaml model.recompute_granularity=full model.recompute_method=uniform \\
+      model.recompute_num_layers=1 --dp 8 --gpu-mem-gib 80
+  mfsdp.py memory --params 13e9 --dp 32 --gpu-mem-gib 80      # model state only
+"""
+
+EPILOG = """\
+Reading the table: GiB per GPU on the most-loaded rank. 'buffers' are Megatron FSDP's
+(preserved embedding/output copies, all-gather window, reduce-scatter queue); 'total' is
+model state + the largest of: activations + buffers alive with them, the late reduce-scatter
+queue, the optimizer-step fp32 gradient copy. 'min DP' is
+the smallest data-parallel size at which that strategy fits (-: never, by this model).
+Not counted: CUDA context, NCCL, fragmentation and workspaces - keep 5-10% headroom.
+Details and OOM triage: references/memory.md.
+
+Exit codes: 0 estimate printed; 1 --gpu-mem-gib given and no reported strategy fits at
+this DP; 2 unusable input.
+"""
+
+TOO_LARGE = "numbers too large to estimate: check --params, --seq-length, --micro-batch-size and the parallel sizes"
+_KV = re.compile(r"^[A-Za-z_][\w.]*=")
+_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def configure(parser) -> None:
+    parser.description = DESCRIPTION.format(builtins=", ".join(memory.builtin_names()))
+    parser.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="CONFIG|KEY=VALUE",
+        help="a Bridge run_config.yaml (or partial YAML) and/or section.key=value overrides",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", metavar="NAME", help="built-in shape: " + ", ".join(memory.builtin_names()))
+    source.add_argument("--params", metavar="N", help="parameter count, e.g. 8.03e9 or 8.03B")
+    for flag, what in (
+        ("dp", "data-parallel"),
+        ("tp", "tensor-parallel"),
+        ("pp", "pipeline-parallel"),
+        ("cp", "context-parallel"),
+        ("ep", "expert-parallel"),
+    ):
+        parser.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} size (default: the config's, else 1)")
+    parser.add_argument(
+        "--strategy",
+        action="append",
+        metavar="NAME",
+        help="one of " + ", ".join(memory.STRATEGIES) + ", all (default all; repeatable, or comma-separated)",
+    )
+    parser.add_argument("--seq-length", type=int, metavar="N", help="sequence length (default: config's)")
+    parser.add_argument(
+        "--micro-batch-size", type=int, metavar="N", help="micro-batch size (default: config's, else 1)"
+    )
+    parser.add_argument("--gpu-mem-gib", type=float, metavar="G", help="GPU memory to fit in, GiB (H100 80, H200 141)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def parse_count(text: str) -> float:
+    """``8.03e9``, ``8030000000``, ``8.03B``, ``405b``, ``770M`` -> a number of parameters."""
+    raw = str(text).strip().replace("_", "").replace(",", "")
+    scale = 1.0
+    if raw and raw[-1].lower() in _SUFFIX:
+        scale, raw = _SUFFIX[raw[-1].lower()], raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise InputError(f"--params must be a number such as 8.03e9 or 8.03B, got {text!r}") from None
+    return value
+
+
+def _split_inputs(inputs: list[str]) -> tuple[str | None, list[str]]:
+    path, overrides = None, []
+    for item in inputs:
+        if _KV.match(item):
+            overrides.append(item)
+        elif path is None:
+            path = item
+        else:
+            raise InputError(f"more than one CONFIG given ({path!r}, {item!r}); overrides are KEY=VALUE")
+    return path, overrides
+
+
+def load_config(path: str | None, overrides: list[str]):
+    """The effective config via config_io, or None when neither a file nor overrides were given."""
+    if path is None and not overrides:
+        return None
+    from .. import config_io  # imports yaml: only when there is a config to read
+
+    return config_io.load_effective(path, overrides)
+
+
+def _strategies(values: list[str] | None) -> tuple[str, ...]:
+    if not values:
+        return ("all",)
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    return tuple(names) or ("all",)
+
+
+def run(args) -> int:
+    path, overrides = _split_inputs(args.inputs)
+    cfg = load_config(path, overrides)
+    try:
+        result = memory.report(
+            cfg,
+            params=parse_count(args.params) if args.params is not None else None,
+            model=args.model,
+            dp=args.dp,
+            tp=args.tp,
+            pp=args.pp,
+            cp=args.cp,
+            ep=args.ep,
+            strategies=_strategies(args.strategy),
+            seq_length=args.seq_length,
+            micro_batch_size=args.micro_batch_size,
+            gpu_mem_gib=args.gpu_mem_gib,
+        )
+    except memory.ModelError as exc:
+        raise InputError(str(exc)) from None
+    except OverflowError:  # e.g. --seq-length 1e400 as an int: float() of it overflows
+        raise InputError(TOO_LARGE) from None
+    try:  # a size so large that a figure became inf/nan: no estimate, and never "Infinity" in the JSON
+        text = json.dumps(result, indent=2, allow_nan=False)
+    except ValueError:
+        raise InputError(TOO_LARGE) from None
+    if args.format == "json":
+        sys.stdout.write(text + "\n")
+    else:
+        sys.stdout.write(render_text(result))
+    if result["gpu_mem_gib"] is not None and not any(r["fits"] for r in result["strategies"]):
+        return 1
+    return 0
+
+
+def _num(x, width: int = 7) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:>{width}.2f}"
+
+
+def render_text(result: dict) -> str:
+    m, par, a = result["model"], result["parallelism"], result["assumptions"]
+    lines = [
+        f"model: {m['name'] or 'unnamed'} ({m['source']}): {m['params'] / 1e9:.3f} B parameters, "
+        f"{m['params_per_gpu'] / 1e9:.3f} B on the most-loaded GPU"
+    ]
+    run_line = f"DP={par['dp']} TP={par['tp']} PP={par['pp']} CP={par['cp']} EP={par['ep']}"
+    if "seq_length" in a:
+        run_line += f", seq {a['seq_length']}, micro-batch {a['micro_batch_size']}, recompute {a['recompute']}"
+    if result["gpu_mem_gib"] is not None:
+        run_line += f", GPU {result['gpu_mem_gib']:g} GiB"
+    lines += [run_line, ""]
+    header = (
+        f"{'strategy':<20}{'params':>8}{'grads':>8}{'optim':>8}{'buffers':>8}{'activ.':>8}"
+        f"{'total':>8}{'fits':>6}{'min DP':>8}"
+    )
+    lines.append(header)
+    for r in result["strategies"]:
+        fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
+        min_dp = r["smallest_dp_that_fits"]
+        min_dp = "-" if min_dp is None else str(min_dp)
+        mark = "*" if r["configured"] else " "
+        lines.append(
+            f"{r['name'] + mark:<20}{_num(r['params_gib'], 8)}{_num(r['grads_gib'], 8)}"
+            f"{_num(r['optimizer_gib'], 8)}{_num(r['buffers_gib'], 8)}{_num(r['activations_gib'], 8)}"
+            f"{_num(r['total_gib'], 8)}{fits:>6}{min_dp:>8}"
+        )
+    lines.append(
+        "GiB per GPU"
+        + ("; * = the strategy this config selects" if any(r["configured"] for r in result["strategies"]) else "")
+    )
+    notes = [(r["name"], n) for r in result["strategies"] for n in r["notes"]]
+    if notes or a.get("notes"):
+        lines += ["", "notes:"]
+        lines += [f"  {name}: {n}" for name, n in notes]
+        lines += [f"  {n}" for n in a.get("notes", [])]
+    lines += ["", "assumptions:"]
+    for key in (
+        "params_dtype",
+        "ddp_distopt_grad_dtype",
+        "fsdp_grad_dtype",
+        "fsdp_main_params_dtype",
+        "optimizer",
+        "optimizer_cpu_offload_fraction",
+        "sharding_degree",
+        "activation_formula",
+        "model_state",
+        "total",
+        "not_counted",
+    ):
+        if key in a:
+            lines.append(f"  {key}: {a[key]}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Trust in the skill itself: its signature, its code anchors, and the real sources they cite."""

@@ -1,0 +1,229 @@
+"""Model state per strategy: DDP, the distributed optimizer and each Megatron FSDP strategy.
+
+Params, grads and optimizer state in bytes per parameter with ``N = DP * CP`` the sharding
+degree, plus Megatron FSDP's buffers (the all-gather window, the reduce-scatter queue,
+the double-buffer pools) and DDP's buckets, as the pinned code lays them out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, replace
+
+from .common import ADAM_STATES, FP32, ModelError
+from .shapes import Counts
+from .terms import Precision
+
+STRATEGIES = ("ddp", "distopt", "no_shard", "optim", "optim_grads", "optim_grads_params")
+FSDP_STRATEGIES = STRATEGIES[2:]
+
+
+# Megatron FSDP (megatron_fsdp 0.6.1, megatron_fsdp.py): when
+# ``suggested_communication_unit_size`` is unset it is
+# ``max(1_000_000_000, 2 * elements per FSDP unit)`` for optim_grads_params, else
+# ``max(1_000_000_000, bucket_size or 1e9)``; the all-gather prefetch limit is half of it.
+FSDP_MIN_COMM_UNIT = 1_000_000_000
+FSDP_DOUBLE_BUFFER_SLOTS = 2  # FixedPoolAllocator(size=UB_BUFFER_NUM=2)
+
+# bucket_size when unset: max(40e6, 1e6 x DP x CP) (megatron/training/models/dist_utils.py,
+# distributed/distributed_data_parallel.py), so buckets grow with DP.
+DDP_MIN_BUCKET = 40_000_000
+DDP_BUCKET_PER_DP_RANK = 1_000_000
+
+# How far ``smallest_dp`` searches (data-parallel sizes beyond this are not built today).
+MAX_DP_SEARCH = 16384
+
+
+# --------------------------------------------------------------------------- model state per strategy
+
+
+@dataclass
+class StrategyMemory:
+    """Bytes on the most-loaded GPU for one strategy (floats: shards need not be whole)."""
+
+    name: str
+    params: float
+    grads: float
+    optimizer: float
+    buffers_persistent: float = 0.0  # kept across iterations: preserved non-unit copies, double buffers
+    buffers_at_peak: float = 0.0  # alive with the activation peak (start of backward)
+    buffers_late: float = 0.0  # largest later in backward, when activations are mostly freed
+    step_transient: float = 0.0  # fp32 gradient copy made for the optimizer step
+    init_peak: float = 0.0  # while the model is built unsharded on the GPU, before wrapping
+    gathered_after_step: float = 0.0  # layers all-gathered by start_param_sync right after the step
+    notes: tuple[str, ...] = ()
+
+    @property
+    def model_state(self) -> float:
+        return self.params + self.grads + self.optimizer + self.buffers_persistent
+
+    def total(self, activations: float) -> float:
+        training = self.model_state + max(
+            activations + self.buffers_at_peak, self.buffers_late, self.after_step - self.model_state
+        )
+        return max(training, self.init_peak)
+
+    @property
+    def after_step(self) -> float:
+        """What ``memory_allocated()`` reads between two training steps."""
+        return self.model_state + self.step_transient + self.gathered_after_step
+
+    def buffers(self, activations: float) -> float:
+        """FSDP buffer bytes at the moment that decides the total."""
+        peak = activations + self.buffers_at_peak
+        moment = self.buffers_at_peak if peak >= self.buffers_late else self.buffers_late
+        return self.buffers_persistent + moment
+
+
+def _adam_bytes(p: Precision, *, fsdp: bool) -> tuple[int, int]:
+    """(main-weight bytes, moment bytes) per parameter the optimizer holds."""
+    if p.precision_aware:
+        if fsdp:
+            # FusedAdam receives Megatron FSDP's main weights and its own master weights are
+            # switched off (megatron/core/optimizer/__init__.py, get_megatron_optimizer).
+            master = p.fsdp_main_bytes
+        elif p.store_param_remainders and p.param_bytes == 2 and p.master_bytes == FP32:
+            master = 2  # only the 16 bits fp32 adds to the bf16 weight (OptimizerConfig docs)
+        else:
+            master = p.master_bytes
+        return master, p.exp_avg_bytes + p.exp_avg_sq_bytes
+    if fsdp:
+        # Adam's states are zeros_like(the optimizer's parameter): the main weight, or the
+        # model weight when megatron_fsdp_main_params_dtype is None.
+        return p.fsdp_main_bytes, ADAM_STATES * (p.fsdp_main_bytes or p.param_bytes)
+    master = FP32 if p.param_bytes < FP32 else 0  # fp32 training: the weights are the master
+    return master, ADAM_STATES * FP32
+
+
+def _rs_queue_peak(buckets: list[float], capacity: float) -> float:
+    """Largest sum of unsharded gradient buckets alive, by GradReducePipeline's rule.
+
+    A bucket's unsharded storage lives while its gradients accumulate and then in the
+    reduce-scatter queue; before a bucket is queued, the oldest are freed while the
+    queue holds more than ``capacity`` elements (``wait_for_previous_grad_reduce``).
+    """
+    queue: deque[float] = deque()
+    queued = peak = 0.0
+    for size in buckets:
+        peak = max(peak, queued + size)  # this bucket accumulating, older ones queued
+        while queue and queued > capacity:
+            queued -= queue.popleft()
+        queue.append(size)
+        queued += size
+        peak = max(peak, queued)
+    return peak
+
+
+def _buckets(total: float, bucket: int, capacity: float) -> list[float]:
+    """``total`` elements cut into gradient buckets of ``bucket`` elements.
+
+    A run of equal buckets reaches the queue's steady state after ``capacity / bucket + 1``
+    of them, so longer runs are cut short: the peak is the same, and it stays cheap.
+    """
+    if total <= 0:
+        return []
+    n = int(total // bucket)
+    rest = total - n * bucket
+    n = min(n, int(capacity // bucket) + 3)
+    return [float(bucket)] * n + ([rest] if rest > 0 else [])
+
+
+def strategy_memory(
+    strategy: str,
+    counts: Counts,
+    p: Precision,
+    *,
+    dp: int = 1,
+    cp: int = 1,
+    tp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+) -> StrategyMemory:
+    """Model-state and buffer bytes for one strategy on the most-loaded GPU."""
+    if strategy not in STRATEGIES:
+        raise ModelError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
+    etp = etp or tp
+    n_dense = dp * cp
+    n_expert = max(1, (dp * cp * tp) // (ep * etp))  # expert data-parallel group
+    full = counts.gpu_dense + counts.gpu_experts
+    shard = counts.gpu_dense / n_dense + counts.gpu_experts / n_expert
+    keep = 1.0 - p.optimizer_offload_fraction  # share of optimizer state left on the GPU
+    notes: list[str] = []
+
+    if strategy in ("ddp", "distopt"):
+        precision_aware = p.precision_aware and strategy == "distopt"
+        if p.precision_aware and strategy == "ddp":
+            notes.append("use_precision_aware_optimizer needs the distributed optimizer; not applied to ddp")
+        master, moments = _adam_bytes(replace(p, precision_aware=precision_aware), fsdp=False)
+        held = full if strategy == "ddp" else shard
+        step = 0.0
+        if p.ddp_grad_bytes != FP32 and p.param_bytes < FP32 and not precision_aware:
+            step = FP32 * held  # main_param.grad = main_grad.float(): a copy unless already fp32
+        return StrategyMemory(
+            strategy,
+            p.param_bytes * full,
+            p.ddp_grad_bytes * full,
+            (master + moments) * held * keep,
+            step_transient=step,
+            notes=tuple(notes),
+        )
+
+    # Megatron FSDP: a buffer is distributed only when the strategy says so and its group has > 1 rank.
+    sharded = n_dense > 1 or n_expert > 1
+    w_sharded = strategy == "optim_grads_params" and sharded
+    g_sharded = strategy in ("optim_grads", "optim_grads_params") and sharded
+    held = full if strategy == "no_shard" else shard  # no_shard keeps whole optimizer state
+    master, moments = _adam_bytes(p, fsdp=True)
+    mem = StrategyMemory(
+        strategy,
+        p.param_bytes * (shard if w_sharded else full),
+        p.fsdp_grad_bytes * (shard if g_sharded else full),
+        (master + moments) * held * keep,
+    )
+    if p.fsdp_main_bytes and not p.precision_aware and p.fsdp_grad_bytes != p.fsdp_main_bytes:
+        mem.step_transient = p.fsdp_main_bytes * held  # update_main_grads: grad.to(main dtype)
+    if p.built_on_gpu and w_sharded:
+        # megatron_fsdp copies each parameter into its buffer and frees the original as it goes:
+        # the peak is the unsharded model plus the current group (ParamAndGradBuffer init).
+        mem.init_peak = p.param_bytes * (full + counts.gpu_unit)
+    g = p.fsdp_comm_grad_bytes
+    bucket = p.bucket_size or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
+    if w_sharded and counts.gpu_unit > 0:
+        unit, layers = counts.gpu_unit, counts.layers_on_gpu
+        capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, int(2 * unit))
+        first = counts.gpu_first_grads  # output layer: the first gradients of the backward pass
+        rest = counts.gpu_non_unit - first  # embedding (+ final norm): the last ones
+        mem.buffers_persistent = p.param_bytes * counts.gpu_non_unit
+        notes.append("non-FSDP-unit modules (embedding, output layer) stay all-gathered after first use")
+        if p.fsdp_double_buffer:
+            mem.buffers_persistent += FSDP_DOUBLE_BUFFER_SLOTS * unit * (p.param_bytes + g)
+            mem.buffers_at_peak = g * first
+            mem.buffers_late = g * max(first, rest)
+            notes.append("fsdp_double_buffer: two persistent layer-sized pools, for weights and for grads")
+        else:
+            ag_units = min(layers, 1 + math.ceil((capacity // 2) / unit))
+            if p.gather_after_step:
+                # start_param_sync gathers the embedding's (preserved) bucket plus prefetch.
+                mem.gathered_after_step = p.param_bytes * (ag_units - 1) * unit
+            rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
+            mem.buffers_at_peak = p.param_bytes * ag_units * unit + g * (first + unit)
+            mem.buffers_late = p.param_bytes * ag_units * unit + g * rs
+            notes.append(
+                f"all-gather window: {ag_units} layer(s); reduce-scatter queue: up to "
+                f"{rs / 1e6:.0f}M unsharded gradient elements"
+            )
+    elif w_sharded:
+        notes.append("no model shape: FSDP all-gather/reduce-scatter buffers not estimated")
+    elif g_sharded:
+        capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, bucket)
+        # A parameter larger than a bucket gets one of its own: output layer first, embedding last.
+        first, rest = counts.gpu_first_grads, counts.gpu_non_unit - counts.gpu_first_grads
+        grads_in_backward = [first] + _buckets(full - first - rest, bucket, capacity) + [rest]
+        rs = _rs_queue_peak([x for x in grads_in_backward if x > 0], capacity)
+        first = max(first, grads_in_backward[1] if len(grads_in_backward) > 2 else 0.0)
+        mem.buffers_at_peak = g * first
+        mem.buffers_late = g * rs
+        notes.append(f"reduce-scatter queue: up to {rs / 1e6:.0f}M unsharded gradient elements")
+    mem.notes = tuple(notes)
+    return mem

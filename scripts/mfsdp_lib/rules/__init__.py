@@ -1,0 +1,102 @@
+"""THE rule table: every Megatron FSDP constraint, checked all at once.
+
+Bridge's ``ConfigContainer.validate()`` asserts on the first problem only, and some
+constraints live outside it (Megatron-Core's DDP and Transformer configs, the
+Megatron-FSDP wrapper, the environment). This package restates each one as a typed
+record (``model.Rule``, keyword fields), so ``check`` reports every problem in one pass
+and ``references/rules.md`` is generated from the same table.
+
+Where a rule lives: one module per topic, listed in ``TOPICS`` below (core FSDP,
+checkpoint, environment, parallel layout, precision, activations, CUDA graphs). Search
+for the rule id, or for the assert message quoted in its ``source``. To add a topic,
+write ``rules/<topic>.py`` with a ``RULES`` list and add its name to ``TOPICS``.
+
+``evaluate(cfg, env, gpu_arch)`` returns the findings. The predicates are plain
+lambdas over dict look-ups: import cost is what keeps ``check`` within a few
+interpreter start-ups, so there is no framework here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from ..findings import Finding
+from .context import (
+    DIST_CKPT_FORMATS,
+    GITHUB_ONLY,
+    KNOWN_ARCHS,
+    MAX_CONN,
+    PRE_BLACKWELL_ARCHS,
+    Eff,
+    fmt,
+    normalize_arch,
+    raw_get,
+    resolve_mixed_precision,
+)
+from .model import SEVERITIES, STAGES, Rule
+
+# The topic modules, in the order ``rules`` lists them (within one severity).
+TOPICS = ("core", "checkpoint", "environment", "parallel", "precision", "activations", "cuda_graphs")
+
+
+def _load() -> list[Rule]:
+    table: list[Rule] = []
+    for topic in TOPICS:
+        module = importlib.import_module(f"{__name__}.{topic}")
+        for rule in module.RULES:
+            if rule.topic != topic:
+                raise ValueError(f"{rule.id} is in rules/{topic}.py but says topic={rule.topic!r}")
+            table.append(rule)
+    # Errors first, then warnings, then info (stable: topic order, then the order in the module).
+    table.sort(key=lambda r: SEVERITIES.index(r.severity))
+    ids = [r.id for r in table]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"rule ids defined twice: {', '.join(dup)}")
+    return table
+
+
+RULES: list[Rule] = _load()
+RULES_BY_ID = {r.id: r for r in RULES}
+
+__all__ = [
+    "DIST_CKPT_FORMATS",
+    "GITHUB_ONLY",
+    "KNOWN_ARCHS",
+    "MAX_CONN",
+    "PRE_BLACKWELL_ARCHS",
+    "RULES",
+    "RULES_BY_ID",
+    "STAGES",
+    "TOPICS",
+    "Eff",
+    "Rule",
+    "evaluate",
+    "fmt",
+    "normalize_arch",
+    "raw_get",
+    "resolve_mixed_precision",
+]
+
+
+def evaluate(cfg: Mapping, env: Mapping[str, str], gpu_arch: str | None = None) -> list[Finding]:
+    """Every finding for an effective config (``config_io.load_effective``) and environment."""
+    e = Eff(cfg, env, gpu_arch)
+    found = []
+    for r in RULES:
+        try:
+            hit = r.when(e)
+        except (TypeError, ValueError, AttributeError):
+            hit = False  # a value of an unexpected shape: config_io reports those as input errors
+        if not hit:
+            continue
+        if isinstance(hit, list):  # a rule over many paths (enums): one finding per (path, message, fix)
+            for path, message, fix in hit:
+                found.append(Finding(r.id, r.severity, path, message, fix, {"stage": r.stage, "source": r.source}))
+            continue
+        fix = r.fix(e) if callable(r.fix) else r.fix
+        found.append(
+            Finding(r.id, r.severity, e.origin(r.paths[0]), r.message(e), fix, {"stage": r.stage, "source": r.source})
+        )
+    return found

@@ -1,0 +1,232 @@
+"""What the rules read: the effective config view (``Eff``) and small value helpers.
+
+``Eff`` applies what Bridge does before ``validate()`` (the config's ``env_vars`` with
+``setdefault``, the mixed-precision copy onto ddp/optimizer/model), so each rule's
+predicate reads the value Bridge will judge. The helpers format values the way the user
+wrote them (YAML spelling) and name the source files the rules cite.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from .. import schema as S
+
+# GPU architectures whose tuned Bridge recipes ask for CUDA_DEVICE_MAX_CONNECTIONS=1 with
+# communication overlap (Bridge's H100 perf recipes: "CUDA stream scheduling for this model and
+# parallel layout"); its B200/GB200 recipes use 32. Megatron FSDP forbids 1, hence the advice rule.
+PRE_BLACKWELL_ARCHS = ("volta", "ampere", "ada", "hopper")
+KNOWN_ARCHS = PRE_BLACKWELL_ARCHS + ("blackwell",)
+# Product names people actually type, mapped to their architecture.
+ARCH_ALIASES = {
+    "v100": "volta",
+    "a100": "ampere",
+    "a10": "ampere",
+    "a30": "ampere",
+    "a40": "ampere",
+    "l4": "ada",
+    "l40": "ada",
+    "l40s": "ada",
+    "h100": "hopper",
+    "h200": "hopper",
+    "h800": "hopper",
+    "h20": "hopper",
+    "gh200": "hopper",
+    "b200": "blackwell",
+    "b300": "blackwell",
+    "gb200": "blackwell",
+    "gb300": "blackwell",
+}
+
+
+def normalize_arch(name: str | None) -> str | None:
+    """'H100' -> 'hopper'; an architecture name passes through; None for unknown or empty."""
+    if not name:
+        return None
+    key = str(name).strip().lower()
+    key = ARCH_ALIASES.get(key, key)
+    m = re.match(r"^(?:sm_?)?(\d{2,3})$|^(\d+)\.(\d)$", key)  # sm_90, sm90, 90, 9.0: compute capability
+    if m:
+        cc = int(m.group(1)) if m.group(1) else int(m.group(2)) * 10 + int(m.group(3))
+        key = next((arch for low, arch in _CC_ARCHS if cc >= low), "")
+    return key if key in KNOWN_ARCHS else None
+
+
+# (lowest compute capability x10, architecture), newest first: torch.cuda.get_device_capability().
+_CC_ARCHS = ((100, "blackwell"), (90, "hopper"), (89, "ada"), (80, "ampere"), (70, "volta"))
+
+# Checkpoint formats that survive without Gloo process groups / with async save.
+DIST_CKPT_FORMATS = ("torch_dist", "fsdp_dtensor")
+
+MAX_CONN = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+class Eff:
+    """Effective values the rules read, after what Bridge does before ``validate()``.
+
+    * ``env``: the given environment with the config's ``env_vars`` applied with
+      ``setdefault`` (Bridge's ``apply_environment_variables``: the process wins).
+    * mixed precision: when ``mixed_precision`` is a preset name or a mapping, its
+      fields overwrite same-named fields of ``ddp``/``optimizer``/``model``
+      (``MixedPrecisionConfig.setup`` -> ``update_config_with_precision_overrides``),
+      and ``origin(path)`` reports the ``mixed_precision.*`` key as the one to change.
+    """
+
+    __slots__ = ("cfg", "env", "env_from_config", "gpu_arch", "mp", "_mp_paths")
+
+    def __init__(self, cfg: Mapping, env: Mapping[str, str], gpu_arch: str | None):
+        self.cfg = cfg
+        self.gpu_arch = normalize_arch(gpu_arch)
+        merged = dict(env)
+        self.env_from_config = set()  # names whose value came from the config's env_vars
+        env_vars = cfg.get("env_vars")
+        if isinstance(env_vars, Mapping):
+            for name, value in env_vars.items():
+                if str(name) not in merged:
+                    merged[str(name)] = _env_str(value)
+                    self.env_from_config.add(str(name))
+        self.env = merged
+        self.mp = resolve_mixed_precision(cfg.get("mixed_precision"))
+        self._mp_paths = {}
+        if self.mp is not None:
+            for sec, keys in S.MP_TARGETS.items():
+                for k in keys:
+                    self._mp_paths[f"{sec}.{k}"] = f"mixed_precision.{k}"
+
+    def get(self, path: str):
+        mp_path = self._mp_paths.get(path)
+        if mp_path is not None:
+            return self.mp.get(mp_path.split(".", 1)[1])
+        return raw_get(self.cfg, path)
+
+    def origin(self, path: str) -> str:
+        """The key the user must edit to change ``path`` (mixed precision wins over ddp.*)."""
+        return self._mp_paths.get(path, path)
+
+    @property
+    def fsdp(self) -> bool:
+        """Megatron FSDP is on when either flag is (Bridge then sets both)."""
+        return bool(self.get("dist.use_megatron_fsdp")) or bool(self.get("ddp.use_megatron_fsdp"))
+
+    @property
+    def ckpt_io(self) -> bool:
+        """Bridge's guard 'only check if saving or loading'."""
+        return self.get("checkpoint.save") is not None or self.get("checkpoint.load") is not None
+
+    @property
+    def dist_opt(self) -> bool:
+        """Distributed optimizer after Bridge's sync (either flag, or forced by Megatron FSDP)."""
+        return (
+            self.fsdp
+            or bool(self.get("ddp.use_distributed_optimizer"))
+            or bool(self.get("optimizer.use_distributed_optimizer"))
+        )
+
+
+def _env_str(value) -> str:
+    # Bridge does os.environ.setdefault(name, str(value)): Python's str(), so True -> "True".
+    return str(value)
+
+
+def raw_get(cfg: Mapping, path: str):
+    """Value at a dotted path, falling back to the schema default when absent."""
+    node = cfg
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            d = S.default(path)
+            return None if d == S.FACTORY else d  # computed at construction: unknown here
+        node = node[part]
+    return node
+
+
+def resolve_mixed_precision(mp) -> dict | None:
+    """The preset's fields (name given) or the mapping's fields over the class defaults."""
+    if mp is None:
+        return None
+    if isinstance(mp, str):
+        preset = S.MIXED_PRECISION_PRESETS.get(mp)
+        return dict(preset) if preset is not None else None
+    if isinstance(mp, Mapping):
+        out = dict(S._MP_BASE)
+        out.update({k: v for k, v in mp.items() if k in out})
+        return out
+    return None
+
+
+def kv(e: Eff, path: str) -> str:
+    """``path=value`` as the user wrote it (YAML spelling for None/bools)."""
+    return f"{e.origin(path)}={fmt(e.get(path))}"
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return str(value)
+
+
+def envfmt(e: Eff, name: str) -> str:
+    if name not in e.env:
+        return f"{name} unset"
+    where = "the config's env_vars" if name in e.env_from_config else "the environment"
+    return f"{name}={e.env[name]!r} (from {where})"
+
+
+# Prefix of a source that is in the Megatron-Bridge repository but not in the wheel (the
+# performance harness under scripts/): cited as found there, not checked offline.
+GITHUB_ONLY = "Megatron-Bridge repository, not in the wheel:"
+
+# Source anchors reused by several rules.
+SRC_FSDP_CFG = f"{S.B_CFG}: ConfigContainer._validate_and_apply_megatron_fsdp_configs"
+SRC_VALIDATE = f"{S.B_CFG}: ConfigContainer.validate"
+SRC_MFSDP_BUF = "megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py"
+
+
+# Enum-typed paths the MFSDP-ENUM rule checks (every schema field with choices).
+ENUM_PATHS = tuple(p for p, rec in S.FIELDS.items() if rec[2] is not None)
+
+
+def bad_enums(e: Eff) -> list:
+    out = []
+    for p in ENUM_PATHS:
+        sec = p.split(".", 1)[0]
+        if sec == "mixed_precision" and not isinstance(e.cfg.get("mixed_precision"), Mapping):
+            continue
+        v = raw_get(e.cfg, p)
+        rec = S.FIELDS[p]
+        if v is None and rec[3]:
+            continue
+        if v not in rec[2]:
+            out.append((p, v, rec[2]))
+    return out
+
+
+def closest(value, choices) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.0)
+    return close[0] if close else choices[0]
+
+
+def as_int(v, fallback: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else fallback
+
+
+def int_gt(v, n: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > n
+
+
+def bad_offload_layers(e: Eff) -> bool:
+    n, k = e.get("model.cpu_offloading_num_layers"), e.get("model.num_layers")
+    if not isinstance(n, int) or not isinstance(k, int):
+        return False
+    return n < 0 or n >= k
+
+
+def comm_overlap_on(e: Eff, key: str) -> bool:
+    co = e.cfg.get("comm_overlap")
+    return isinstance(co, Mapping) and bool(co.get(key))

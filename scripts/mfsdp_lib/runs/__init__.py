@@ -1,0 +1,1 @@
+"""What a training run leaves behind: logs, checkpoints, and the GPU smoke test that makes both."""

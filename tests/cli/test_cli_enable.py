@@ -1,0 +1,185 @@
+"""``mfsdp.py enable`` end to end: every emit form passes ``check``; files are never clobbered."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+RUN_CONFIG = "fixtures/real-h200-run/checkpoint_metadata_only/iter_0000010/run_config.yaml"
+CLEAN_ENV = ["--env", "PATH=/usr/bin"]
+
+
+def test_yaml_output_passes_check_and_changes_only_what_it_says(cli, tmp_path, root):
+    out = tmp_path / "fsdp.yaml"
+    p = cli("enable", "-o", str(out), "--save-dir", "/results/ckpt", *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    assert "wrote" in p.stdout and "checkpoint.ckpt_format: torch_dist -> fsdp_dtensor" in p.stdout
+    before = (root / "scripts/data/llama3_8b_pretrain.yaml").read_text().splitlines()
+    after = out.read_text().splitlines()
+    assert len(before) == len(after)  # edited in place: same lines, same order
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(changed) == 7, changed  # 5 minimal + save + load
+    assert cli("check", str(out), *CLEAN_ENV).returncode == 0
+
+
+@pytest.mark.parametrize("emit", ["overrides", "python", "json", "yaml"])
+def test_every_emit_form(cli, emit):
+    p = cli("enable", "--emit", emit, *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    if emit == "overrides":
+        lines = p.stdout.splitlines()
+        assert "ddp.data_parallel_sharding_strategy=optim_grads_params" in lines
+        assert "change(s):" in p.stderr  # report on stderr, result alone on stdout
+        assert cli("check", *lines, *CLEAN_ENV).returncode == 0  # the overrides pass check on the recipe
+    elif emit == "python":
+        assert "cfg.checkpoint.ckpt_format = 'fsdp_dtensor'" in p.stdout
+        compile(p.stdout, "snippet", "exec")
+    elif emit == "json":
+        out = json.loads(p.stdout)
+        assert out["ok"] is True and out["overrides"]["ddp.use_megatron_fsdp"] is True
+        assert all({"path", "old", "new", "why"} <= set(c) for c in out["changes"])
+    else:
+        assert yaml.safe_load(p.stdout)["ddp"]["use_megatron_fsdp"] is True
+
+
+def test_real_run_config_needs_no_change(cli, shared_dir):
+    p = cli("enable", str(shared_dir / RUN_CONFIG), "--emit", "json", *CLEAN_ENV)
+    assert p.returncode == 0
+    assert json.loads(p.stdout)["changes"] == []
+    p = cli("enable", str(shared_dir / RUN_CONFIG), *CLEAN_ENV)  # nothing to change: the file comes back as is
+    assert p.returncode == 0 and p.stdout == (shared_dir / RUN_CONFIG).read_text()
+
+
+def test_in_place_keeps_backup_and_user_overrides(cli, tmp_path):
+    cfg = tmp_path / "ovr.yaml"
+    original = "# mine\ntrain:\n  train_iters: 20\ncheckpoint:\n  save: /c\n"
+    cfg.write_text(original)
+    p = cli("enable", str(cfg), "train.global_batch_size=64", "--in-place", *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "ovr.yaml.bak").read_text() == original
+    new = cfg.read_text()
+    assert new.startswith("# mine\ntrain:\n  train_iters: 20\n  global_batch_size: 64\n")
+    data = yaml.safe_load(new)
+    assert data["checkpoint"] == {"save": "/c", "ckpt_format": "fsdp_dtensor"}
+    assert cli("check", str(cfg), *CLEAN_ENV).returncode == 0
+
+
+def test_never_overwrites_without_asking(cli, tmp_path):
+    out = tmp_path / "exists.yaml"
+    out.write_text("keep: me\n")
+    p = cli("enable", "-o", str(out))
+    assert p.returncode == 2 and "--force" in p.stderr and out.read_text() == "keep: me\n"
+    p = cli("enable", "-o", str(out), "--force", *CLEAN_ENV)
+    assert p.returncode == 0 and (tmp_path / "exists.yaml.bak").read_text() == "keep: me\n"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    cli("enable", str(cfg), *CLEAN_ENV)  # no --in-place: CONFIG untouched
+    assert cfg.read_text() == "ddp:\n  use_megatron_fsdp: false\n"
+
+
+def test_in_place_needs_config(cli):
+    p = cli("enable", "--in-place")
+    assert p.returncode == 2 and "needs a CONFIG" in p.stderr
+
+
+def test_unfixable_error_reported_exit_1(cli):
+    p = cli(
+        "enable", "model.cpu_offloading=true", "model.pipeline_model_parallel_size=2", "--emit", "overrides", *CLEAN_ENV
+    )
+    assert p.returncode == 1 and "MFSDP-CPU-OFFLOAD-PP" in p.stderr
+
+
+def test_recipe_without_bridge_one_line_exit_2(cli):
+    p = cli("enable", "--recipe", "llama3_8b_pretrain_config")
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "Megatron-Bridge" in p.stderr
+
+
+def test_recipe_refuses_config(cli, tmp_path):
+    p = cli("enable", "--recipe", "llama3_8b_pretrain_config", str(tmp_path / "x.yaml"))
+    assert p.returncode == 2 and "not CONFIG" in p.stderr
+
+
+def test_help_teaches(cli):
+    p = cli("enable", "--help")
+    assert p.returncode == 0 and "examples:" in p.stdout and "--emit overrides" in p.stdout
+
+
+def test_partial_file_with_base_gets_what_the_recipe_needs(cli, tmp_path):
+    ovr = tmp_path / "ovr.yaml"
+    ovr.write_text("train:\n  train_iters: 20\n")
+    out = tmp_path / "fsdp_ovr.yaml"
+    p = cli("enable", str(ovr), "--base", "embedded", "-o", str(out), *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    data = yaml.safe_load(out.read_text())
+    assert data["train"] == {"train_iters": 20}
+    assert data["checkpoint"] == {"ckpt_format": "fsdp_dtensor", "load": None}  # the recipe loads from a dir
+    assert "model" not in data and "optimizer" not in data  # only what differs from the base is written
+    assert cli("check", str(out), "--base", "embedded", *CLEAN_ENV).returncode == 0
+
+
+def test_in_place_when_no_backup_can_be_made_is_exit_2(cli, tmp_path):
+    """--in-place must keep a backup; when it cannot (name too long here, a read-only folder for a user),
+    the answer is one line and exit 2, and CONFIG is untouched - not exit 3 'internal error'."""
+    cfg = tmp_path / ("c" * 250 + ".yaml")
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    p = cli("enable", str(cfg), "--in-place", *CLEAN_ENV)
+    assert p.returncode == 2, p.stderr
+    assert "cannot keep a backup" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.splitlines()) == 1
+    assert cfg.read_text() == "ddp:\n  use_megatron_fsdp: false\n"
+
+
+@pytest.mark.parametrize("emit", ["python", "overrides", "json"])
+def test_in_place_never_turns_the_yaml_into_another_format(cli, tmp_path, emit):
+    """`enable cfg.yaml --in-place --emit python` replaced the YAML config with Python lines."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    p = cli("enable", str(cfg), "--in-place", "--emit", emit, *CLEAN_ENV)
+    assert p.returncode == 2 and "--in-place rewrites CONFIG as YAML" in p.stderr
+    assert cfg.read_text() == "ddp:\n  use_megatron_fsdp: false\n" and not (tmp_path / "c.yaml.bak").exists()
+
+
+def test_in_place_with_nothing_to_change_writes_nothing(cli, tmp_path):
+    """A second --in-place run made c.yaml.bak.1, .bak.2 ... of an unchanged file, one per run."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ddp:\n  use_megatron_fsdp: false\n")
+    assert cli("enable", str(cfg), "--in-place", *CLEAN_ENV).returncode == 0
+    enabled = cfg.read_text()
+    p = cli("enable", str(cfg), "--in-place", *CLEAN_ENV)
+    assert p.returncode == 0 and "left as it was" in p.stdout
+    assert cfg.read_text() == enabled
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["c.yaml", "c.yaml.bak"]
+
+
+# --------------------------------------------------------------------------- live mode (--recipe)
+# The live path itself needs an importable Megatron-Bridge; it ran on the H200 (evidence:
+# benchmarks/results/gpu_live_mode_1xh200.json). What can fail without Bridge is tested here.
+
+
+def test_recipe_failure_is_one_line_input_error_not_internal():
+    """On the offline H200 the Llama recipe raised a multi-line ValueError from the HF hub: exit 2, one line."""
+    from mfsdp_lib.cli import enable as cli_enable
+    from mfsdp_lib.findings import InputError
+
+    def offline_recipe():
+        raise ValueError(
+            "Failed to load configuration from meta-llama/Meta-Llama-3-8B after 4 attempts.\n"
+            "Check your internet connection or see how to run the library in offline mode"
+        )
+
+    with pytest.raises(InputError) as err:
+        cli_enable._call_recipe("llama3_8b_pretrain_config", offline_recipe)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("--recipe llama3_8b_pretrain_config: building the recipe raised ValueError: Failed to load")
+    assert cli_enable._call_recipe("r", lambda: {"built": 1}) == {"built": 1}
+
+
+def test_megatron_log_handler_binds_stdout_at_construction(mcore_src):
+    """Why live mode imports Bridge with stdout pointed at stderr: Megatron's handler keeps the stream it saw."""
+    src = (mcore_src / "megatron" / "training" / "log_handler.py").read_text()
+    assert "super().__init__(stream=sys.stdout)" in src
+    training = (mcore_src / "megatron" / "training" / "training.py").read_text()
+    assert "logging.basicConfig(handlers=[CustomHandler()]" in training  # installed when the module is imported
