@@ -260,12 +260,15 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
     if known:
         last = known[-1]
         evidence.append(f"last tool run: {last.describe()}")
-        if last.exit_code != 0:
-            for m in SUCCESS_CLAIM.finditer(answer):
-                clause = answer[max(0, st._clause_start(answer, m.start()), m.start() - 80) : m.start()]
-                if CONDITIONAL.search(clause) or st.negated_at(answer, m.start(), m.end()):
-                    continue
-                problems.append(f"says {m.group(0)!r} but the last run exited {last.exit_code}")
+        for m in SUCCESS_CLAIM.finditer(answer):
+            clause = answer[max(0, st._clause_start(answer, m.start()), m.start() - 80) : m.start()]
+            if CONDITIONAL.search(clause) or st.negated_at(answer, m.start(), m.end()):
+                continue
+            about = _claimed_subcommand(answer[max(0, m.start() - 160) : m.end()])
+            runs_of = [r for r in known if r.sub == about] if about else []
+            run = (runs_of or known)[-1]
+            if run.exit_code != 0:
+                problems.append(f"says {m.group(0)!r} but the last {run.sub or 'tool'} run exited {run.exit_code}")
                 break
         for m in EXIT_CLAIM.finditer(answer):
             code = int(m.group(1))
@@ -287,6 +290,20 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
         if m:
             problems.append(f"hedges instead of deciding ({m.group(0)!r})")
     return problems, evidence
+
+
+# Words that name a subcommand in an answer ("the checker", "the log check"), to find the run a claim is about.
+_SUB_WORDS = (("check", r"\bcheck(?:er)?\b"), ("log", r"\blog\b"), ("ckpt", r"\b(?:ckpt|checkpoint)\b"),
+              ("memory", r"\b(?:memory|estimate)\b"), ("anchors", r"\banchors?\b"), ("smoke", r"\bsmoke\b"))
+
+
+def _claimed_subcommand(text: str) -> str | None:
+    best, pos = None, -1
+    for sub, rx in _SUB_WORDS:
+        for m in re.finditer(rx, text, re.IGNORECASE):
+            if m.start() > pos:
+                best, pos = sub, m.start()
+    return best
 
 
 def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off") -> dict:

@@ -6,6 +6,8 @@ The runs themselves are covered by test_evals_e2e.py with the real binaries.
 from __future__ import annotations
 
 import json
+
+import json
 import shlex
 import sys
 
@@ -37,11 +39,19 @@ def test_bad_arguments_exit_2_with_one_line(capsys, monkeypatch):
     assert runner.main(cases[0]) == 2 and "no-such-case" in capsys.readouterr().err
 
 
-def test_scripted_run_needs_a_script_for_each_case(capsys):
-    unscripted = sorted(set(runner.load_cases()) - set(runner.scripted_cases()))
-    assert unscripted, "every case has a script; pick another way to test this"
-    assert runner.main(["--agent", "codex", "--scripted", "--cases", unscripted[0]]) == 2
-    assert "no script" in capsys.readouterr().err
+def test_every_case_has_a_good_and_a_bad_script():
+    cases = set(runner.load_cases())
+    assert set(runner.scripted_cases()) == cases
+    assert set(runner.scripted_cases(variant="bad")) == cases
+
+
+def test_scripted_run_needs_a_script_for_each_case(capsys, tmp_path, monkeypatch):
+    empty = tmp_path / "scripted"
+    empty.mkdir()
+    monkeypatch.setattr(runner, "SCRIPTED_DIR", empty)
+    monkeypatch.setattr(runner, "scripted_cases", lambda directory=empty, variant="good": {})
+    assert runner.main(["--agent", "codex", "--scripted", "--cases", "decoy-unrelated-csv"]) == 2
+    assert "no good script" in capsys.readouterr().err
 
 
 def test_claude_env_is_isolated(monkeypatch, tmp_path):
@@ -125,7 +135,7 @@ def test_every_script_matches_its_case():
     """A script must act out its case: load the skill and run the expected script, or, for a decoy, neither."""
     cases = runner.load_cases()
     scripts = runner.scripted_cases()
-    assert len(scripts) >= 2
+    assert len(scripts) >= 40
     for case_id, path in scripts.items():
         assert case_id in cases, f"{path.name}: no case {case_id} in evals.json"
         case, turns = cases[case_id], sm.load_script(path)["turns"]
@@ -215,3 +225,10 @@ def test_help_run_examples_name_cases_the_scripted_model_can_play():
         cases = argv[argv.index("--cases") + 1 :]
         cases = cases[: next((i for i, a in enumerate(cases) if a.startswith(("-", "#"))), len(cases))]
         assert set(cases) <= scripted, f"{' '.join(argv)}: no scripted reply for {set(cases) - scripted}"
+
+
+def test_bad_scripts_say_why_and_are_labelled():
+    for case_id, path in runner.scripted_cases(variant="bad").items():
+        script = json.loads(path.read_text())
+        assert script["variant"] == "bad" and script["why_bad"], case_id
+        assert "WRONG answer on purpose" in script["note"], case_id
