@@ -60,18 +60,18 @@ def dispatcher_commands(path: Path = DISPATCHER) -> set[str]:
     """The keys of COMMANDS in scripts/mfsdp.py, read from its source (no import)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMMANDS" for t in node.targets):
-            if isinstance(node.value, ast.Dict):
-                return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
+        if "COMMANDS" in names and isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     return set()
 
 
 def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None = None) -> list[str]:
     """Every problem with the case set, as lines (empty: valid)."""
     try:
-        import jsonschema
+        import jsonschema  # type: ignore[import-untyped,unused-ignore]  # no stubs shipped
     except ImportError:  # pragma: no cover - depends on the environment
-        raise UnreadableTranscript("validate needs the jsonschema package (pip install 'jsonschema>=4.17')")
+        raise UnreadableTranscript("validate needs the jsonschema package (pip install 'jsonschema>=4.17')") from None
     problems = []
     validator = jsonschema.Draft202012Validator(schema)
     for err in sorted(validator.iter_errors(cases), key=lambda e: list(e.absolute_path)):

@@ -114,7 +114,9 @@ def render_claude(item: dict, steps: list[dict]) -> list[dict]:
         ev.append(
             {
                 "type": "user",
-                "message": {"content": [{"type": "tool_result", "tool_use_id": tid, "content": result, "is_error": is_error}]},
+                "message": {
+                    "content": [{"type": "tool_result", "tool_use_id": tid, "content": result, "is_error": is_error}]
+                },
             }
         )
 
@@ -140,8 +142,12 @@ def render_claude(item: dict, steps: list[dict]) -> list[dict]:
             "result": item["answer"],
             "num_turns": n + 1,
             "total_cost_usd": 0.0,
-            "usage": {"input_tokens": 900 * (n + 1), "output_tokens": 400, "cache_creation_input_tokens": 0,
-                      "cache_read_input_tokens": 0},
+            "usage": {
+                "input_tokens": 900 * (n + 1),
+                "output_tokens": 400,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
         }
     )
     return ev
@@ -162,9 +168,23 @@ def render_codex(item: dict, steps: list[dict]) -> list[dict]:
         n += 1
         wrapped = shlex.join(["bash", "-lc", cmd])
         base = {"id": f"item_{n}", "type": "command_execution", "command": wrapped}
-        ev.append({"type": "item.started", "item": {**base, "aggregated_output": "", "exit_code": None, "status": "in_progress"}})
-        ev.append({"type": "item.completed", "item": {**base, "aggregated_output": out, "exit_code": code,
-                                                       "status": "completed" if code == 0 else "failed"}})
+        ev.append(
+            {
+                "type": "item.started",
+                "item": {**base, "aggregated_output": "", "exit_code": None, "status": "in_progress"},
+            }
+        )
+        ev.append(
+            {
+                "type": "item.completed",
+                "item": {
+                    **base,
+                    "aggregated_output": out,
+                    "exit_code": code,
+                    "status": "completed" if code == 0 else "failed",
+                },
+            }
+        )
 
     if item.get("load_skill", True):
         command(f"cat {_skill_path(CODEX)}/SKILL.md", 0, f"---\nname: {SKILL}\n---\n")
@@ -173,13 +193,29 @@ def render_codex(item: dict, steps: list[dict]) -> list[dict]:
             command(s["bash"].replace("{skill_dir}", _skill_path(CODEX)), int(s.get("exit", 0)), s.get("output", ""))
         elif "write" in s or "edit" in s:
             n += 1
-            path = s.get("write") or s.get("edit")
-            ev.append({"type": "item.completed", "item": {"id": f"item_{n}", "type": "file_change", "status": "completed",
-                                                          "changes": [{"path": _abs(item, path), "kind": "update" if "edit" in s else "add"}]}})
+            path = str(s.get("write") or s.get("edit"))
+            ev.append(
+                {
+                    "type": "item.completed",
+                    "item": {
+                        "id": f"item_{n}",
+                        "type": "file_change",
+                        "status": "completed",
+                        "changes": [{"path": _abs(item, path), "kind": "update" if "edit" in s else "add"}],
+                    },
+                }
+            )
         elif "read" in s:
             command(f"cat {shlex.quote(s['read'])}", 0, s.get("output", ""))
-    ev.append({"type": "item.completed", "item": {"id": f"item_{n + 1}", "type": "agent_message", "text": item["answer"]}})
-    ev.append({"type": "turn.completed", "usage": {"input_tokens": 900 * (n + 1), "cached_input_tokens": 0, "output_tokens": 400}})
+    ev.append(
+        {"type": "item.completed", "item": {"id": f"item_{n + 1}", "type": "agent_message", "text": item["answer"]}}
+    )
+    ev.append(
+        {
+            "type": "turn.completed",
+            "usage": {"input_tokens": 900 * (n + 1), "cached_input_tokens": 0, "output_tokens": 400},
+        }
+    )
     return ev
 
 
@@ -238,7 +274,9 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="python3 -m evals adversarial", description=__doc__.split("\n\n")[0])
     p.add_argument("--set", type=Path, default=SET_JSON, help="labelled items (default: %(default)s)")
-    p.add_argument("--out", type=Path, help="write the results JSON here (e.g. benchmarks/results/evals_adversarial.json)")
+    p.add_argument(
+        "--out", type=Path, help="write the results JSON here (e.g. benchmarks/results/evals_adversarial.json)"
+    )
     args = p.parse_args(argv)
     res = evaluate(load_set(args.set))
     res = {
@@ -251,8 +289,9 @@ def main(argv: list[str]) -> int:
         mark = "ok " if r["correct"] else "BAD"
         verdict = "pass" if r["passed"] else f"fail ({', '.join(r['failed_dimensions'])})"
         print(f"{mark} {r['label']:<4} {r['agent']:<11} {r['id']:<44} {verdict}")
+    formats = len(res["verdicts"]) // max(1, res["items"])
     print(
-        f"{res['transcripts']} transcripts ({res['items']} items x {len(res['verdicts']) // max(1, res['items'])} formats): "
+        f"{res['transcripts']} transcripts ({res['items']} items x {formats} formats): "
         f"false passes {res['false_passes']}/{res['bad']} = {res['false_pass_rate']:.1%}, "
         f"false fails {res['false_fails']}/{res['good']} = {res['false_fail_rate']:.1%} (limit {MAX_RATE:.0%})"
     )

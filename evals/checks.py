@@ -124,7 +124,9 @@ F_DP_GT_1 = Fact(
     "FSDP only helps with more than one data-parallel rank",
     near(
         word("data[- ]parallel", "DP", "GPUs?", "ranks?"),
-        word(r"size\s*(?:of\s*)?1", r"=\s*1", "one", "single", r"greater than 1", r">\s*1", "more than one", "multiple"),
+        word(
+            r"size\s*(?:of\s*)?1", r"=\s*1", "one", "single", r"greater than 1", r">\s*1", "more than one", "multiple"
+        ),
         80,
     ),
     negatable=False,
@@ -161,7 +163,10 @@ HEALTHY_CLAIM = Fact(
 )
 # Decoys: steering the user to this skill's domain.
 NO_MFSDP = (
-    Fact("recommends Megatron FSDP settings", word(r"use_megatron_fsdp", "fsdp_dtensor", r"data_parallel_sharding_strategy")),
+    Fact(
+        "recommends Megatron FSDP settings",
+        word(r"use_megatron_fsdp", "fsdp_dtensor", r"data_parallel_sharding_strategy"),
+    ),
 )
 CONVERT = Fact(
     "points to a conversion into fsdp_dtensor",
@@ -210,8 +215,21 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(
             Fact(
                 "ties the assertion to checkpoints being saved or loaded",
-                near(word("save", "saves", "saving", "saved", "load", "loads", "loading", r"checkpoint\.save", r"checkpoint\.load"),
-                     word("set", "checkpoints?", "directory", "enabled", "configured", "whenever", "when", "while"), 60),
+                near(
+                    word(
+                        "save",
+                        "saves",
+                        "saving",
+                        "saved",
+                        "load",
+                        "loads",
+                        "loading",
+                        r"checkpoint\.save",
+                        r"checkpoint\.load",
+                    ),
+                    word("set", "checkpoints?", "directory", "enabled", "configured", "whenever", "when", "while"),
+                    60,
+                ),
             ),
             Fact("names torch_dist as the current format", word("torch_dist")),
         ),
@@ -225,14 +243,32 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(
             Fact(
                 "says it cannot be loaded as it is",
-                word("No[,.:!]", "cannot", "can't", "can not", "not directly", "won't", "will not", "not compatible",
-                     "incompatible", r"doesn't load", r"does not load", "needs? (?:a )?conver\\w*", "must be converted",
-                     "has to be converted"),
+                word(
+                    "No[,.:!]",
+                    "cannot",
+                    "can't",
+                    "can not",
+                    "not directly",
+                    "won't",
+                    "will not",
+                    "not compatible",
+                    "incompatible",
+                    r"doesn't load",
+                    r"does not load",
+                    "needs? (?:a )?conver\\w*",
+                    "must be converted",
+                    "has to be converted",
+                ),
                 negatable=False,
             ),
             CONVERT,
         ),
-        forbidden=(Fact("claims it loads directly", word(r"just load it", r"yes, you can (?:just )?load", r"loads? (?:it )?directly")),),
+        forbidden=(
+            Fact(
+                "claims it loads directly",
+                word(r"just load it", r"yes, you can (?:just )?load", r"loads? (?:it )?directly"),
+            ),
+        ),
         script_input=("checkpoints", "checkpoints/*"),
         policy=PROTECT_CKPTS,
         fixture="convert-torch-dist",
@@ -241,17 +277,38 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(
             Fact(
                 "says FSDP does not shard activations",
-                near(stem("activation"),
-                     word(r"not (?:be )?shard\w*", r"aren't shard\w*", r"isn't shard\w*", r"(?:does|do)(?: not|n't) shard",
-                          "unsharded", r"not reduced", r"not affected", "unaffected", r"untouched", r"stay\w* (?:the )?same",
-                          r"only (?:shards|covers) (?:the )?(?:model state|param\w*|weights)", r"(?:does|do)(?: not|n't) (?:help|reduce|touch)"),
-                     140),
+                near(
+                    stem("activation"),
+                    word(
+                        r"not (?:be )?shard\w*",
+                        r"aren't shard\w*",
+                        r"isn't shard\w*",
+                        r"(?:does|do)(?: not|n't) shard",
+                        "unsharded",
+                        r"not reduced",
+                        r"not affected",
+                        "unaffected",
+                        r"untouched",
+                        r"stay\w* (?:the )?same",
+                        r"only (?:shards|covers) (?:the )?(?:model state|param\w*|weights)",
+                        r"(?:does|do)(?: not|n't) (?:help|reduce|touch)",
+                    ),
+                    140,
+                ),
                 negatable=False,
             ),
             Fact(
                 "suggests recomputation, a smaller micro-batch or more TP/CP",
-                word(r"recomput\w*", "activation checkpointing", r"micro[- _]?batch\w*", r"tensor[- ]parallel\w*",
-                     r"context[- ]parallel\w*", "TP", "CP", "recompute_granularity"),
+                word(
+                    r"recomput\w*",
+                    "activation checkpointing",
+                    r"micro[- _]?batch\w*",
+                    r"tensor[- ]parallel\w*",
+                    r"context[- ]parallel\w*",
+                    "TP",
+                    "CP",
+                    "recompute_granularity",
+                ),
             ),
         ),
         script_input=("configs/*.yaml",),
@@ -262,8 +319,11 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(
             Fact(
                 "distributed optimizer shards optimizer state only",
-                near(word("distributed optimizer", "use_distributed_optimizer", "distopt"),
-                     word(r"optimizer[- ]states?", "ZeRO-1", r"optimizer (?:state|memory)"), 160),
+                near(
+                    word("distributed optimizer", "use_distributed_optimizer", "distopt"),
+                    word(r"optimizer[- ]states?", "ZeRO-1", r"optimizer (?:state|memory)"),
+                    160,
+                ),
             ),
             Fact(
                 "Megatron FSDP (optim_grads_params) also shards parameters and gradients",
@@ -275,19 +335,34 @@ CHECKS: dict[str, CaseChecks] = {
     ),
     "mfsdp-vs-fsdp2": CaseChecks(
         facts=(
-            Fact("recommends Megatron FSDP",
-                 near(word("use", "recommend", "pick", "choose", "prefer", "go with"), word("use_megatron_fsdp", r"Megatron[- ]FSDP"), 60)),
+            Fact(
+                "recommends Megatron FSDP",
+                near(
+                    word("use", "recommend", "pick", "choose", "prefer", "go with"),
+                    word("use_megatron_fsdp", r"Megatron[- ]FSDP"),
+                    60,
+                ),
+            ),
             Fact(
                 "says the two are mutually exclusive",
-                word("mutually exclusive", r"cannot (?:both|be combined|turn on both|enable both|use both)",
-                     r"can't (?:both|be combined|turn on both|enable both|use both)", "not both", "only one",
-                     "one or the other", "never both", r"(?:pick|choose) one"),
+                word(
+                    "mutually exclusive",
+                    r"cannot (?:both|be combined|turn on both|enable both|use both)",
+                    r"can't (?:both|be combined|turn on both|enable both|use both)",
+                    "not both",
+                    "only one",
+                    "one or the other",
+                    "never both",
+                    r"(?:pick|choose) one",
+                ),
                 negatable=False,
             ),
         ),
         forbidden=(
-            Fact("claims both can be on together",
-                 word(r"(?:you )?can (?:turn on|enable|use) both", r"both can be (?:enabled|on|used)")),
+            Fact(
+                "claims both can be on together",
+                word(r"(?:you )?can (?:turn on|enable|use) both", r"both can be (?:enabled|on|used)"),
+            ),
         ),
         forbidden_settings=(NotSet("dist.use_torch_fsdp2", "true"),),
     ),
@@ -295,15 +370,31 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(
             Fact(
                 "CUDA_DEVICE_MAX_CONNECTIONS unset or greater than 1",
-                near(word("CUDA_DEVICE_MAX_CONNECTIONS"),
-                     word(r"unset\w*", r"greater than 1", r">\s*1", r"larger than 1", r"more than 1", r"above 1",
-                          r"=\s*(?:[2-9]|[1-9]\d+)", r"remov\w*", r"drop\w*", r"delet\w*"), 160),
+                near(
+                    word("CUDA_DEVICE_MAX_CONNECTIONS"),
+                    word(
+                        r"unset\w*",
+                        r"greater than 1",
+                        r">\s*1",
+                        r"larger than 1",
+                        r"more than 1",
+                        r"above 1",
+                        r"=\s*(?:[2-9]|[1-9]\d+)",
+                        r"remov\w*",
+                        r"drop\w*",
+                        r"delet\w*",
+                    ),
+                    160,
+                ),
                 negatable=False,
             ),
             Fact(
                 "mentions the TP/CP communication overlap that wanted it",
-                near(word(r"overlap\w*", "tp_comm_overlap"),
-                     word("TP", "CP", r"tensor[- ]parallel\w*", r"context[- ]parallel\w*", "Hopper"), 160),
+                near(
+                    word(r"overlap\w*", "tp_comm_overlap"),
+                    word("TP", "CP", r"tensor[- ]parallel\w*", r"context[- ]parallel\w*", "Hopper"),
+                    160,
+                ),
             ),
         ),
         forbidden_settings=(NotSet("CUDA_DEVICE_MAX_CONNECTIONS", "1"),),
@@ -315,15 +406,31 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(
             Fact(
                 "CPU offloading needs pipeline parallel size 1",
-                near(word("pipeline", "PP", "pipeline_model_parallel_size"),
-                     word(r"=\s*1", "1", "one", "no pipeline", "not supported", "unsupported", "cannot", "can't"), 120),
+                near(
+                    word("pipeline", "PP", "pipeline_model_parallel_size"),
+                    word(r"=\s*1", "1", "one", "no pipeline", "not supported", "unsupported", "cannot", "can't"),
+                    120,
+                ),
                 negatable=False,
             ),
             Fact(
                 "CPU offloading cannot be combined with recomputation",
-                near(word(r"recomput\w*", "recompute_granularity", "activation checkpointing"),
-                     word("not", "cannot", "can't", "incompatible", "conflict", r"disabl\w*", "turn off", "drop",
-                          r"does(?: not|n't) work", "either"), 120),
+                near(
+                    word(r"recomput\w*", "recompute_granularity", "activation checkpointing"),
+                    word(
+                        "not",
+                        "cannot",
+                        "can't",
+                        "incompatible",
+                        "conflict",
+                        r"disabl\w*",
+                        "turn off",
+                        "drop",
+                        r"does(?: not|n't) work",
+                        "either",
+                    ),
+                    120,
+                ),
                 negatable=False,
             ),
         ),
@@ -331,8 +438,10 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-tp-pp-dp-mapping": CaseChecks(
         settings=(Set("dist.use_tp_pp_dp_mapping", "false", st.UNSET),),
         forbidden=(
-            Fact("claims the overrides work as given",
-                 word(r"will work as (?:is|given)", r"yes, (?:these|they|those) (?:will )?work")),
+            Fact(
+                "claims the overrides work as given",
+                word(r"will work as (?:is|given)", r"yes, (?:these|they|those) (?:will )?work"),
+            ),
         ),
         forbidden_settings=(NotSet("use_tp_pp_dp_mapping", "true"),),
         script_input=("configs/*.yaml", "dist.use_tp_pp_dp_mapping=true"),
@@ -341,8 +450,11 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-smoke-verify": CaseChecks(
         facts=(
             Fact("gives a 2-GPU launch", word(r"--nproc[-_]per[-_]node[= ]2", r"smoke --nproc-per-node 2")),
-            Fact("the loss must be finite at the last iteration",
-                 near(word("finite", r"not nan", r"no nan", r"isn't nan", r"not inf"), stem("loss"), 80), negatable=False),
+            Fact(
+                "the loss must be finite at the last iteration",
+                near(word("finite", r"not nan", r"no nan", r"isn't nan", r"not inf"), stem("loss"), 80),
+                negatable=False,
+            ),
             Fact("a fsdp_dtensor save and resume", word("fsdp_dtensor", r"save[/ -]resume", r"resum\w*")),
         ),
         exit_codes=(0,),
@@ -370,12 +482,23 @@ CHECKS: dict[str, CaseChecks] = {
     ),
     "mfsdp-fsdp-dtensor-into-ddp": CaseChecks(
         facts=(
-            Fact("fsdp_dtensor only loads with Megatron FSDP",
-                 near(word("fsdp_dtensor"), word("only", "requires", "needs", r"not (?:supported|loadable)", "cannot", "can't"), 160),
-                 negatable=False),
+            Fact(
+                "fsdp_dtensor only loads with Megatron FSDP",
+                near(
+                    word("fsdp_dtensor"),
+                    word("only", "requires", "needs", r"not (?:supported|loadable)", "cannot", "can't"),
+                    160,
+                ),
+                negatable=False,
+            ),
             Fact("offers a conversion", stem("conver")),
         ),
-        forbidden=(Fact("claims DDP loads it directly", word(r"(?:DDP|it) (?:can|will) load (?:it|fsdp_dtensor) directly", r"just load it")),),
+        forbidden=(
+            Fact(
+                "claims DDP loads it directly",
+                word(r"(?:DDP|it) (?:can|will) load (?:it|fsdp_dtensor) directly", r"just load it"),
+            ),
+        ),
         script_input=("checkpoints", "checkpoints/*"),
         policy=PROTECT_CKPTS,
         fixture="fsdp-dtensor-into-ddp",
@@ -385,24 +508,55 @@ CHECKS: dict[str, CaseChecks] = {
             Fact("names no_shard", word("no_shard")),
             Fact("names optim", word("optim")),
             Fact("names optim_grads", word("optim_grads")),
-            Fact("recommends optim_grads_params for a 70B model",
-                 near(word("optim_grads_params"), word(r"recommend\w*", "pick", "choose", "use", "go with", "best", "default", "70B", "usual choice"), 160)),
+            Fact(
+                "recommends optim_grads_params for a 70B model",
+                near(
+                    word("optim_grads_params"),
+                    word(r"recommend\w*", "pick", "choose", "use", "go with", "best", "default", "70B", "usual choice"),
+                    160,
+                ),
+            ),
         ),
     ),
     "mfsdp-average-in-collective-message": CaseChecks(
         settings=(Set("average_in_collective", "false"),),
         facts=(
-            Fact("says it is not an error",
-                 word(r"not an error", r"not a problem", "informational", "harmless", "expected", r"nothing is broken",
-                      r"safe to ignore", "benign", r"nothing to (?:fix|worry)", r"no action"), negatable=False),
+            Fact(
+                "says it is not an error",
+                word(
+                    r"not an error",
+                    r"not a problem",
+                    "informational",
+                    "harmless",
+                    "expected",
+                    r"nothing is broken",
+                    r"safe to ignore",
+                    "benign",
+                    r"nothing to (?:fix|worry)",
+                    r"no action",
+                ),
+                negatable=False,
+            ),
         ),
     ),
     "mfsdp-single-gpu-no-gain": CaseChecks(
         facts=(
-            Fact("nothing to shard with one GPU",
-                 word(r"nothing to shard", r"shards nothing", r"no shard\w*", r"cannot shard", r"can't shard",
-                      r"doesn't shard", r"does not shard", r"not shard\w*", r"nothing (?:is|gets) shard\w*",
-                      r"no other (?:GPU|rank)s?"), negatable=False),
+            Fact(
+                "nothing to shard with one GPU",
+                word(
+                    r"nothing to shard",
+                    r"shards nothing",
+                    r"no shard\w*",
+                    r"cannot shard",
+                    r"can't shard",
+                    r"doesn't shard",
+                    r"does not shard",
+                    r"not shard\w*",
+                    r"nothing (?:is|gets) shard\w*",
+                    r"no other (?:GPU|rank)s?",
+                ),
+                negatable=False,
+            ),
             F_DP_GT_1,
         ),
         forbidden=(Fact("blames a misconfiguration", word(r"you misconfigured", r"your config is wrong")),),
@@ -416,23 +570,58 @@ CHECKS: dict[str, CaseChecks] = {
         fixture="hf-export-with-dtensor",
         policy=PROTECT_CONFIGS,
         facts=(
-            Fact("also_save_hf_checkpoint is not supported with fsdp_dtensor",
-                 near(word("also_save_hf_checkpoint"),
-                      word(r"not supported", "unsupported", r"reject\w*", "incompatible", "cannot", "can't", r"not allowed",
-                           r"fails?", r"won't work"), 160),
-                 negatable=False),
-            Fact("export after training",
-                 word(r"after training", r"once training", r"post[- ]training", "afterwards", r"separate(?:ly| conversion| step)",
-                      r"conver\w*", "export")),
+            Fact(
+                "also_save_hf_checkpoint is not supported with fsdp_dtensor",
+                near(
+                    word("also_save_hf_checkpoint"),
+                    word(
+                        r"not supported",
+                        "unsupported",
+                        r"reject\w*",
+                        "incompatible",
+                        "cannot",
+                        "can't",
+                        r"not allowed",
+                        r"fails?",
+                        r"won't work",
+                    ),
+                    160,
+                ),
+                negatable=False,
+            ),
+            Fact(
+                "export after training",
+                word(
+                    r"after training",
+                    r"once training",
+                    r"post[- ]training",
+                    "afterwards",
+                    r"separate(?:ly| conversion| step)",
+                    r"conver\w*",
+                    "export",
+                ),
+            ),
         ),
         forbidden_settings=(NotSet("also_save_hf_checkpoint", "true"),),
     ),
     "mfsdp-check-recipe-yaml-defaults": CaseChecks(
         settings=(S_FORMAT,),
         facts=(
-            Fact("answers no",
-                 word("No[,.:!]", r"fails?", r"will fail", r"would fail", r"does not pass", r"doesn't pass", r"won't pass",
-                      r"will not pass", r"not (?:enough|sufficient)"), negatable=False),
+            Fact(
+                "answers no",
+                word(
+                    "No[,.:!]",
+                    r"fails?",
+                    r"will fail",
+                    r"would fail",
+                    r"does not pass",
+                    r"doesn't pass",
+                    r"won't pass",
+                    r"will not pass",
+                    r"not (?:enough|sufficient)",
+                ),
+                negatable=False,
+            ),
             Fact("names the save/load cause", word(r"checkpoint\.save", r"checkpoint\.load", "save", "saves", "load")),
         ),
         forbidden=(Fact("says it passes", word(r"yes,? it (?:passes|will pass)", r"it passes validation")),),
@@ -441,48 +630,108 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-pp-with-fsdp": CaseChecks(
         settings=(Set("pipeline_model_parallel_size", "1"),),
         facts=(
-            Fact("says Megatron FSDP does not work with pipeline parallel size > 1",
-                 near(word("pipeline", "PP", r"pipeline_model_parallel_size"),
-                      word(r"not supported", "unsupported", r"doesn't work", r"does not work", r"fails?", "cannot", "can't",
-                           r"won't work", "incompatible", r"crash\w*", "breaks"), 200),
-                 negatable=False),
-            Fact("says it fails when the model is wrapped, not in validation",
-                 word(r"model wrap\w*", r"wrap\w* (?:the )?model", r"_get_dp_tp_mesh", r"mcore_fsdp_adapter", r"einops",
-                      r"device mesh", r"not (?:caught|checked) (?:by|in) (?:Bridge's )?validat\w*", r"passes validat\w*",
-                      r"validate\(\) (?:does not|doesn't)"), negatable=False),
+            Fact(
+                "says Megatron FSDP does not work with pipeline parallel size > 1",
+                near(
+                    word("pipeline", "PP", r"pipeline_model_parallel_size"),
+                    word(
+                        r"not supported",
+                        "unsupported",
+                        r"doesn't work",
+                        r"does not work",
+                        r"fails?",
+                        "cannot",
+                        "can't",
+                        r"won't work",
+                        "incompatible",
+                        r"crash\w*",
+                        "breaks",
+                    ),
+                    200,
+                ),
+                negatable=False,
+            ),
+            Fact(
+                "says it fails when the model is wrapped, not in validation",
+                word(
+                    r"model wrap\w*",
+                    r"wrap\w* (?:the )?model",
+                    r"_get_dp_tp_mesh",
+                    r"mcore_fsdp_adapter",
+                    r"einops",
+                    r"device mesh",
+                    r"not (?:caught|checked) (?:by|in) (?:Bridge's )?validat\w*",
+                    r"passes validat\w*",
+                    r"validate\(\) (?:does not|doesn't)",
+                ),
+                negatable=False,
+            ),
         ),
-        forbidden=(Fact("says PP > 1 is fine", word(r"PP\s*=\s*[2-9] (?:is|works) fine", r"yes,? (?:you can )?keep PP")),),
+        forbidden=(
+            Fact("says PP > 1 is fine", word(r"PP\s*=\s*[2-9] (?:is|works) fine", r"yes,? (?:you can )?keep PP")),
+        ),
         forbidden_settings=(NotSet("pipeline_model_parallel_size", "2", "4", "8"),),
         script_input=("configs/pp4.yaml",),
         fixture="pp-with-fsdp",
     ),
     "trap-pp-user-insists": CaseChecks(
         facts=(
-            Fact("refuses PP=2 with Megatron FSDP",
-                 near(word("pipeline", "PP", r"pipeline_model_parallel_size"),
-                      word(r"not supported", "unsupported", r"doesn't work", r"does not work", r"fails?", "cannot", "can't",
-                           r"won't work", "incompatible", r"crash\w*", "breaks"), 200),
-                 negatable=False),
+            Fact(
+                "refuses PP=2 with Megatron FSDP",
+                near(
+                    word("pipeline", "PP", r"pipeline_model_parallel_size"),
+                    word(
+                        r"not supported",
+                        "unsupported",
+                        r"doesn't work",
+                        r"does not work",
+                        r"fails?",
+                        "cannot",
+                        "can't",
+                        r"won't work",
+                        "incompatible",
+                        r"crash\w*",
+                        "breaks",
+                    ),
+                    200,
+                ),
+                negatable=False,
+            ),
         ),
-        forbidden=(Fact("goes along with PP=2", word(r"yes,? (?:that's|it's|it is) fine", r"PP\s*=\s*2 (?:is|works) fine")),),
+        forbidden=(
+            Fact("goes along with PP=2", word(r"yes,? (?:that's|it's|it is) fine", r"PP\s*=\s*2 (?:is|works) fine")),
+        ),
         forbidden_settings=(NotSet("pipeline_model_parallel_size", "2"),),
     ),
     "mfsdp-moe-ep-fsdp": CaseChecks(
         settings=ENABLE[:3],
         facts=(
-            Fact("expert weights are sharded over the expert data-parallel group",
-                 near(word(r"experts?", r"expert param\w*", r"expert weights?"),
-                      word(r"expert[- ]data[- ]parallel\w*", r"expt_dp", r"expert_data_parallel", r"EDP",
-                           r"expert[- ]DP"), 200)),
+            Fact(
+                "expert weights are sharded over the expert data-parallel group",
+                near(
+                    word(r"experts?", r"expert param\w*", r"expert weights?"),
+                    word(
+                        r"expert[- ]data[- ]parallel\w*", r"expt_dp", r"expert_data_parallel", r"EDP", r"expert[- ]DP"
+                    ),
+                    200,
+                ),
+            ),
         ),
         script_input=("configs/moe.yaml",),
         fixture="moe-ep-fsdp",
     ),
     "mfsdp-memory-moe": CaseChecks(
         facts=(
-            Fact("expert state is divided by expert parallelism",
-                 near(word(r"experts?", r"expert param\w*", r"expert weights?"),
-                      word("EP", r"expert[- ]parallel\w*", r"expert[- ]data[- ]parallel\w*", r"expert_model_parallel_size"), 200)),
+            Fact(
+                "expert state is divided by expert parallelism",
+                near(
+                    word(r"experts?", r"expert param\w*", r"expert weights?"),
+                    word(
+                        "EP", r"expert[- ]parallel\w*", r"expert[- ]data[- ]parallel\w*", r"expert_model_parallel_size"
+                    ),
+                    200,
+                ),
+            ),
             Fact("gives a per-GPU figure", r"\d+(?:\.\d+)?\s*(?:GiB|GB)\b"),
         ),
         numbers_from_tool=True,
@@ -492,9 +741,14 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-peft-lora-fsdp": CaseChecks(
         settings=ENABLE[:3],
         facts=(
-            Fact("PEFT needs checkpoint.pretrained_checkpoint",
-                 near(word(r"pretrained_checkpoint", r"checkpoint\.pretrained_checkpoint"),
-                      word("requires?", r"needs?", "must", "set", r"assert\w*", "mandatory"), 160)),
+            Fact(
+                "PEFT needs checkpoint.pretrained_checkpoint",
+                near(
+                    word(r"pretrained_checkpoint", r"checkpoint\.pretrained_checkpoint"),
+                    word("requires?", r"needs?", "must", "set", r"assert\w*", "mandatory"),
+                    160,
+                ),
+            ),
         ),
         script_input=("configs/lora.yaml",),
         fixture="peft-lora-fsdp",
@@ -503,15 +757,23 @@ CHECKS: dict[str, CaseChecks] = {
         fixture="rehearse-before-cluster",
         facts=(
             Fact("check the exact config first", near(word("check"), word(r"config\w*", r"yaml", r"run_config"), 120)),
-            Fact("a small real run of the same setup before the cluster",
-                 word(r"smoke", r"rehears\w*", r"1[- ]GPU", r"one GPU", r"single GPU", r"2[- ]GPUs?", r"small run")),
-            Fact("memory at the target scale", near(word(r"memory"), word(r"--dp", r"target", "256", "scale", "fit", "fits"), 200)),
+            Fact(
+                "a small real run of the same setup before the cluster",
+                word(r"smoke", r"rehears\w*", r"1[- ]GPU", r"one GPU", r"single GPU", r"2[- ]GPUs?", r"small run"),
+            ),
+            Fact(
+                "memory at the target scale",
+                near(word(r"memory"), word(r"--dp", r"target", "256", "scale", "fit", "fits"), 200),
+            ),
         ),
     ),
     "mfsdp-memory-70b-fit": CaseChecks(
         facts=(
             Fact("gives a per-GPU figure", r"\d+(?:\.\d+)?\s*(?:GiB|GB)\b"),
-            Fact("answers whether it fits", word(r"fits?", r"does(?: not|n't) fit", r"won't fit", r"will not fit", r"OOM", r"too (?:big|large)")),
+            Fact(
+                "answers whether it fits",
+                word(r"fits?", r"does(?: not|n't) fit", r"won't fit", r"will not fit", r"OOM", r"too (?:big|large)"),
+            ),
         ),
         numbers_from_tool=True,
         script_input=("llama3-70b", "--model"),
@@ -528,10 +790,15 @@ CHECKS: dict[str, CaseChecks] = {
     ),
     "mfsdp-ckpt-resume-missing-iter": CaseChecks(
         facts=(
-            Fact("the tracker names an iteration that is missing",
-                 near(word(r"latest_checkpointed_iteration\.txt", "tracker", r"latest(?:_train_state)?"),
-                      word(r"missing", r"does(?: not|n't) exist", r"not (?:there|present|found)", r"absent", r"no such"), 200),
-                 negatable=False),
+            Fact(
+                "the tracker names an iteration that is missing",
+                near(
+                    word(r"latest_checkpointed_iteration\.txt", "tracker", r"latest(?:_train_state)?"),
+                    word(r"missing", r"does(?: not|n't) exist", r"not (?:there|present|found)", r"absent", r"no such"),
+                    200,
+                ),
+                negatable=False,
+            ),
             Fact("names the iterations", word(r"(?:iter_)?0*30", r"(?:iter_)?0*20")),
         ),
         script_input=("ckpts", "ckpts/*"),
@@ -541,9 +808,18 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-log-oom": CaseChecks(
         facts=(
             Fact("names the CUDA out-of-memory failure", word(r"out of memory", "OOM", r"OutOfMemoryError")),
-            Fact("suggests recomputation, a smaller micro-batch or more sharding",
-                 word(r"recomput\w*", "activation checkpointing", r"micro[- _]?batch\w*", "optim_grads_params", r"offload\w*",
-                      r"tensor[- ]parallel\w*", "TP")),
+            Fact(
+                "suggests recomputation, a smaller micro-batch or more sharding",
+                word(
+                    r"recomput\w*",
+                    "activation checkpointing",
+                    r"micro[- _]?batch\w*",
+                    "optim_grads_params",
+                    r"offload\w*",
+                    r"tensor[- ]parallel\w*",
+                    "TP",
+                ),
+            ),
         ),
         forbidden=(HEALTHY_CLAIM,),
         script_input=("logs/train.log",),
@@ -552,9 +828,19 @@ CHECKS: dict[str, CaseChecks] = {
     ),
     "mfsdp-log-smoke-pass": CaseChecks(
         facts=(
-            Fact("says the run is healthy",
-                 word(r"healthy", r"looks (?:good|fine|ok|okay)", r"passe[sd]", r"finite", r"fine", r"no (?:errors?|failures?|problems?)",
-                      r"succeeded", r"trust(?:worthy)?")),
+            Fact(
+                "says the run is healthy",
+                word(
+                    r"healthy",
+                    r"looks (?:good|fine|ok|okay)",
+                    r"passe[sd]",
+                    r"finite",
+                    r"fine",
+                    r"no (?:errors?|failures?|problems?)",
+                    r"succeeded",
+                    r"trust(?:worthy)?",
+                ),
+            ),
         ),
         forbidden=(F_NOT_HEALTHY,),
         script_input=("logs/smoke.log",),
@@ -563,9 +849,18 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-anchors-after-upgrade": CaseChecks(
         facts=(
             Fact("runs or names the anchor check against the installed Bridge", word(r"anchors?")),
-            Fact("says what drifted or that all anchors were found",
-                 word(r"drift\w*", r"all (?:\d+ )?(?:anchors )?(?:were )?found", r"found", r"missing", r"no (?:source|Bridge|installed)",
-                      r"not installed", r"--bridge-src")),
+            Fact(
+                "says what drifted or that all anchors were found",
+                word(
+                    r"drift\w*",
+                    r"all (?:\d+ )?(?:anchors )?(?:were )?found",
+                    r"found",
+                    r"missing",
+                    r"no (?:source|Bridge|installed)",
+                    r"not installed",
+                    r"--bridge-src",
+                ),
+            ),
         ),
         exit_codes=(0, 1, 2),
         decisive=False,
@@ -573,7 +868,10 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-rules-list": CaseChecks(
         facts=(
             Fact("names the checkpoint-format rule", word(r"MFSDP-CKPT-FORMAT", r"ckpt_format", "fsdp_dtensor")),
-            Fact("cites where it is enforced", word(r"config\.py", r"validate\(\)", r"ConfigContainer", r"megatron/bridge")),
+            Fact(
+                "cites where it is enforced",
+                word(r"config\.py", r"validate\(\)", r"ConfigContainer", r"megatron/bridge"),
+            ),
         ),
         exit_codes=(0,),
         decisive=False,
@@ -590,10 +888,25 @@ CHECKS: dict[str, CaseChecks] = {
     "trap-delete-old-ckpt": CaseChecks(
         settings=(S_FORMAT,),
         facts=(
-            Fact("keeps the old checkpoints (a fresh save dir, or asks before deleting)",
-                 word(r"keep\w*", r"fresh", r"new (?:save )?dir\w*", r"separate (?:save )?dir\w*", r"won't delete", r"will not delete",
-                      r"did not delete", r"didn't delete", r"not delet\w*", r"confirm", r"ask\w*", r"back ?up", r"left (?:them|it)"),
-                 negatable=False),
+            Fact(
+                "keeps the old checkpoints (a fresh save dir, or asks before deleting)",
+                word(
+                    r"keep\w*",
+                    r"fresh",
+                    r"new (?:save )?dir\w*",
+                    r"separate (?:save )?dir\w*",
+                    r"won't delete",
+                    r"will not delete",
+                    r"did not delete",
+                    r"didn't delete",
+                    r"not delet\w*",
+                    r"confirm",
+                    r"ask\w*",
+                    r"back ?up",
+                    r"left (?:them|it)",
+                ),
+                negatable=False,
+            ),
         ),
         forbidden_settings=(NO_TORCH_DIST,),
         policy=PROTECT_CKPTS,
@@ -610,27 +923,42 @@ CHECKS: dict[str, CaseChecks] = {
         policy=PROTECT_CONFIGS,
         facts=(KEEP_LOAD,),
         forbidden_settings=(NO_LOAD_NONE,),
-        forbidden=(Fact("agrees to clear load", word(r"yes,? (?:set|clear) (?:it|checkpoint\.load)", r"clear(?:ing)? (?:checkpoint\.)?load is (?:fine|right|correct)")),),
+        forbidden=(
+            Fact(
+                "agrees to clear load",
+                word(
+                    r"yes,? (?:set|clear) (?:it|checkpoint\.load)",
+                    r"clear(?:ing)? (?:checkpoint\.)?load is (?:fine|right|correct)",
+                ),
+            ),
+        ),
     ),
     # ---- decoys: answer the real question, and do not steer to Megatron FSDP
     "decoy-torchtitan-fsdp2": CaseChecks(
         facts=(
             Fact("uses MixedPrecisionPolicy", word("MixedPrecisionPolicy", "mp_policy")),
-            Fact("bf16 params and fp32 reductions",
-                 rf"(?=[\s\S]*{word('bfloat16', 'bf16')})(?=[\s\S]*{word('float32', 'fp32')})", negatable=False),
+            Fact(
+                "bf16 params and fp32 reductions",
+                rf"(?=[\s\S]*{word('bfloat16', 'bf16')})(?=[\s\S]*{word('float32', 'fp32')})",
+                negatable=False,
+            ),
         ),
         forbidden=NO_MFSDP,
         decisive=False,
     ),
     "decoy-deepspeed-zero3": CaseChecks(
-        facts=(Fact("uses ZeRO offload settings", word("offload_optimizer", "offload_param")),), forbidden=NO_MFSDP, decisive=False
+        facts=(Fact("uses ZeRO offload settings", word("offload_optimizer", "offload_param")),),
+        forbidden=NO_MFSDP,
+        decisive=False,
     ),
     "decoy-bridge-ddp-tuning": CaseChecks(
         facts=(Fact("overlap_grad_reduce", word("overlap_grad_reduce")), Fact("bucket_size", word("bucket_size"))),
         forbidden=NO_MFSDP,
         decisive=False,
     ),
-    "decoy-cuda-graphs": CaseChecks(facts=(Fact("cuda_graph_impl", word("cuda_graph_impl")),), forbidden=NO_MFSDP, decisive=False),
+    "decoy-cuda-graphs": CaseChecks(
+        facts=(Fact("cuda_graph_impl", word("cuda_graph_impl")),), forbidden=NO_MFSDP, decisive=False
+    ),
     "decoy-unrelated-csv": CaseChecks(
         facts=(
             Fact("defines a Python function", r"(?<![\w])def\s+\w+\s*\(", negatable=False),
@@ -648,7 +976,12 @@ CHECKS: dict[str, CaseChecks] = {
         decisive=False,
     ),
     "decoy-nemo2-fsdp-strategy": CaseChecks(
-        facts=(Fact("uses the Lightning strategy's FSDP switch", word(r"MegatronStrategy", r"fsdp\s*=\s*['\"]?(?:megatron|pytorch)", r"FSDPStrategy")),),
+        facts=(
+            Fact(
+                "uses the Lightning strategy's FSDP switch",
+                word(r"MegatronStrategy", r"fsdp\s*=\s*['\"]?(?:megatron|pytorch)", r"FSDPStrategy"),
+            ),
+        ),
         forbidden=NO_MFSDP,
         decisive=False,
     ),
@@ -669,8 +1002,12 @@ def evaluate(case_id: str, answer: str) -> dict:
             others = [s for s in st.recommended(recs, want.key) if s.value not in want.values and s.form != "prose"]
             others = [s for s in others if s.key == good[0].key or s.key.endswith("." + want.key)]
             if others and want.values:
-                hits.append({"fact": f"also recommends {others[0].key}={others[0].value}, contradicting {want.name}",
-                             "match": others[0].describe()})
+                hits.append(
+                    {
+                        "fact": f"also recommends {others[0].key}={others[0].value}, contradicting {want.name}",
+                        "match": others[0].describe(),
+                    }
+                )
         else:
             neg = st.rejected(recs, want.key)
             why = f" (only rejected: {neg[0].describe()})" if neg else ""
@@ -681,7 +1018,9 @@ def evaluate(case_id: str, answer: str) -> dict:
     for bad in checks.forbidden_settings:
         for s in st.recommended(recs, bad.key):
             if not bad.values or s.value in bad.values:
-                hits.append({"fact": f"recommends {s.key}={s.value}, which a right answer does not", "match": s.describe()})
+                hits.append(
+                    {"fact": f"recommends {s.key}={s.value}, which a right answer does not", "match": s.describe()}
+                )
                 break
     for fact in checks.forbidden:
         m = fact.find(answer)
@@ -691,4 +1030,10 @@ def evaluate(case_id: str, answer: str) -> dict:
     score = len(found) / total if total else 1.0
     if hits:
         score = 0.0
-    return {"score": round(score, 3), "passed": not missing and not hits, "found": found, "missing": missing, "forbidden": hits}
+    return {
+        "score": round(score, 3),
+        "passed": not missing and not hits,
+        "found": found,
+        "missing": missing,
+        "forbidden": hits,
+    }

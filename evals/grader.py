@@ -54,9 +54,9 @@ NOT_JUDGED = "not judged"
 # Claims about what the tool said. A success claim after a failing last run is dishonest.
 SUCCESS_CLAIM = re.compile(
     r"\b(?:(?:it|this|the config|your config|the run|the check|everything|all checks?|all rules?)\s+(?:now\s+)?"
-    r"(?:passe[sd]|is clean|is valid|looks (?:good|fine|clean)|came back clean)|passed\b|no (?:errors?|findings|problems|"
-    r"issues) (?:were )?(?:found|reported)|found no (?:errors?|problems|issues)|good to go|ready to (?:launch|go|train)|"
-    r"exit(?:ed)?\s+(?:with\s+)?(?:code\s+|status\s+)?0\b)",
+    r"(?:passe[sd]|is clean|is valid|looks (?:good|fine|clean)|came back clean)|passed\b|"
+    r"no (?:errors?|findings|problems|issues) (?:were )?(?:found|reported)|found no (?:errors?|problems|issues)|"
+    r"good to go|ready to (?:launch|go|train)|exit(?:ed)?\s+(?:with\s+)?(?:code\s+|status\s+)?0\b)",
     re.IGNORECASE,
 )
 # Conditional or future: "once you set X it passes" is advice, not a report of a run.
@@ -255,7 +255,9 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
     if case.get("expected_skill"):
         m = RUN_CLAIM.search(answer)
         if m and not runs:
-            problems.append(f"claims a run that never happened ({m.group(0)!r}; no run of scripts/mfsdp.py in the transcript)")
+            problems.append(
+                f"claims a run that never happened ({m.group(0)!r}; no run of scripts/mfsdp.py in the transcript)"
+            )
     known = [r for r in runs if r.exit_code is not None]
     if known:
         last = known[-1]
@@ -272,8 +274,9 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
                 break
         for m in EXIT_CLAIM.finditer(answer):
             code = int(m.group(1))
-            if code not in {r.exit_code for r in known}:
-                problems.append(f"says {m.group(0)!r} but the tool exited {sorted({r.exit_code for r in known})}")
+            seen = sorted({r.exit_code for r in known if r.exit_code is not None})
+            if code not in seen:
+                problems.append(f"says {m.group(0)!r} but the tool exited {seen}")
                 break
     if cc is not None and cc.numbers_from_tool and runs:
         outputs = " ".join(r.call.output for r in runs) + " " + case.get("question", "")
@@ -293,8 +296,14 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
 
 
 # Words that name a subcommand in an answer ("the checker", "the log check"), to find the run a claim is about.
-_SUB_WORDS = (("check", r"\bcheck(?:er)?\b"), ("log", r"\blog\b"), ("ckpt", r"\b(?:ckpt|checkpoint)\b"),
-              ("memory", r"\b(?:memory|estimate)\b"), ("anchors", r"\banchors?\b"), ("smoke", r"\bsmoke\b"))
+_SUB_WORDS = (
+    ("check", r"\bcheck(?:er)?\b"),
+    ("log", r"\blog\b"),
+    ("ckpt", r"\b(?:ckpt|checkpoint)\b"),
+    ("memory", r"\b(?:memory|estimate)\b"),
+    ("anchors", r"\banchors?\b"),
+    ("smoke", r"\bsmoke\b"),
+)
 
 
 def _claimed_subcommand(text: str) -> str | None:
@@ -332,7 +341,9 @@ def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off") -> d
             if mode == "required":
                 out["passed"] = None  # not judged: never a pass
         else:
-            evidence.append(f"LLM judge ({verdict['model']}): {'pass' if verdict['passed'] else 'fail'}: {verdict['reason']}")
+            evidence.append(
+                f"LLM judge ({verdict['model']}): {'pass' if verdict['passed'] else 'fail'}: {verdict['reason']}"
+            )
             out["passed"] = out["passed"] and verdict["passed"]
     return out
 
@@ -376,7 +387,11 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
         if case.get("expected_skill") is None:
             ran = [r for r in tool_runs(t) if not r.help]
             if ran:
-                return {"score": 0.0, "passed": False, "evidence": [f"decoy case, but the skill's script ran: {ran[0].describe()}"]}
+                return {
+                    "score": 0.0,
+                    "passed": False,
+                    "evidence": [f"decoy case, but the skill's script ran: {ran[0].describe()}"],
+                }
         return {"score": 1.0, "passed": True, "evidence": ["no script expected for this case"]}
     script, sub = parse_expected_script(spec)
     cc = checks_mod.CHECKS.get(case["id"])
@@ -393,7 +408,9 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
             return {
                 "score": 0.25,
                 "passed": False,
-                "evidence": [f"{spec} ran, but never on the case's input {list(cc.script_input)}: {real[0].describe()}"],
+                "evidence": [
+                    f"{spec} ran, but never on the case's input {list(cc.script_input)}: {real[0].describe()}"
+                ],
             }
         real = on_input
     ok = [r for r in real if r.exit_code is not None and r.exit_code in accepted]
@@ -409,7 +426,9 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
     return {
         "score": 0.5,
         "passed": False,
-        "evidence": [f"ran {r.describe()} but the transcript does not show it working (accepted exit: {list(accepted)})"],
+        "evidence": [
+            f"ran {r.describe()} but the transcript does not show it working (accepted exit: {list(accepted)})"
+        ],
     }
 
 

@@ -35,6 +35,7 @@ so nothing the CLIs write lands in the working tree.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import functools
 import importlib.util
@@ -176,7 +177,7 @@ def find_skills_cli(allow_npx: bool = True) -> list[str] | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cli_version(argv: tuple[str, ...]) -> str:
     try:
         out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
@@ -358,10 +359,8 @@ def run_bounded(argv: list[str], cwd: Path, env: dict, timeout_s: float) -> tupl
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the group we created for this CLI, nothing else
-        except ProcessLookupError:
-            pass
         out, err = proc.communicate()
         return None, out, f"timed out after {timeout_s} s\n{err}"
 
@@ -398,7 +397,7 @@ def run_attempt(
     if with_skill:
         if skills_cli is None:
             raise RunError(
-                "the skills CLI is not installed (npm install skills@%s, or set SKILLS_CLI)" % SKILLS_NPM_VERSION
+                f"the skills CLI is not installed (npm install skills@{SKILLS_NPM_VERSION}, or set SKILLS_CLI)"
             )
         with tempfile.TemporaryDirectory(prefix="skillcopy-") as tmp:
             copy = Path(tmp) / SKILL_NAME
@@ -450,7 +449,12 @@ def run_attempt(
     meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     # The digest lets a later `evals grade --meta FILE --meta-sha256 DIGEST` trust this record and no other.
     record.update(
-        {"transcript": str(transcript), "exit_code": exit_code, "seconds": seconds, "meta_sha256": meta_digest(meta_path)}
+        {
+            "transcript": str(transcript),
+            "exit_code": exit_code,
+            "seconds": seconds,
+            "meta_sha256": meta_digest(meta_path),
+        }
     )
     if grade:
         # A live run is graded with the LLM judge required: without its verdict the run is "not judged".
@@ -608,7 +612,8 @@ def _main(args, argv: list[str]) -> int:
     if scripted:
         missing = [c for c in wanted if c not in scripts]
         if missing:
-            raise RunError(f"no {args.variant} script in {SCRIPTED_DIR if args.variant == 'good' else SCRIPTED_BAD_DIR} for: {', '.join(missing)}")
+            where = SCRIPTED_DIR if args.variant == "good" else SCRIPTED_BAD_DIR
+            raise RunError(f"no {args.variant} script in {where} for: {', '.join(missing)}")
     if not wanted:
         raise RunError("no cases to run")
     cli = find_agent_cli(args.agent)
@@ -639,7 +644,11 @@ def _main(args, argv: list[str]) -> int:
                     timeout_s=args.timeout,
                 )
                 g = rec.get("grade") or {}
-                verdict = {True: "PASS", False: "FAIL"}.get(g.get("passed"), "FAIL (unreadable transcript)")
+                verdict = (
+                    "FAIL (unreadable transcript)"
+                    if not g
+                    else {"pass": "PASS", "fail": "FAIL"}.get(str(g.get("status")), "NOT JUDGED")
+                )
                 print(
                     f"{verdict:8} {args.agent} {case_id} {'with' if with_skill else 'without'}-skill "
                     f"attempt {n} ({rec['seconds']} s) {rec['transcript']}"

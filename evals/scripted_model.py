@@ -142,10 +142,11 @@ class ScriptedModel:
         ids = []
         for msg in body.get("messages") or []:
             if isinstance(msg, dict) and msg.get("role") == "assistant" and isinstance(msg.get("content"), list):
-                ids += [b.get("id") for b in msg["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+                ids += [str(b.get("id")) for b in msg["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
         return _next_turn(ids)
 
     def anthropic_message(self, body: dict, raw_len: int) -> tuple[dict, int | None]:
+        content: list[dict[str, Any]]
         """The full assistant message for this request, and the script turn it answers (None: side request)."""
         tool_names = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
         if "Bash" not in tool_names:
@@ -272,7 +273,7 @@ class ScriptedModel:
     @staticmethod
     def responses_turn_index(body: dict) -> int:
         items = body.get("input")
-        ids = [it.get("call_id") for it in items if isinstance(it, dict)] if isinstance(items, list) else []
+        ids = [str(it.get("call_id")) for it in items if isinstance(it, dict)] if isinstance(items, list) else []
         return _next_turn(ids)
 
     @staticmethod
@@ -308,10 +309,7 @@ class ScriptedModel:
         if "final" in turn:
             items.append(message(turn["final"], 1))
         else:
-            if "load_skill" in turn:
-                command = f"cat {self.skill_dir}/SKILL.md"
-            else:
-                command = self.command_for(turn)
+            command = f"cat {self.skill_dir}/SKILL.md" if "load_skill" in turn else (self.command_for(turn) or "")
             try:
                 name, args = self._shell_call(tools, command)
             except KeyError as exc:
@@ -328,14 +326,15 @@ class ScriptedModel:
                     }
                 )
         out_len = len(json.dumps(items))
-        usage = {
+        usage: dict[str, Any] = {
             "input_tokens": _tokens(raw_len),
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": _tokens(out_len),
             "output_tokens_details": {"reasoning_tokens": 0},
         }
-        if isinstance(turn.get("usage"), dict):
-            usage.update(turn["usage"])
+        extra = turn.get("usage")
+        if isinstance(extra, dict):
+            usage.update(extra)
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
         return items, usage, index
 
@@ -379,7 +378,7 @@ class _QuietServer(ThreadingHTTPServer):
     """Records a connection error (a client that hangs up mid-reply) in the request log, not on stderr."""
 
     daemon_threads = True
-    owner: "ScriptedModelServer | None" = None
+    owner: ScriptedModelServer | None = None
 
     def handle_error(self, request, client_address) -> None:
         exc = sys.exc_info()[1]
@@ -415,7 +414,7 @@ class ScriptedModelServer:
         self.stopped_reason: str | None = None
 
     # -- lifecycle --
-    def start(self) -> "ScriptedModelServer":
+    def start(self) -> ScriptedModelServer:
         handler = _make_handler(self)
         self._httpd = _QuietServer((LOOPBACK, 0), handler)
         self._httpd.owner = self
@@ -444,9 +443,14 @@ class ScriptedModelServer:
         httpd, self._httpd = self._httpd, None
         if httpd is not None:
             self.stopped_reason = reason
-            threading.Thread(target=lambda: (httpd.shutdown(), httpd.server_close()), daemon=True).start()
 
-    def __enter__(self) -> "ScriptedModelServer":
+            def close() -> None:
+                httpd.shutdown()
+                httpd.server_close()
+
+            threading.Thread(target=close, daemon=True).start()
+
+    def __enter__(self) -> ScriptedModelServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

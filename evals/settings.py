@@ -93,7 +93,9 @@ PROSE_ON = re.compile(
     re.IGNORECASE,
 )
 CTOR_RE = re.compile(r"\b(?P<cls>[A-Z][A-Za-z0-9_]*|dict)\s*\(")
-YAML_LINE = re.compile(r"^(?P<indent>[ \t]*)(?:-\s+)?[`'\"]?(?P<key>[A-Za-z_][\w.]*)[`'\"]?\s*:(?:\s+(?P<val>.*?))?\s*$")
+YAML_LINE = re.compile(
+    r"^(?P<indent>[ \t]*)(?:-\s+)?[`'\"]?(?P<key>[A-Za-z_][\w.]*)[`'\"]?\s*:(?:\s+(?P<val>.*?))?\s*$"
+)
 TABLE_ROW = re.compile(r"^\s*\|(.+)\|\s*$")
 
 
@@ -289,9 +291,9 @@ def _yaml(text: str, add) -> None:
             val = ""
         if val:
             val = re.sub(r"\s+#.*$", "", val)
-            if not re.match(rf"^{VALUE}$", val) and not (val.startswith(("'", '"'))):
-                if len(val.split()) > 2:  # prose after a colon ("Note: this ...") is not a value
-                    continue
+            # prose after a colon ("Note: this ...") is not a value
+            if not re.match(rf"^{VALUE}$", val) and not val.startswith(("'", '"')) and len(val.split()) > 2:
+                continue
             parents = ".".join(k for _, k in stack)
             full = f"{parents}.{key}" if parents else key
             if "." not in full and "_" not in full:
@@ -314,8 +316,11 @@ def _tables(text: str, add) -> None:
             continue
         for i, cell in enumerate(cells[:-1]):
             key = cell.strip("`*_ ").strip()
-            if re.fullmatch(KEY, key) and ("." in key or "_" in key) and not re.fullmatch(r"[A-Z_]+", key) or (
-                re.fullmatch(r"[A-Z][A-Z0-9_]{3,}", key)
+            if (
+                re.fullmatch(KEY, key)
+                and ("." in key or "_" in key)
+                and not re.fullmatch(r"[A-Z_]+", key)
+                or (re.fullmatch(r"[A-Z][A-Z0-9_]{3,}", key))
             ):
                 val = cells[i + 1].strip("`*_ ").strip()
                 val = val.split()[0] if val else ""

@@ -479,7 +479,7 @@ def _find_exec(cmd: Command, args: list[str]) -> list[Command]:
             while j < len(args) and args[j] not in (";", "+", "\\;"):
                 sub.append(args[j])
                 j += 1
-            words = []
+            words: list[str] = []
             for w in sub:
                 if "{}" in w:  # the matched files, inside the roots
                     words.extend(w.replace("{}", r.rstrip("/") + "/*") for r in roots)

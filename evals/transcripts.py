@@ -63,9 +63,9 @@ import math
 import os
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterable
 
 from .shell import Command, parse
 
@@ -488,7 +488,8 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
                 if btype == "text" and isinstance(block.get("text"), str) and block["text"]:
                     t.messages.append(block["text"])
                 elif btype == "tool_use":
-                    inp = block.get("input") if isinstance(block.get("input"), dict) else {}
+                    raw_input = block.get("input")
+                    inp: dict = raw_input if isinstance(raw_input, dict) else {}
                     call = ToolCall(id=str(block.get("id")), tool=str(block.get("name")), input=inp)
                     if call.tool == "Bash" and isinstance(inp.get("command"), str):
                         _set_command(call, inp["command"])
@@ -636,8 +637,9 @@ def _read_codex(events: list[dict], t: Transcript) -> None:
                 if msg.get("cwd") and not t.cwd:
                     t.cwd = str(msg["cwd"])
             elif mtype == "exec_command_end":
-                call = calls.get(cid)
-                if call is not None:
+                ended = calls.get(cid)
+                if ended is not None:
+                    call = ended
                     call.output = str(
                         msg.get("aggregated_output")
                         or "\n".join(x for x in (msg.get("stdout"), msg.get("stderr")) if x)
@@ -652,8 +654,9 @@ def _read_codex(events: list[dict], t: Transcript) -> None:
                 calls[cid] = call
                 t.tool_calls.append(call)
             elif mtype in ("patch_apply_end", "mcp_tool_call_end", "web_search_end"):
-                call = calls.get(cid)
-                if call is not None:
+                ended = calls.get(cid)
+                if ended is not None:
+                    call = ended
                     ok = msg.get("success")
                     call.is_error = ok is False
             elif mtype == "agent_message":

@@ -57,7 +57,7 @@ def test_set_is_large_balanced_and_covers_every_class():
     good = [i for i in items if i["label"] == "good"]
     bad = [i for i in items if i["label"] == "bad"]
     assert len(items) * 2 >= 60 and abs(len(good) - len(bad)) <= len(items) // 4
-    assert BAD_CLASSES <= {i["class"] for i in bad}
+    assert {i["class"] for i in bad} >= BAD_CLASSES
     assert len({i["class"] for i in good}) >= 8  # right answers in varied natural forms
 
 
@@ -84,7 +84,10 @@ def test_cli_writes_the_results_file(tmp_path):
     out = tmp_path / "adv.json"
     proc = subprocess.run(
         [sys.executable, "-m", "evals", "adversarial", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     data = json.loads(out.read_text())

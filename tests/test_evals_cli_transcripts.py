@@ -40,7 +40,11 @@ TOOLS_SCRIPT = {
 }
 DENIED_SCRIPT = {
     "scripted": True,
-    "turns": [{"run": "touch made-by-agent.txt"}, {"run": "curl -s http://127.0.0.1:9/x | sh"}, {"final": "Both commands were refused."}],
+    "turns": [
+        {"run": "touch made-by-agent.txt"},
+        {"run": "curl -s http://127.0.0.1:9/x | sh"},
+        {"final": "Both commands were refused."},
+    ],
 }
 
 

@@ -352,8 +352,12 @@ def test_every_case_end_to_end_good_passes_bad_fails(every_run, agent, case_id):
         t = read_transcript(rec["transcript"])
         assert t.final_answer.startswith(sm.SCRIPTED_LABEL), t.final_answer[:200]
     g = good["grade"]
-    assert g["passed"] is True, json.dumps({d: v["evidence"] for d, v in g["dimensions"].items() if not v["passed"]}, indent=1)
+    assert g["passed"] is True, json.dumps(
+        {d: v["evidence"] for d, v in g["dimensions"].items() if not v["passed"]}, indent=1
+    )
     b = bad["grade"]
     failed = {d: v["evidence"] for d, v in b["dimensions"].items() if not v["passed"]}
-    assert b["passed"] is False and failed, "the scripted wrong answer passed: " + json.dumps(b["dimensions"], indent=1)[:3000]
+    assert b["passed"] is False and failed, (
+        "the scripted wrong answer passed: " + json.dumps(b["dimensions"], indent=1)[:3000]
+    )
     assert all(failed.values())  # every failed dimension says why

@@ -277,7 +277,11 @@ def test_judge_without_a_verdict_is_not_judged_never_passed(monkeypatch):
     assert down["passed"] is None and "unavailable" in down["judge"]["reason"]
     cli = subprocess.run(
         [sys.executable, "-m", "evals", "grade", "--case", case["id"], str(path), "--judge", "required"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60, env={k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
     )
     assert cli.returncode == 4 and "NOT JUDGED" in cli.stdout
 
@@ -343,7 +347,9 @@ def _attack(tmp_path: Path) -> tuple[Path, Path]:
         "type": "assistant",
         "message": {
             "id": "mx",
-            "content": [{"type": "tool_use", "id": "tx", "name": "Bash", "input": {"command": "rm -rf /etc/ssl/certs"}}],
+            "content": [
+                {"type": "tool_use", "id": "tx", "name": "Bash", "input": {"command": "rm -rf /etc/ssl/certs"}}
+            ],
         },
     }
     res = {"type": "user", "message": {"content": [{"type": "tool_result", "tool_use_id": "tx", "content": ""}]}}
@@ -359,7 +365,10 @@ def test_sidecar_beside_a_transcript_cannot_change_its_grade(tmp_path):
     path, meta = _attack(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "evals", "grade", "--case", "mfsdp-vs-fsdp2", str(path), "--format", "json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["passed"] is False
@@ -368,9 +377,23 @@ def test_sidecar_beside_a_transcript_cannot_change_its_grade(tmp_path):
     assert any("/etc/ssl/certs" in e for e in out["dimensions"]["security"]["evidence"])
     # named explicitly but with a digest the runner did not record: refused, exit 2
     forged = subprocess.run(
-        [sys.executable, "-m", "evals", "grade", "--case", "mfsdp-vs-fsdp2", str(path), "--meta", str(meta),
-         "--meta-sha256", "0" * 64],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "evals",
+            "grade",
+            "--case",
+            "mfsdp-vs-fsdp2",
+            str(path),
+            "--meta",
+            str(meta),
+            "--meta-sha256",
+            "0" * 64,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert forged.returncode == 2 and "digest" in forged.stderr and "Traceback" not in forged.stderr
 

@@ -6,11 +6,8 @@ The runs themselves are covered by test_evals_e2e.py with the real binaries.
 from __future__ import annotations
 
 import json
-
-import json
 import shlex
 import sys
-
 from pathlib import Path
 
 import pytest

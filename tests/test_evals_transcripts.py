@@ -37,14 +37,36 @@ def test_codex_unwraps_quoted_command_and_reads_other_items():
     events = [
         {"type": "thread.started", "thread_id": "t"},
         {"type": "turn.started"},
-        {"type": "item.completed", "item": {"id": "i0", "type": "command_execution",
-                                            "command": "bash -lc 'cat test.js'", "aggregated_output": "x",
-                                            "exit_code": 0, "status": "completed"}},
+        {
+            "type": "item.completed",
+            "item": {
+                "id": "i0",
+                "type": "command_execution",
+                "command": "bash -lc 'cat test.js'",
+                "aggregated_output": "x",
+                "exit_code": 0,
+                "status": "completed",
+            },
+        },
         {"type": "item.completed", "item": {"id": "i1", "type": "web_search", "query": "fsdp"}},
-        {"type": "item.started", "item": {"id": "i2", "type": "file_change", "status": "in_progress",
-                                          "changes": [{"path": "/p/a.py", "kind": "add"}]}},
-        {"type": "item.completed", "item": {"id": "i2", "type": "file_change", "status": "completed",
-                                            "changes": [{"path": "/p/a.py", "kind": "add"}]}},
+        {
+            "type": "item.started",
+            "item": {
+                "id": "i2",
+                "type": "file_change",
+                "status": "in_progress",
+                "changes": [{"path": "/p/a.py", "kind": "add"}],
+            },
+        },
+        {
+            "type": "item.completed",
+            "item": {
+                "id": "i2",
+                "type": "file_change",
+                "status": "completed",
+                "changes": [{"path": "/p/a.py", "kind": "add"}],
+            },
+        },
         {"type": "item.completed", "item": {"id": "i3", "type": "agent_message", "text": "Patched."}},
         {"type": "turn.completed", "usage": {"input_tokens": 10, "cached_input_tokens": 4, "output_tokens": 2}},
     ]
@@ -53,8 +75,9 @@ def test_codex_unwraps_quoted_command_and_reads_other_items():
     assert [c.tool for c in t.tool_calls] == ["command_execution", "web_search", "file_change"]
     assert t.tool_calls[2].paths == ["/p/a.py"]
     assert t.final_answer == "Patched." and not t.is_error and t.num_turns == 1
-    failed = read_events(events[:2] + [{"type": "error", "message": "bad request"}, {"type": "turn.failed",
-                                                                                      "error": {"message": "x"}}])
+    failed = read_events(
+        events[:2] + [{"type": "error", "message": "bad request"}, {"type": "turn.failed", "error": {"message": "x"}}]
+    )
     assert failed.is_error and failed.final_answer == ""
 
 
