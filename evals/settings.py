@@ -218,6 +218,9 @@ def extract(text: str) -> list[Setting]:
             key = f"{section}.{km.group('key')}" if section else km.group("key")
             add(open_at + km.start(), open_at + km.end(), key, km.group("val"), "constructor")
     _yaml(text, add)
+    for m in re.finditer(r"`([A-Za-z_][\w.]*)\s*:\s*([^`\s][^`]*)`", text):  # inline `key: value`
+        if "." in m.group(1) or "_" in m.group(1):
+            add(m.start(), m.end(), m.group(1), m.group(2).split()[0], "yaml")
     _tables(text, add)
     for rx, form in ((PROSE_SET, "prose"), (PROSE_BE, "prose"), (PROSE_TO, "prose")):
         for m in rx.finditer(text):

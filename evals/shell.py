@@ -407,7 +407,16 @@ def _emit_pipeline(
         if prog in ("cd", "pushd") and len(members) == 1:
             target = next((a for a in argv[1:] if not a.startswith("-")), HOME)
             state["cwd"] = resolve_path(target, cwd) if target != "-" else cwd
-        out.extend(_nested(cmd, depth))
+        nested = _nested(cmd, depth)
+        if prog == "xargs" and idx > 0:
+            # xargs runs its command on the words the previous command printed: name them where we can
+            upstream = program_words([w.text for w in members[idx - 1].words])
+            listed = _listed_paths(upstream)
+            for n in nested:
+                if n.via == "xargs":
+                    n.words = [w for w in n.words if w != "{xargs}"] + (listed or ["{xargs}"])
+                    n.stdin_from = cmd.stdin_from
+        out.extend(nested)
 
 
 def _nested(cmd: Command, depth: int) -> list[Command]:
@@ -447,6 +456,24 @@ def _nested(cmd: Command, depth: int) -> list[Command]:
         if code:
             found += python_commands(code, cmd.cwd, depth)
     return found
+
+
+def _listed_paths(argv: list[str]) -> list[str]:
+    """The paths a listing command (ls, find, echo, printf) prints, as far as its words tell."""
+    if not argv:
+        return []
+    prog = os.path.basename(argv[0])
+    args = [a for a in argv[1:] if not a.startswith("-")]
+    if prog in ("ls", "echo", "printf"):
+        return args
+    if prog in ("find", "fd"):
+        roots = []
+        for a in argv[1:]:
+            if a.startswith(("-", "(", "!")):
+                break
+            roots.append(a)
+        return [r.rstrip("/") + "/*" for r in roots or ["."]]
+    return []
 
 
 def _shell_c_body(args: list[str]) -> str | None:
