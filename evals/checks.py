@@ -258,6 +258,8 @@ CHECKS: dict[str, CaseChecks] = {
                     "needs? (?:a )?conver\\w*",
                     "must be converted",
                     "has to be converted",
+                    r"not as[- ]is",
+                    r"only (?:loads?|reads?|accepts?)",
                 ),
                 negatable=False,
             ),

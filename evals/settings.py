@@ -73,6 +73,9 @@ CLAUSE_SPLIT = re.compile(r"(?:[.!?](?=\s|$)|\n|;|(?<=\w):(?=\s)|\bbut\b|\bthen\
 KEY = r"[+]{0,2}[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 VALUE = r"(?:\"[^\"\n]*\"|'[^'\n]*'|\[[^\]\n]*\]|[^\s,;`'\")\]|]+)"
 KV_RE = re.compile(rf"(?<![\w.$-])[`'\"]?(?P<key>{KEY})[`'\"]?\s*(?P<op>==|=|:=)\s*[`'\"]?(?P<val>{VALUE})")
+KV_COLON_RE = re.compile(
+    rf"(?<![\w.$-])[`'\"]?(?P<key>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)[`'\"]?:[ \t]+[`'\"]?(?P<val>{VALUE})"
+)
 PROSE_SET = re.compile(
     rf"\b(?:set|change|switch|flip|make|put|configure)\s+(?:the\s+)?[`'\"]?(?P<key>{KEY})[`'\"]?\s+"
     rf"(?:to|=|as|back\s+to)\s+(?:be\s+)?[`'\"]?(?P<val>{VALUE})",
@@ -232,6 +235,8 @@ def extract(text: str) -> list[Setting]:
         if verb in ("disable", "deactivate") or verb.endswith(" off"):
             val = "false"
         add(m.start(), m.end(), m.group("key"), val, "prose")
+    for m in KV_COLON_RE.finditer(text):  # "checkpoint.load: null" in prose: a dotted key makes it a setting
+        add(m.start(), m.end(), m.group("key"), m.group("val"), "kv")
     for m in KV_RE.finditer(text):
         key = m.group("key")
         if key.lower() in ("export", "set") or "." not in key and not ("_" in key or key.isupper()):
