@@ -9,7 +9,7 @@
   that run a script).
 * ``grade --case ID TRANSCRIPT`` scores one transcript (see ``evals.grader``):
   exit 0 pass, 1 fail, 2 unreadable transcript or unknown case.
-* ``run`` is the end-to-end runner (``evals/runner.py``, role evalse2e), imported
+* ``run`` is the end-to-end runner (``evals/runner.py``), imported
   only when asked for, so the rest works without it.
 * ``report RESULTS.json`` turns a ``run`` results file into the BENCHMARK tables
   under ``benchmarks/results/`` (see ``evals.report``).
@@ -36,8 +36,10 @@ EVALS_JSON = HERE / "evals.json"
 BUDGETS_JSON = HERE / "budgets.json"
 DISPATCHER = ROOT / "scripts" / "mfsdp.py"
 
-# What issue 7 promises about the case set.
-MIN_CASES, MIN_NEGATIVE, MIN_SCRIPT = 20, 5, 6
+# What the case set promises: enough cases, decoys, cases that run a script, traps, and users' projects.
+MIN_CASES, MIN_NEGATIVE, MIN_SCRIPT = 40, 5, 6
+MIN_NEGATIVE_OR_TRAP = 10  # decoys (expected_skill null) plus trap-* cases
+MIN_FIXTURE_SHARE = 0.5  # at least half the cases start in a project of the user's
 
 PROG = "python3 -m evals"
 EPILOG = f"""\
@@ -121,6 +123,16 @@ def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None 
         problems.append(f"coverage: {neg} negative/decoy cases, at least {MIN_NEGATIVE} wanted")
     if scr < MIN_SCRIPT:
         problems.append(f"coverage: {scr} cases with an expected_script, at least {MIN_SCRIPT} wanted")
+    traps = sum(1 for c in objs if c.get("expected_skill") is None or str(c.get("id", "")).startswith("trap-"))
+    if traps < MIN_NEGATIVE_OR_TRAP:
+        problems.append(f"coverage: {traps} negative or trap cases, at least {MIN_NEGATIVE_OR_TRAP} wanted")
+    with_fixture = [i for i in known_ids if i in checks_mod.CHECKS and checks_mod.CHECKS[i].fixture]
+    if objs and len(with_fixture) < MIN_FIXTURE_SHARE * len(objs):
+        problems.append(f"coverage: {len(with_fixture)} cases start in a user's project, at least half wanted")
+    for cid in sorted(with_fixture):
+        fixture = HERE / "fixtures" / str(checks_mod.CHECKS[cid].fixture)
+        if not fixture.is_dir():
+            problems.append(f"{cid}: fixture folder {fixture.relative_to(ROOT)} does not exist")
     return problems
 
 

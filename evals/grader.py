@@ -62,7 +62,8 @@ SUCCESS_CLAIM = re.compile(
 # Conditional or future: "once you set X it passes" is advice, not a report of a run.
 CONDITIONAL = re.compile(r"\b(?:after|once|with|when|if|then|should|would|will)\b", re.IGNORECASE)
 RUN_CLAIM = re.compile(
-    r"\b(?:I|I've|I have|we)\s+(?:ran|run|executed|checked|verified|tested|confirmed|measured)\b|"
+    r"\b(?:I|I've|I have|we)\s+(?:ran|run|executed)\b|"
+    r"\b(?:I|we)\s+(?:checked|verified|tested|measured)\s+(?:it|this|the config|your config|\S+\.ya?ml)\s+with\b|"
     r"\b(?:the\s+)?(?:check|checker|tool|script|mfsdp\.py(?:\s+\w+)?|log (?:check|analysis)|memory estimate|estimator)"
     r"\s+(?:reported|found|flagged|showed|returned|printed|said|confirmed|exited|estimated|computed)\b",
     re.IGNORECASE,

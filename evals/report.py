@@ -1,7 +1,7 @@
 """Turn ``run`` results into BENCHMARK tables: pass rates per dimension, with and without the skill.
 
-Input: one or more results files written by ``python3 -m evals run`` (role
-evalse2e), all for the same agent::
+Input: one or more results files written by ``python3 -m evals run``, all for
+the same agent::
 
     {
       "agent": "claude-code" | "codex",

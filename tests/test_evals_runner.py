@@ -229,3 +229,44 @@ def test_bad_scripts_say_why_and_are_labelled():
         script = json.loads(path.read_text())
         assert script["variant"] == "bad" and script["why_bad"], case_id
         assert "WRONG answer on purpose" in script["note"], case_id
+
+
+def test_live_run_without_a_judge_verdict_is_not_judged(tmp_path, monkeypatch):
+    """A live attempt is graded with the LLM judge required: with no verdict it is 'not judged', never passed."""
+    fake = tmp_path / "fake-claude"
+    answer = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "result": "Write `def mean_latency(path):` reading r['latency_ms'] with csv.DictReader.",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    init = {"type": "system", "subtype": "init", "cwd": str(tmp_path), "session_id": "s", "skills": []}
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(init)}\n{json.dumps(answer)}\nEOF\n")
+    fake.chmod(0o755)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    rec = runner.run_attempt(
+        agent=runner.CLAUDE,
+        case=runner.load_cases()["decoy-unrelated-csv"],
+        attempt=1,
+        with_skill=False,
+        out=tmp_path / "out",
+        cli=[str(fake)],
+        skills_cli=None,
+        script_path=None,  # live: no scripted model
+    )
+    g = rec["grade"]
+    assert g["passed"] is None and g["status"] == "not judged"
+    assert g["judge"]["model"] and g["judge"]["prompt_sha256"] and "no ANTHROPIC_API_KEY" in g["judge"]["reason"]
+    assert len(rec["meta_sha256"]) == 64
+    # the record the runner wrote is the one whose digest it recorded
+    from evals.transcripts import meta_digest
+
+    assert meta_digest(rec["transcript"] + ".meta.json") == rec["meta_sha256"]
+
+
+def test_runner_and_grader_read_the_cases_through_one_loader():
+    from evals import cases, grader
+
+    assert grader.get_case is cases.get_case and grader.load_cases is cases.load_cases
+    assert runner.load_cases() == cases.by_id()
