@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,9 @@ DENIED_SCRIPT = {
 def _need(agent: str) -> list[str]:
     cli = runner.find_agent_cli(agent)
     if cli is None:
-        (pytest.fail if REQUIRE else pytest.skip)(f"the {agent} CLI is not installed (pip install the agents extra)")
+        if REQUIRE:
+            pytest.fail(f"the {agent} CLI is not installed (pip install the agents extra)")
+        pytest.skip(f"the {agent} CLI is not installed (pip install the agents extra)")
     return cli
 
 
@@ -78,7 +81,7 @@ def _run(tmp: Path, agent: str, script: dict, *, fail_with_status: int | None = 
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory) -> dict:
+def made(tmp_path_factory) -> Callable[[str], tuple[Path, int | None]]:
     """Scenario name -> (transcript path, CLI exit code), generated once per module."""
     cache: dict = {}
 

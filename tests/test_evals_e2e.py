@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -45,8 +46,10 @@ NEGATIVE = "decoy-unrelated-csv"
 pytestmark = pytest.mark.slow
 
 
-def _absent(reason: str):
-    (pytest.fail if REQUIRE else pytest.skip)(reason + ("" if not REQUIRE else " (EVALS_E2E_REQUIRE is set)"))
+def _absent(reason: str) -> NoReturn:
+    if REQUIRE:
+        pytest.fail(reason + " (EVALS_E2E_REQUIRE is set)")
+    pytest.skip(reason)
 
 
 def _cli_or_skip(agent: str) -> list[str]:
