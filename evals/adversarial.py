@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import cases as cases_mod
 from . import grader
+from .fill import fill
 from .transcripts import CLAUDE, CODEX
 
 HERE = Path(__file__).resolve().parent
@@ -232,6 +233,7 @@ def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE,
     for item in items:
         case = cases_mod.get_case(item["case"])
         steps = _steps(item)
+        item = {**item, "answer": fill(item["answer"], [str(s.get("output", "")) for s in steps])}
         for agent in agents:
             events = render_claude(item, steps) if agent == CLAUDE else render_codex(item, steps)
             meta = {"cwd": item.get("cwd", WORKSPACE)} if agent == CODEX else None

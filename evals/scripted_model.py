@@ -11,6 +11,8 @@ Mechanism:
     which Claude Code uses when ``ANTHROPIC_BASE_URL`` points here;
   - OpenAI Responses (``POST /v1/responses``, streaming SSE), the only wire API Codex 0.163 accepts for a custom
     ``model_providers`` entry (its binary rejects ``wire_api = "chat"``).
+* A final text may quote the tool's figures as ``{mem:STRATEGY:COLUMN}`` (``evals.fill``): they are filled in
+  from the tool results in the request, so the scripted answer reports what the tool printed in that run.
 * A script (``evals/scripted/<case>.json``) is a list of abstract turns, each one of
   ``{"load_skill": true}`` (Claude Code: a ``Skill`` tool call; Codex: a shell command that prints SKILL.md,
   which is how Codex loads a skill), ``{"run": "<command>"}`` (Claude Code: ``Bash``; Codex: its shell tool), or
@@ -41,6 +43,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from .fill import fill
 
 SCRIPTED_LABEL = "SCRIPTED MODEL REPLY"
 # Shown as the model name in every reply so the CLI's own transcript records that no model answered.
@@ -108,6 +112,26 @@ def _tokens(n_bytes: int) -> int:
     return max(1, n_bytes // BYTES_PER_TOKEN)
 
 
+def _strings_of(conversation: Any, kind: str) -> list[str]:
+    """The texts of the tool results (blocks or items of type KIND) in a request's conversation, in order."""
+    out: list[str] = []
+
+    def walk(x: Any, inside: bool) -> None:
+        if isinstance(x, str):
+            if inside:
+                out.append(x)
+        elif isinstance(x, dict):
+            now = inside or x.get("type") == kind
+            for v in x.values():
+                walk(v, now)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v, inside)
+
+    walk(conversation, False)
+    return out
+
+
 def _next_turn(ids: list[str]) -> int:
     turns = [int(m.group(1)) for i in ids if isinstance(i, str) for m in [_ID_TURN.search(i)] if m]
     return max(turns) + 1 if turns else 0
@@ -162,7 +186,8 @@ class ScriptedModel:
             if turn.get("say"):
                 content.append({"type": "text", "text": labelled(turn["say"])})
             if "final" in turn:
-                content.append({"type": "text", "text": labelled(turn["final"])})
+                final = fill(turn["final"], _strings_of(body.get("messages"), "tool_result"))
+                content.append({"type": "text", "text": labelled(final)})
                 stop = "end_turn"
             else:
                 tool_id = f"toolu_scripted_{index}"
@@ -307,7 +332,7 @@ class ScriptedModel:
         if turn.get("say"):
             items.append(message(turn["say"], 0))
         if "final" in turn:
-            items.append(message(turn["final"], 1))
+            items.append(message(fill(turn["final"], _strings_of(body.get("input"), "function_call_output")), 1))
         else:
             command = f"cat {self.skill_dir}/SKILL.md" if "load_skill" in turn else (self.command_for(turn) or "")
             try:
