@@ -44,10 +44,17 @@ class Fact:
     negatable: bool = True  # False: the pattern carries its own polarity ("not sharded"), skip the clause test
 
     def find(self, text: str) -> re.Match | None:
-        """The first match whose clause does not negate it."""
-        for m in re.finditer(self.pattern, text, re.IGNORECASE | re.MULTILINE):
+        """The first match whose clause does not negate it (matches may overlap: a negated one must not hide a
+        later one that shares its words)."""
+        rx = re.compile(self.pattern, re.IGNORECASE | re.MULTILINE)
+        pos = 0
+        while pos <= len(text):
+            m = rx.search(text, pos)
+            if m is None:
+                return None
             if not self.negatable or not st.negated_at(text, m.start(), m.end(), statement=True):
                 return m
+            pos = m.start() + 1
         return None
 
     def search(self, text: str) -> re.Match | None:

@@ -143,6 +143,8 @@ class Run:
         self.help = bool(NOT_A_RUN & set(args)) or sub in NOT_A_RUN
         visible = cmd.status_visible and (cmd.via == "line" or cmd.via.endswith(" -c"))
         self.exit_code = call.exit_code if visible and not call.denied else None
+        if self.exit_code is None and not call.denied:
+            self.exit_code = _echoed_status(call, cmd)  # "...; echo exit=$?" prints it into the output
         if call.denied:
             self.why_unknown = "refused by the CLI"
         elif not visible:
@@ -156,6 +158,21 @@ class Run:
     def describe(self) -> str:
         status = f"exit {self.exit_code}" if self.exit_code is not None else self.why_unknown
         return f"{' '.join(self.cmd.words)[:160]!r} ({status})"
+
+
+def _echoed_status(call, cmd: Command) -> int | None:
+    """The status an ``echo ... $?`` right after CMD printed, read back from the call's output."""
+    shell = [c for c in call.shell if c.via == cmd.via]
+    try:
+        nxt = shell[shell.index(cmd) + 1]
+    except (ValueError, IndexError):
+        return None
+    if nxt.prog not in ("echo", "printf") or nxt.stdin_from or "$?" not in " ".join(nxt.argv[1:]):
+        return None
+    template = " ".join(a for a in nxt.argv[1:] if not a.startswith("-"))
+    rx = re.escape(template).replace(re.escape("$?"), r"(-?\d+)")
+    found = re.findall(rf"^{rx}\s*$", call.output or "", re.M)
+    return int(found[-1]) if found else None
 
 
 def tool_runs(t: Transcript, script: tuple[str, ...] = SKILL_SCRIPT) -> list[Run]:

@@ -281,7 +281,7 @@ def _balanced(text: str, i: int) -> int:
 def _yaml(text: str, add) -> None:
     stack: list[tuple[int, str]] = []
     pos = 0
-    for line in text.split("\n"):
+    for line in _undiff(text).split("\n"):
         m = YAML_LINE.match(line)
         line_start = pos
         pos += len(line) + 1
@@ -309,6 +309,20 @@ def _yaml(text: str, add) -> None:
             add(line_start + len(m.group("indent")), line_start + len(line), full, val.split()[0], "yaml")
         else:
             stack.append((indent, key))
+
+
+def _undiff(text: str) -> str:
+    """TEXT with the +/- markers of ```diff blocks blanked (same length, so positions stay valid); a removed
+    line is still known as removed by ``negated_at``, which reads the original text."""
+    out, in_diff = [], False
+    for line in text.split("\n"):
+        fence = re.match(r"^\s*```(\w*)", line)
+        if fence:
+            in_diff = not in_diff and fence.group(1).lower() in ("diff", "patch")
+        elif in_diff and line[:1] in ("+", "-") and not line.startswith(("+++", "---")):
+            line = " " + line[1:]
+        out.append(line)
+    return "\n".join(out)
 
 
 def _tables(text: str, add) -> None:
