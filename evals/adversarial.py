@@ -280,6 +280,7 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--out", type=Path, help="write the results JSON here (e.g. benchmarks/results/evals_adversarial.json)"
     )
+    p.add_argument("-v", "--verbose", action="store_true", help="print the grader's reasons under every verdict")
     args = p.parse_args(argv)
     res = evaluate(load_set(args.set))
     command = "python3 -m evals adversarial" + (f" --out {args.out}" if args.out else "")
@@ -287,6 +288,10 @@ def main(argv: list[str]) -> int:
         mark = "ok " if r["correct"] else "BAD"
         verdict = "pass" if r["passed"] else f"fail ({', '.join(r['failed_dimensions'])})"
         print(f"{mark} {r['label']:<4} {r['agent']:<11} {r['id']:<44} {verdict}")
+        if args.verbose or not r["correct"]:
+            for dim, reasons in r["reasons"].items():
+                for reason in reasons:
+                    print(f"      {dim}: {reason}")
     formats = len(res["verdicts"]) // max(1, res["items"])
     print(
         f"{res['transcripts']} transcripts ({res['items']} items x {formats} formats): "
