@@ -36,7 +36,9 @@ def test_plan_on_recipe_reproduces_the_real_fixup(tests_dir):
     result = enable.apply(cfg, changes)
     load = config_io.get(cfg, "checkpoint.load")
     assert load and config_io.get(result, "checkpoint.load") == load
-    fixup = config_io.load_effective(str(tests_dir / FIXUP), ["model.context_parallel_size=2", f"checkpoint.load={load}"])
+    fixup = config_io.load_effective(
+        str(tests_dir / FIXUP), ["model.context_parallel_size=2", f"checkpoint.load={load}"]
+    )
     assert result == fixup
     assert _errors(result) == []
 

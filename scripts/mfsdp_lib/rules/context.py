@@ -139,9 +139,8 @@ def raw_get(cfg: Mapping, path: str):
     if path.startswith("model."):
         model = cfg.get("model")
         key = path.split(".", 1)[1]
-        if isinstance(model, Mapping) and isinstance(model.get("transformer"), Mapping):
-            if key in model["transformer"]:
-                return model["transformer"][key]
+        if isinstance(model, Mapping) and isinstance(model.get("transformer"), Mapping) and key in model["transformer"]:
+            return model["transformer"][key]
     node = cfg
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
