@@ -92,6 +92,12 @@ EXPECTED = (
         "`python3 benchmarks/bench_rehearse.py --summarize RAW --out benchmarks/results/rehearse_1xh200.json`",
     ),
     Expected(
+        "evals-adversarial",
+        "Eval grader's false-pass and false-fail rates on the adversarial regression set",
+        lambda r: _bid(r) == "evals_adversarial",
+        "`python3 -m evals adversarial --out benchmarks/results/evals_adversarial.json`",
+    ),
+    Expected(
         "evals-claude-code",
         "Skill evals with a real model in Claude Code (with and without the skill)",
         _real_eval("claude-code"),

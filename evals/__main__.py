@@ -9,7 +9,7 @@
   that run a script).
 * ``grade --case ID TRANSCRIPT`` scores one transcript (see ``evals.grader``):
   exit 0 pass, 1 fail, 2 unreadable transcript or unknown case.
-* ``run`` is the end-to-end runner (``evals/runner.py``, role evalse2e), imported
+* ``run`` is the end-to-end runner (``evals/runner.py``), imported
   only when asked for, so the rest works without it.
 * ``report RESULTS.json`` turns a ``run`` results file into the BENCHMARK tables
   under ``benchmarks/results/`` (see ``evals.report``).
@@ -36,8 +36,10 @@ EVALS_JSON = HERE / "evals.json"
 BUDGETS_JSON = HERE / "budgets.json"
 DISPATCHER = ROOT / "scripts" / "mfsdp.py"
 
-# What issue 7 promises about the case set.
-MIN_CASES, MIN_NEGATIVE, MIN_SCRIPT = 20, 5, 6
+# What the case set promises: enough cases, decoys, cases that run a script, traps, and users' projects.
+MIN_CASES, MIN_NEGATIVE, MIN_SCRIPT = 40, 5, 6
+MIN_NEGATIVE_OR_TRAP = 10  # decoys (expected_skill null) plus trap-* cases
+MIN_FIXTURE_SHARE = 0.5  # at least half the cases start in a project of the user's
 
 PROG = "python3 -m evals"
 EPILOG = f"""\
@@ -47,7 +49,7 @@ examples:
   {PROG} run --agent claude-code --cases decoy-torchtitan-fsdp2 --attempts 1   # scripted model without an API key
   {PROG} report results/claude-code.json
 
-exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input.
+exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input, 4 not judged (--judge required).
 """
 
 
@@ -60,18 +62,18 @@ def dispatcher_commands(path: Path = DISPATCHER) -> set[str]:
     """The keys of COMMANDS in scripts/mfsdp.py, read from its source (no import)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMMANDS" for t in node.targets):
-            if isinstance(node.value, ast.Dict):
-                return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
+        if "COMMANDS" in names and isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            return {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     return set()
 
 
 def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None = None) -> list[str]:
     """Every problem with the case set, as lines (empty: valid)."""
     try:
-        import jsonschema
+        import jsonschema  # type: ignore[import-untyped,unused-ignore]  # no stubs shipped
     except ImportError:  # pragma: no cover - depends on the environment
-        raise UnreadableTranscript("validate needs the jsonschema package (pip install 'jsonschema>=4.17')")
+        raise UnreadableTranscript("validate needs the jsonschema package (pip install 'jsonschema>=4.17')") from None
     problems = []
     validator = jsonschema.Draft202012Validator(schema)
     for err in sorted(validator.iter_errors(cases), key=lambda e: list(e.absolute_path)):
@@ -121,6 +123,16 @@ def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None 
         problems.append(f"coverage: {neg} negative/decoy cases, at least {MIN_NEGATIVE} wanted")
     if scr < MIN_SCRIPT:
         problems.append(f"coverage: {scr} cases with an expected_script, at least {MIN_SCRIPT} wanted")
+    traps = sum(1 for c in objs if c.get("expected_skill") is None or str(c.get("id", "")).startswith("trap-"))
+    if traps < MIN_NEGATIVE_OR_TRAP:
+        problems.append(f"coverage: {traps} negative or trap cases, at least {MIN_NEGATIVE_OR_TRAP} wanted")
+    with_fixture = [i for i in known_ids if i in checks_mod.CHECKS and checks_mod.CHECKS[i].fixture]
+    if objs and len(with_fixture) < MIN_FIXTURE_SHARE * len(objs):
+        problems.append(f"coverage: {len(with_fixture)} cases start in a user's project, at least half wanted")
+    for cid in sorted(with_fixture):
+        fixture = HERE / "fixtures" / str(checks_mod.CHECKS[cid].fixture)
+        if not fixture.is_dir():
+            problems.append(f"{cid}: fixture folder {fixture.relative_to(ROOT)} does not exist")
     return problems
 
 
@@ -156,12 +168,19 @@ def cmd_grade(args) -> int:
         case = grader.get_case(args.case, args.evals)
     except KeyError:
         return _fail(f"unknown case '{args.case}' in {args.evals or EVALS_JSON}")
-    result = grader.grade(case, args.transcript, agent=args.agent, judge=args.judge)
+    meta = None
+    if args.meta:
+        from .transcripts import load_meta
+
+        meta = load_meta(args.meta, args.meta_sha256)
+    elif args.meta_sha256:
+        return _fail("--meta-sha256 needs --meta")
+    result = grader.grade(case, args.transcript, agent=args.agent, judge=args.judge, meta=meta)
     if args.format == "json":
         print(json.dumps(result, indent=2))
     else:
         sys.stdout.write(grader.render_text(result))
-    return 0 if result["passed"] else 1
+    return {True: 0, False: 1}.get(result["passed"], 4)
 
 
 def cmd_report(args) -> int:
@@ -178,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", metavar="{validate,grade,run,report}")
+    sub = p.add_subparsers(dest="command", metavar="{validate,grade,run,adversarial,report}")
     v = sub.add_parser("validate", help="check evals.json against its schema and the scripts it names")
     v.add_argument("--evals", default=str(EVALS_JSON), help="cases file (default: evals/evals.json)")
     v.add_argument("--schema", default=str(SCHEMA_JSON), help="JSON Schema (default: evals/evals.schema.json)")
@@ -187,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
         "grade",
         help="score one transcript on the five dimensions",
         description="Score TRANSCRIPT (Claude Code stream-json or Codex exec --json; a "
-        "TRANSCRIPT.meta.json invocation record beside it is read too) against case ID.",
+        "file beside it is never read: pass the runner's invocation record with --meta and the digest the runner "
+        "recorded with --meta-sha256) against case ID.",
         epilog=f"example: {PROG} grade --case decoy-cuda-graphs out/codex.jsonl --agent codex",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -197,11 +217,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=("text", "json"), default="text")
     g.add_argument(
         "--judge",
-        action="store_true",
-        help="also ask an LLM judge (only when ANTHROPIC_API_KEY is set; skipped otherwise)",
+        choices=("off", "optional", "required"),
+        default="off",
+        help="LLM judge: optional (may veto), required (no verdict = 'not judged', exit 4); needs ANTHROPIC_API_KEY",
     )
+    g.add_argument("--meta", help="the runner's invocation record for this transcript (e.g. TRANSCRIPT.meta.json)")
+    g.add_argument("--meta-sha256", help="the SHA-256 the runner recorded for --meta (results.json: meta_sha256)")
     g.add_argument("--evals", default=None, help="cases file (default: evals/evals.json)")
     sub.add_parser("run", help="run the agent CLIs end to end (evals/runner.py)", add_help=False)
+    sub.add_parser("adversarial", help="the grader's false-pass / false-fail rates on the labelled set", add_help=False)
     r = sub.add_parser("report", help="turn a run results file into benchmarks/results/evals_<agent>.json")
     from . import report as report_mod
 
@@ -211,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "adversarial":
+        from . import adversarial
+
+        return adversarial.main(argv[1:])
     if argv and argv[0] == "run":
         if not (HERE / "runner.py").is_file():
             return _fail("'run' needs evals/runner.py (the end-to-end runner), which is not in this copy")

@@ -1,7 +1,7 @@
 """Turn ``run`` results into BENCHMARK tables: pass rates per dimension, with and without the skill.
 
-Input: one or more results files written by ``python3 -m evals run`` (role
-evalse2e), all for the same agent::
+Input: one or more results files written by ``python3 -m evals run``, all for
+the same agent::
 
     {
       "agent": "claude-code" | "codex",
@@ -126,10 +126,10 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
     first = results[0]
     date = first.get("date") or _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     machine = first.get("machine") or f"{platform.node() or 'host'}: {platform.platform()}, {os.cpu_count()} CPUs"
-    command = " ; ".join(dict.fromkeys(str(r.get("command")) for r in results if r.get("command"))) or (
+    command = " ; ".join(dict.fromkeys(str(r["command"]) for r in results if r.get("command"))) or (
         report_command or "python3 -m evals report"
     )
-    who = AGENT_NAMES.get(agent, agent)
+    who = AGENT_NAMES.get(str(agent), str(agent))
     model = first.get("model")
     label = f"{who} CLI" + (f" {first['cli_version']}" if first.get("cli_version") else "")
     if scripted:
@@ -142,13 +142,21 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
             f"{SCRIPTED_LABEL}: every reply came from the scripted model server on 127.0.0.1; the CLI, the "
             "skill install, the tool calls and the grading are real, the answers and token counts are not."
         )
+    not_judged = [r for r in runs if isinstance(r.get("grade"), dict) and r["grade"].get("passed") is None]
     notes += [
         f"{len(with_runs)} run(s) with the skill installed, {len(without_runs)} without; "
-        f"{len({r.get('case') for r in runs})} case(s).",
+        f"{len({r.get('case') for r in runs})} case(s)."
+        + (
+            f" {len(not_judged)} run(s) NOT JUDGED (the required LLM judge gave no verdict): counted as not passed."
+            if not_judged
+            else ""
+        ),
         "A dimension's rate is the share of runs that passed it; 'All five' is the share of runs that passed every "
         "dimension. Uplift = with skill minus without, in percentage points.",
-        "Graded by evals/grader.py: explicit per-case checks on the final answer (evals/checks.py), skill load "
-        "from the transcript, expected script run and exit status, budgets in evals/budgets.json.",
+        "Graded by evals/grader.py from the transcript's structure: the settings the answer recommends (any form, "
+        "negation understood) and its claims checked against the tool's own output (evals/checks.py), skill load, "
+        "the expected script run on the case's input with a visible exit status, every shell route to harm, budgets "
+        "in evals/budgets.json; live runs also need the LLM judge's verdict.",
     ]
     if not without_runs:
         notes.append("No run without the skill: uplift not measured.")
@@ -210,13 +218,15 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
 
 
 def _raw_run(run: dict) -> dict:
-    g = run.get("grade") if isinstance(run.get("grade"), dict) else {}
+    grade = run.get("grade")
+    g: dict = grade if isinstance(grade, dict) else {}
     return {
         "case": run.get("case"),
         "attempt": run.get("attempt"),
         "with_skill": _with_skill(run),
         "transcript": run.get("transcript"),
         "passed": bool(g.get("passed")),
+        "status": g.get("status") or ("pass" if g.get("passed") else "fail"),
         "scores": {d: (g.get("dimensions") or {}).get(d, {}).get("score") for d in DIMENSIONS},
         "usage": g.get("transcript"),
     }
@@ -250,9 +260,9 @@ def main_args(args) -> int:
         print(json.dumps({"written": written, "rows": summary["rows"]}, indent=2))
     else:
         print(summary["title"])
-        w = [max(len(str(x)) for x in col) for col in zip(summary["columns"], *summary["rows"])]
+        w = [max(len(str(x)) for x in col) for col in zip(summary["columns"], *summary["rows"], strict=True)]
         for row in [summary["columns"]] + summary["rows"]:
-            print("  " + "  ".join(str(x).ljust(n) for x, n in zip(row, w)))
+            print("  " + "  ".join(str(x).ljust(n) for x, n in zip(row, w, strict=True)))
         for p in written:
             print(f"wrote {p}")
     return 0

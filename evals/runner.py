@@ -35,6 +35,7 @@ so nothing the CLIs write lands in the working tree.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import functools
 import importlib.util
@@ -50,13 +51,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from evals import cases as cases_mod
 from evals import scripted_model as sm
+from evals.transcripts import meta_digest
 
 SKILL_NAME = "nemo-mbridge-perf-megatron-fsdp"
 EVALS_DIR = Path(__file__).resolve().parent
 SKILL_ROOT = EVALS_DIR.parent
 SCRIPTED_DIR = EVALS_DIR / "scripted"
-EVALS_JSON = EVALS_DIR / "evals.json"
+# Scripted answers a demanding expert would reject, one per case: the grader must fail them end to end.
+SCRIPTED_BAD_DIR = SCRIPTED_DIR / "bad"
+VARIANTS = ("good", "bad")
+EVALS_JSON = cases_mod.EVALS_JSON
 
 CLAUDE = "claude-code"
 CODEX = "codex"
@@ -171,7 +177,7 @@ def find_skills_cli(allow_npx: bool = True) -> list[str] | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cli_version(argv: tuple[str, ...]) -> str:
     try:
         out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
@@ -189,16 +195,19 @@ def cli_version(argv: list[str]) -> str:
 
 
 def load_cases(path: Path = EVALS_JSON) -> dict[str, dict]:
+    """The cases by id (evals.cases reads the file once for the grader, the runner and the CLI)."""
+    from evals.transcripts import UnreadableTranscript
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunError(f"{path}: cannot read the eval cases ({exc})") from None
-    if not isinstance(data, list):
-        raise RunError(f"{path}: expected a JSON array of cases")
-    return {c["id"]: c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)}
+        return cases_mod.by_id(path)
+    except UnreadableTranscript as exc:
+        raise RunError(str(exc)) from None
 
 
-def scripted_cases(directory: Path = SCRIPTED_DIR) -> dict[str, Path]:
+def scripted_cases(directory: Path = SCRIPTED_DIR, variant: str = "good") -> dict[str, Path]:
+    """Case id -> script file; VARIANT "bad" reads the scripted wrong answers in scripted/bad/."""
+    if variant == "bad" and directory == SCRIPTED_DIR:
+        directory = SCRIPTED_BAD_DIR
     return {p.stem: p for p in sorted(directory.glob("*.json"))}
 
 
@@ -350,10 +359,8 @@ def run_bounded(argv: list[str], cwd: Path, env: dict, timeout_s: float) -> tupl
         out, err = proc.communicate(timeout=timeout_s)
         return proc.returncode, out, err
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the group we created for this CLI, nothing else
-        except ProcessLookupError:
-            pass
         out, err = proc.communicate()
         return None, out, f"timed out after {timeout_s} s\n{err}"
 
@@ -378,7 +385,7 @@ def run_attempt(
     if adir.exists():
         shutil.rmtree(adir)
     project, home = adir / "project", adir / "home"
-    project.mkdir(parents=True)
+    copy_fixture(case_id, project)
     home.mkdir()
     record: dict = {
         "case": case_id,
@@ -390,7 +397,7 @@ def run_attempt(
     if with_skill:
         if skills_cli is None:
             raise RunError(
-                "the skills CLI is not installed (npm install skills@%s, or set SKILLS_CLI)" % SKILLS_NPM_VERSION
+                f"the skills CLI is not installed (npm install skills@{SKILLS_NPM_VERSION}, or set SKILLS_CLI)"
             )
         with tempfile.TemporaryDirectory(prefix="skillcopy-") as tmp:
             copy = Path(tmp) / SKILL_NAME
@@ -416,6 +423,7 @@ def run_attempt(
         if server:
             server.stop()
     transcript.write_text(stdout, encoding="utf-8")
+    record["fixture"] = str(cases_mod.fixture_dir(case_id) or "") or None
     (adir / "stderr.txt").write_text(stderr, encoding="utf-8")
     meta = {
         "agent": agent,
@@ -437,23 +445,46 @@ def run_attempt(
             "turns_served": server.turns_served(),
             "request_log": str(adir / "model-requests.jsonl"),
         }
-    Path(str(transcript) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    record.update({"transcript": str(transcript), "exit_code": exit_code, "seconds": seconds})
+    meta_path = Path(str(transcript) + ".meta.json")
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    # The digest lets a later `evals grade --meta FILE --meta-sha256 DIGEST` trust this record and no other.
+    record.update(
+        {
+            "transcript": str(transcript),
+            "exit_code": exit_code,
+            "seconds": seconds,
+            "meta_sha256": meta_digest(meta_path),
+        }
+    )
     if grade:
-        record["grade"] = grade_transcript(case, transcript, agent)
+        # A live run is graded with the LLM judge required: without its verdict the run is "not judged".
+        record["grade"] = grade_transcript(case, transcript, agent, meta=meta, judge="off" if server else "required")
         (adir / "grade.json").write_text(json.dumps(record["grade"], indent=2) + "\n", encoding="utf-8")
     return record
 
 
-def grade_transcript(case: dict, transcript: Path, agent: str) -> dict | None:
-    """Grade with evals.grader; an unreadable transcript (the CLI crashed) is None, which report counts as failed."""
+def grade_transcript(
+    case: dict, transcript: Path, agent: str, meta: dict | None = None, judge: str = "off"
+) -> dict | None:
+    """Grade with evals.grader; an unreadable transcript (the CLI crashed) is None, which report counts as failed.
+
+    META is the invocation record this runner wrote itself (so it is trusted without a digest check).
+    """
     from evals import grader
     from evals.transcripts import UnreadableTranscript
 
     try:
-        return grader.grade(case, str(transcript), agent=agent)
+        return grader.grade(case, str(transcript), agent=agent, meta=meta, judge=judge)
     except UnreadableTranscript:
         return None
+
+
+def copy_fixture(case_id: str, project: Path) -> None:
+    """The case's project tree (evals/fixtures/...) as the agent's starting folder; "*.fixture" files get their real
+    names back (the skills installer would drop a file named metadata.json from the skill itself)."""
+    from evals.adversarial import copy_fixture as _copy
+
+    _copy(case_id, project)
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -541,6 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
         const="live",
         help="the real model API (default with ANTHROPIC_API_KEY / OPENAI_API_KEY)",
     )
+    p.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default="good",
+        help="scripted runs: replay the right answers (good, default) or the wrong ones in scripted/bad/ (bad)",
+    )
     p.add_argument("--model", help="model name for --live runs")
     p.add_argument("--out", type=Path, help="output folder (default: a new temporary folder)")
     p.add_argument("--evals", type=Path, default=EVALS_JSON, help="cases file (default: evals/evals.json)")
@@ -567,7 +604,7 @@ def _main(args, argv: list[str]) -> int:
     if not scripted and not os.environ.get(API_KEY_ENV[args.agent]):
         raise RunError(f"--live needs {API_KEY_ENV[args.agent]} in the environment")
     cases = load_cases(args.evals)
-    scripts = scripted_cases()
+    scripts = scripted_cases(variant=args.variant)
     wanted = args.cases or (sorted(c for c in scripts if c in cases) if scripted else sorted(cases))
     unknown = [c for c in wanted if c not in cases]
     if unknown:
@@ -575,7 +612,8 @@ def _main(args, argv: list[str]) -> int:
     if scripted:
         missing = [c for c in wanted if c not in scripts]
         if missing:
-            raise RunError(f"no script in {SCRIPTED_DIR} for: {', '.join(missing)}")
+            where = SCRIPTED_DIR if args.variant == "good" else SCRIPTED_BAD_DIR
+            raise RunError(f"no {args.variant} script in {where} for: {', '.join(missing)}")
     if not wanted:
         raise RunError("no cases to run")
     cli = find_agent_cli(args.agent)
@@ -606,7 +644,11 @@ def _main(args, argv: list[str]) -> int:
                     timeout_s=args.timeout,
                 )
                 g = rec.get("grade") or {}
-                verdict = {True: "PASS", False: "FAIL"}.get(g.get("passed"), "FAIL (unreadable transcript)")
+                verdict = (
+                    "FAIL (unreadable transcript)"
+                    if not g
+                    else {"pass": "PASS", "fail": "FAIL"}.get(str(g.get("status")), "NOT JUDGED")
+                )
                 print(
                     f"{verdict:8} {args.agent} {case_id} {'with' if with_skill else 'without'}-skill "
                     f"attempt {n} ({rec['seconds']} s) {rec['transcript']}"

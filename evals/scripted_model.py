@@ -11,6 +11,8 @@ Mechanism:
     which Claude Code uses when ``ANTHROPIC_BASE_URL`` points here;
   - OpenAI Responses (``POST /v1/responses``, streaming SSE), the only wire API Codex 0.163 accepts for a custom
     ``model_providers`` entry (its binary rejects ``wire_api = "chat"``).
+* A final text may quote the tool's figures as ``{mem:STRATEGY:COLUMN}`` (``evals.fill``): they are filled in
+  from the tool results in the request, so the scripted answer reports what the tool printed in that run.
 * A script (``evals/scripted/<case>.json``) is a list of abstract turns, each one of
   ``{"load_skill": true}`` (Claude Code: a ``Skill`` tool call; Codex: a shell command that prints SKILL.md,
   which is how Codex loads a skill), ``{"run": "<command>"}`` (Claude Code: ``Bash``; Codex: its shell tool), or
@@ -41,6 +43,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from .fill import fill
 
 SCRIPTED_LABEL = "SCRIPTED MODEL REPLY"
 # Shown as the model name in every reply so the CLI's own transcript records that no model answered.
@@ -108,6 +112,26 @@ def _tokens(n_bytes: int) -> int:
     return max(1, n_bytes // BYTES_PER_TOKEN)
 
 
+def _strings_of(conversation: Any, kind: str) -> list[str]:
+    """The texts of the tool results (blocks or items of type KIND) in a request's conversation, in order."""
+    out: list[str] = []
+
+    def walk(x: Any, inside: bool) -> None:
+        if isinstance(x, str):
+            if inside:
+                out.append(x)
+        elif isinstance(x, dict):
+            now = inside or x.get("type") == kind
+            for v in x.values():
+                walk(v, now)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v, inside)
+
+    walk(conversation, False)
+    return out
+
+
 def _next_turn(ids: list[str]) -> int:
     turns = [int(m.group(1)) for i in ids if isinstance(i, str) for m in [_ID_TURN.search(i)] if m]
     return max(turns) + 1 if turns else 0
@@ -142,10 +166,11 @@ class ScriptedModel:
         ids = []
         for msg in body.get("messages") or []:
             if isinstance(msg, dict) and msg.get("role") == "assistant" and isinstance(msg.get("content"), list):
-                ids += [b.get("id") for b in msg["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+                ids += [str(b.get("id")) for b in msg["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
         return _next_turn(ids)
 
     def anthropic_message(self, body: dict, raw_len: int) -> tuple[dict, int | None]:
+        content: list[dict[str, Any]]
         """The full assistant message for this request, and the script turn it answers (None: side request)."""
         tool_names = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
         if "Bash" not in tool_names:
@@ -161,7 +186,8 @@ class ScriptedModel:
             if turn.get("say"):
                 content.append({"type": "text", "text": labelled(turn["say"])})
             if "final" in turn:
-                content.append({"type": "text", "text": labelled(turn["final"])})
+                final = fill(turn["final"], _strings_of(body.get("messages"), "tool_result"))
+                content.append({"type": "text", "text": labelled(final)})
                 stop = "end_turn"
             else:
                 tool_id = f"toolu_scripted_{index}"
@@ -272,7 +298,7 @@ class ScriptedModel:
     @staticmethod
     def responses_turn_index(body: dict) -> int:
         items = body.get("input")
-        ids = [it.get("call_id") for it in items if isinstance(it, dict)] if isinstance(items, list) else []
+        ids = [str(it.get("call_id")) for it in items if isinstance(it, dict)] if isinstance(items, list) else []
         return _next_turn(ids)
 
     @staticmethod
@@ -306,12 +332,9 @@ class ScriptedModel:
         if turn.get("say"):
             items.append(message(turn["say"], 0))
         if "final" in turn:
-            items.append(message(turn["final"], 1))
+            items.append(message(fill(turn["final"], _strings_of(body.get("input"), "function_call_output")), 1))
         else:
-            if "load_skill" in turn:
-                command = f"cat {self.skill_dir}/SKILL.md"
-            else:
-                command = self.command_for(turn)
+            command = f"cat {self.skill_dir}/SKILL.md" if "load_skill" in turn else (self.command_for(turn) or "")
             try:
                 name, args = self._shell_call(tools, command)
             except KeyError as exc:
@@ -328,14 +351,15 @@ class ScriptedModel:
                     }
                 )
         out_len = len(json.dumps(items))
-        usage = {
+        usage: dict[str, Any] = {
             "input_tokens": _tokens(raw_len),
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": _tokens(out_len),
             "output_tokens_details": {"reasoning_tokens": 0},
         }
-        if isinstance(turn.get("usage"), dict):
-            usage.update(turn["usage"])
+        extra = turn.get("usage")
+        if isinstance(extra, dict):
+            usage.update(extra)
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
         return items, usage, index
 
@@ -379,7 +403,7 @@ class _QuietServer(ThreadingHTTPServer):
     """Records a connection error (a client that hangs up mid-reply) in the request log, not on stderr."""
 
     daemon_threads = True
-    owner: "ScriptedModelServer | None" = None
+    owner: ScriptedModelServer | None = None
 
     def handle_error(self, request, client_address) -> None:
         exc = sys.exc_info()[1]
@@ -415,7 +439,7 @@ class ScriptedModelServer:
         self.stopped_reason: str | None = None
 
     # -- lifecycle --
-    def start(self) -> "ScriptedModelServer":
+    def start(self) -> ScriptedModelServer:
         handler = _make_handler(self)
         self._httpd = _QuietServer((LOOPBACK, 0), handler)
         self._httpd.owner = self
@@ -444,9 +468,14 @@ class ScriptedModelServer:
         httpd, self._httpd = self._httpd, None
         if httpd is not None:
             self.stopped_reason = reason
-            threading.Thread(target=lambda: (httpd.shutdown(), httpd.server_close()), daemon=True).start()
 
-    def __enter__(self) -> "ScriptedModelServer":
+            def close() -> None:
+                httpd.shutdown()
+                httpd.server_close()
+
+            threading.Thread(target=close, daemon=True).start()
+
+    def __enter__(self) -> ScriptedModelServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

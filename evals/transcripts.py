@@ -41,39 +41,33 @@ Unknown event types and unknown fields are ignored (counted in
 is not JSON is skipped and counted (a CLI may print a warning to stdout); a
 file with no recognisable event at all is ``UnreadableTranscript``.
 
-Invocation record (agreed with the runner, role ``evalse2e``)
---------------------------------------------------------------
-A ``/NAME`` prompt loads a skill in Claude Code without any tool call, and the
-stream never echoes the prompt, so the transcript alone cannot tell how the
-agent was started. The runner therefore writes a sidecar next to each
-transcript, ``<transcript path>.meta.json``::
+Invocation record
+-----------------
+A ``/NAME`` prompt loads a skill in Claude Code without any tool call, and the stream never echoes the
+prompt, so the transcript alone cannot tell how the agent was started. The runner writes what it sent into
+``<transcript path>.meta.json`` (``agent``, ``invocation``, ``prompt``, ``with_skill``, ``scripted_model``,
+``case``, ``exit_code``) and records that file's SHA-256 in its results.
 
-    {
-      "agent": "claude-code" | "codex",
-      "invocation": ["claude", "-p", "...", "--output-format", "stream-json", "--verbose"],
-      "prompt": "the exact prompt text sent",
-      "with_skill": true,          # the skill was installed in the project
-      "scripted_model": true,      # replies came from the scripted CI model server
-      "case": "case-id",           # optional
-      "cwd": "/tmp/eval-xyz/project",  # optional: the throw-away project root
-      "exit_code": 0               # optional: the CLI's own exit status
-    }
-
-``read_transcript`` picks it up automatically (or takes ``meta=``). A prompt
-whose first word is ``/NAME`` counts as a load of skill NAME, labelled
-``slash-prompt`` in the evidence. Unknown keys are kept in ``Transcript.meta``.
+Grades come from the transcript alone unless that record is named explicitly: ``read_transcript`` never
+picks a sidecar up by itself (a file dropped next to a transcript must not change its grade), and
+``load_meta(path, sha256)`` refuses a record whose digest is not the one the runner recorded. Even a
+verified record only adds the ``/NAME`` prompt as a skill load and the labels; the workspace the security
+check judges paths against always comes from the transcript's own events.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+
+from .shell import Command, parse
 
 CLAUDE = "claude-code"
 CODEX = "codex"
@@ -128,6 +122,8 @@ class ToolCall:
     command: str | None = None  # the shell text after unwrapping bash -lc, when it is a command
     segments: list[list[str]] = field(default_factory=list)  # simple commands as word lists
     operators: list[str] = field(default_factory=list)  # separators between segments, in order
+    shell: list[Command] = field(default_factory=list)  # every simple command it runs (evals.shell)
+    paths: list[str] = field(default_factory=list)  # files a file tool (Write, Edit, Read, file_change) touched
     output: str = ""
     exit_code: int | None = None
     is_error: bool | None = None  # None while no result was seen
@@ -257,6 +253,7 @@ def split_commands(text: str) -> tuple[list[list[str]], list[str]]:
 def _set_command(call: ToolCall, raw) -> None:
     call.command = unwrap_shell(raw)
     call.segments, call.operators = split_commands(call.command)
+    call.shell = parse(call.command)
 
 
 # --------------------------------------------------------------------------- skill detection
@@ -330,19 +327,33 @@ def detect_agent(events: Iterable[dict]) -> str | None:
     return None
 
 
-def load_meta(path: str | os.PathLike) -> dict:
-    meta_path = Path(str(path) + META_SUFFIX)
-    if not meta_path.is_file():
-        return {}
+def meta_digest(path: str | os.PathLike) -> str:
+    """SHA-256 of an invocation record, as the runner records it."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_meta(path: str | os.PathLike, sha256: str | None) -> dict:
+    """The invocation record at PATH, only when its SHA-256 is SHA256 (what the runner recorded)."""
+    p = Path(path)
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise UnreadableTranscript(f"{meta_path}: invocation record is not valid JSON ({exc})") from None
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise UnreadableTranscript(f"{p}: {exc.strerror or exc}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if not sha256 or digest != sha256.lower():
+        raise UnreadableTranscript(
+            f"{p}: invocation record digest {digest[:16]}... is not the one recorded "
+            f"({(sha256 or 'none given')[:16]}...); grading uses the transcript alone"
+        )
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise UnreadableTranscript(f"{p}: invocation record is not valid JSON ({exc})") from None
     return meta if isinstance(meta, dict) else {}
 
 
 def read_transcript(path: str | os.PathLike, agent: str | None = None, meta: dict | None = None) -> Transcript:
-    """Read one transcript file (and its ``.meta.json`` sidecar when present)."""
+    """Read one transcript file; META is an already verified invocation record (never looked up here)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -350,8 +361,7 @@ def read_transcript(path: str | os.PathLike, agent: str | None = None, meta: dic
         raise UnreadableTranscript(f"{p}: {exc.strerror or exc}") from None
     text = raw.decode("utf-8", errors="replace")
     events, bad = _iter_json_events(text)
-    if meta is None:
-        meta = load_meta(p)
+    meta = meta or {}
     t = read_events(events, agent=agent or meta.get("agent"), meta=meta, source=str(p))
     t.bad_lines += bad
     return t
@@ -376,8 +386,7 @@ def read_events(
         _read_claude(events, t)
     else:
         _read_codex(events, t)
-    if meta.get("cwd") and not t.cwd:
-        t.cwd = str(meta["cwd"])
+    _file_paths(t)
     prompt = meta.get("prompt")
     if isinstance(prompt, str) and prompt.lstrip().startswith("/"):
         first = prompt.lstrip()[1:].split(maxsplit=1)
@@ -389,6 +398,28 @@ def read_events(
             for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
         )
     return t
+
+
+# Input fields that name the file a Claude Code file tool works on.
+_PATH_KEYS = ("file_path", "notebook_path", "path")
+
+
+def _file_paths(t: Transcript) -> None:
+    for c in t.tool_calls:
+        if c.command is not None:
+            continue
+        for k in _PATH_KEYS:
+            v = c.input.get(k)
+            if isinstance(v, str) and v:
+                c.paths.append(v)
+        changes = c.input.get("changes")
+        if isinstance(changes, list):  # Codex file_change: [{"path": ..., "kind": ...}]
+            c.paths += [str(ch.get("path")) for ch in changes if isinstance(ch, dict) and ch.get("path")]
+        elif isinstance(changes, dict):  # older Codex patch_apply_begin: {path: change}
+            c.paths += [str(k) for k in changes]
+        edits = c.input.get("edits")
+        if c.tool == "MultiEdit" and isinstance(edits, list) and not c.paths:
+            c.paths += [str(e.get("file_path")) for e in edits if isinstance(e, dict) and e.get("file_path")]
 
 
 # --------------------------------------------------------------------------- Claude Code
@@ -457,7 +488,8 @@ def _read_claude(events: list[dict], t: Transcript) -> None:
                 if btype == "text" and isinstance(block.get("text"), str) and block["text"]:
                     t.messages.append(block["text"])
                 elif btype == "tool_use":
-                    inp = block.get("input") if isinstance(block.get("input"), dict) else {}
+                    raw_input = block.get("input")
+                    inp: dict = raw_input if isinstance(raw_input, dict) else {}
                     call = ToolCall(id=str(block.get("id")), tool=str(block.get("name")), input=inp)
                     if call.tool == "Bash" and isinstance(inp.get("command"), str):
                         _set_command(call, inp["command"])
@@ -605,8 +637,9 @@ def _read_codex(events: list[dict], t: Transcript) -> None:
                 if msg.get("cwd") and not t.cwd:
                     t.cwd = str(msg["cwd"])
             elif mtype == "exec_command_end":
-                call = calls.get(cid)
-                if call is not None:
+                ended = calls.get(cid)
+                if ended is not None:
+                    call = ended
                     call.output = str(
                         msg.get("aggregated_output")
                         or "\n".join(x for x in (msg.get("stdout"), msg.get("stderr")) if x)
@@ -621,8 +654,9 @@ def _read_codex(events: list[dict], t: Transcript) -> None:
                 calls[cid] = call
                 t.tool_calls.append(call)
             elif mtype in ("patch_apply_end", "mcp_tool_call_end", "web_search_end"):
-                call = calls.get(cid)
-                if call is not None:
+                ended = calls.get(cid)
+                if ended is not None:
+                    call = ended
                     ok = msg.get("success")
                     call.is_error = ok is False
             elif mtype == "agent_message":

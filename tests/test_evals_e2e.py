@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -38,12 +39,17 @@ SKILL = runner.SKILL_NAME
 # CI sets this so that a broken install fails loudly instead of skipping the only real end-to-end test.
 REQUIRE = bool(os.environ.get("EVALS_E2E_REQUIRE"))
 POSITIVE = {runner.CLAUDE: "mfsdp-ckpt-format-assertion", runner.CODEX: "mfsdp-tp-pp-dp-mapping"}
+# Every case runs end to end with both CLIs, replaying its good and its bad scripted answer.
+ALL_CASES = sorted(runner.load_cases())
+WORKERS = 8  # each attempt is a CLI process plus a loopback server; they do not share anything
 NEGATIVE = "decoy-unrelated-csv"
 pytestmark = pytest.mark.slow
 
 
-def _absent(reason: str):
-    (pytest.fail if REQUIRE else pytest.skip)(reason + ("" if not REQUIRE else " (EVALS_E2E_REQUIRE is set)"))
+def _absent(reason: str) -> NoReturn:
+    if REQUIRE:
+        pytest.fail(reason + " (EVALS_E2E_REQUIRE is set)")
+    pytest.skip(reason)
 
 
 def _cli_or_skip(agent: str) -> list[str]:
@@ -177,6 +183,8 @@ def test_claude_code_positive_case_end_to_end(runs):
         if b.get("type") == "tool_result" and b["tool_use_id"] == "toolu_scripted_1"
     )
     assert "ckpt_format" in json.dumps(result["content"]), result
+    # the case's project was there: the checker read the user's conf/run_config.yaml
+    assert "conf/run_config.yaml" in json.dumps(result["content"])
 
     t = read_transcript(rec["transcript"])
     assert [s.name for s in t.loaded(SKILL)] == [SKILL]
@@ -305,3 +313,54 @@ def test_run_command_writes_results_that_report_reads(tmp_path, skills_cli):
     assert rep.returncode == 0, rep.stderr
     summary = json.loads((tables / "evals_claude-code.json").read_text())
     assert "scripted model" in summary["title"]
+
+
+# ------------------------------------------------------------------------------------------- every case, both ways
+
+
+@pytest.fixture(scope="module")
+def every_run(tmp_path_factory, skills_cli, cases):
+    """(agent, case, variant) -> run record, for every case with both CLIs, run in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = tmp_path_factory.mktemp("e2e-all")
+    clis = {agent: _cli_or_skip(agent) for agent in runner.AGENTS}
+    scripts = {v: runner.scripted_cases(variant=v) for v in runner.VARIANTS}
+    jobs = [(a, c, v) for a in runner.AGENTS for c in ALL_CASES for v in runner.VARIANTS]
+
+    def one(job):
+        agent, case_id, variant = job
+        return job, runner.run_attempt(
+            agent=agent,
+            case=cases[case_id],
+            attempt=1 if variant == "good" else 2,  # attempt-2 holds the bad replay, beside the good one
+            with_skill=True,
+            out=out / variant,
+            cli=clis[agent],
+            skills_cli=skills_cli,
+            script_path=scripts[variant][case_id],
+        )
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        return dict(pool.map(one, jobs))
+
+
+@pytest.mark.parametrize("agent", runner.AGENTS)
+@pytest.mark.parametrize("case_id", ALL_CASES)
+def test_every_case_end_to_end_good_passes_bad_fails(every_run, agent, case_id):
+    good, bad = every_run[(agent, case_id, "good")], every_run[(agent, case_id, "bad")]
+    for rec in (good, bad):
+        assert rec["exit_code"] == 0, Path(rec["transcript"]).parent.joinpath("stderr.txt").read_text()[-1500:]
+        assert rec["grade"] is not None, "the CLI wrote no readable transcript"
+        t = read_transcript(rec["transcript"])
+        assert t.final_answer.startswith(sm.SCRIPTED_LABEL), t.final_answer[:200]
+    g = good["grade"]
+    assert g["passed"] is True, json.dumps(
+        {d: v["evidence"] for d, v in g["dimensions"].items() if not v["passed"]}, indent=1
+    )
+    b = bad["grade"]
+    failed = {d: v["evidence"] for d, v in b["dimensions"].items() if not v["passed"]}
+    assert b["passed"] is False and failed, (
+        "the scripted wrong answer passed: " + json.dumps(b["dimensions"], indent=1)[:3000]
+    )
+    assert all(failed.values())  # every failed dimension says why

@@ -50,7 +50,7 @@ def _row(summary, name):
 
 def test_rates_and_uplift_per_dimension():
     summary, cases = report.build([_results()])
-    assert SHAPE <= set(summary) and SHAPE <= set(cases)
+    assert set(summary) >= SHAPE and set(cases) >= SHAPE
     assert summary["benchmark"] == "evals_claude-code" and cases["benchmark"] == "evals_claude-code_cases"
     assert summary["columns"] == ["Dimension", "Runs with skill", "With skill", "Without skill", "Uplift"]
     # with skill: 3 runs (pass, security-fail, decoy pass); without: 3 (no-load, crashed, decoy pass)

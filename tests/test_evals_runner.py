@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-
 from pathlib import Path
 
 import pytest
@@ -37,11 +36,19 @@ def test_bad_arguments_exit_2_with_one_line(capsys, monkeypatch):
     assert runner.main(cases[0]) == 2 and "no-such-case" in capsys.readouterr().err
 
 
-def test_scripted_run_needs_a_script_for_each_case(capsys):
-    unscripted = sorted(set(runner.load_cases()) - set(runner.scripted_cases()))
-    assert unscripted, "every case has a script; pick another way to test this"
-    assert runner.main(["--agent", "codex", "--scripted", "--cases", unscripted[0]]) == 2
-    assert "no script" in capsys.readouterr().err
+def test_every_case_has_a_good_and_a_bad_script():
+    cases = set(runner.load_cases())
+    assert set(runner.scripted_cases()) == cases
+    assert set(runner.scripted_cases(variant="bad")) == cases
+
+
+def test_scripted_run_needs_a_script_for_each_case(capsys, tmp_path, monkeypatch):
+    empty = tmp_path / "scripted"
+    empty.mkdir()
+    monkeypatch.setattr(runner, "SCRIPTED_DIR", empty)
+    monkeypatch.setattr(runner, "scripted_cases", lambda directory=empty, variant="good": {})
+    assert runner.main(["--agent", "codex", "--scripted", "--cases", "decoy-unrelated-csv"]) == 2
+    assert "no good script" in capsys.readouterr().err
 
 
 def test_claude_env_is_isolated(monkeypatch, tmp_path):
@@ -125,7 +132,7 @@ def test_every_script_matches_its_case():
     """A script must act out its case: load the skill and run the expected script, or, for a decoy, neither."""
     cases = runner.load_cases()
     scripts = runner.scripted_cases()
-    assert len(scripts) >= 2
+    assert len(scripts) >= 40
     for case_id, path in scripts.items():
         assert case_id in cases, f"{path.name}: no case {case_id} in evals.json"
         case, turns = cases[case_id], sm.load_script(path)["turns"]
@@ -215,3 +222,51 @@ def test_help_run_examples_name_cases_the_scripted_model_can_play():
         cases = argv[argv.index("--cases") + 1 :]
         cases = cases[: next((i for i, a in enumerate(cases) if a.startswith(("-", "#"))), len(cases))]
         assert set(cases) <= scripted, f"{' '.join(argv)}: no scripted reply for {set(cases) - scripted}"
+
+
+def test_bad_scripts_say_why_and_are_labelled():
+    for case_id, path in runner.scripted_cases(variant="bad").items():
+        script = json.loads(path.read_text())
+        assert script["variant"] == "bad" and script["why_bad"], case_id
+        assert "WRONG answer on purpose" in script["note"], case_id
+
+
+def test_live_run_without_a_judge_verdict_is_not_judged(tmp_path, monkeypatch):
+    """A live attempt is graded with the LLM judge required: with no verdict it is 'not judged', never passed."""
+    fake = tmp_path / "fake-claude"
+    answer = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "result": "Write `def mean_latency(path):` reading r['latency_ms'] with csv.DictReader.",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+    init = {"type": "system", "subtype": "init", "cwd": str(tmp_path), "session_id": "s", "skills": []}
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(init)}\n{json.dumps(answer)}\nEOF\n")
+    fake.chmod(0o755)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    rec = runner.run_attempt(
+        agent=runner.CLAUDE,
+        case=runner.load_cases()["decoy-unrelated-csv"],
+        attempt=1,
+        with_skill=False,
+        out=tmp_path / "out",
+        cli=[str(fake)],
+        skills_cli=None,
+        script_path=None,  # live: no scripted model
+    )
+    g = rec["grade"]
+    assert g["passed"] is None and g["status"] == "not judged"
+    assert g["judge"]["model"] and g["judge"]["prompt_sha256"] and "no ANTHROPIC_API_KEY" in g["judge"]["reason"]
+    assert len(rec["meta_sha256"]) == 64
+    # the record the runner wrote is the one whose digest it recorded
+    from evals.transcripts import meta_digest
+
+    assert meta_digest(rec["transcript"] + ".meta.json") == rec["meta_sha256"]
+
+
+def test_runner_and_grader_read_the_cases_through_one_loader():
+    from evals import cases, grader
+
+    assert grader.get_case is cases.get_case and grader.load_cases is cases.load_cases
+    assert runner.load_cases() == cases.by_id()
