@@ -74,8 +74,11 @@ def test_count_shards_with_tp_and_pp():
     replicated = 32 * 2 * 4096 + 4096
     assert tp2.gpu_dense == pytest.approx((one.gpu_dense - replicated) / 2 + replicated)
     pp4 = m.count_parameters(shape, pp=4)
-    # First stage: 8 layers plus the embedding, no output layer (Megatron-LM's most-loaded shard).
-    assert pp4.gpu_dense == pytest.approx(8 * 218_112_000 + 128256 * 4096)
+    # Each stage holds 8 layers; the first adds the embedding, the last the output layer and the
+    # final norm, so the last is the most loaded by the final norm's 4096 weights.
+    assert pp4.gpu_dense == pytest.approx(8 * 218_112_000 + 128256 * 4096 + 4096)
+    assert pp4.stage == "last"
+    assert pp4.layers_on_gpu == 8
 
 
 def test_moe_experts_sharded_over_ep():
