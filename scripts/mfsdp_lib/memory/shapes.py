@@ -126,6 +126,9 @@ class Shape:
     mamba_head_dim: int = 64  # transformer_config.py:1182
     mamba_num_groups: int = 8  # transformer_config.py:1185
     mamba_num_heads: int | None = None  # transformer_config.py:1188: None = hidden x expand / head_dim
+    # Extra norms per layer: Gemma 2/3 add post-attention and post-feed-forward norms
+    # (Bridge models/gemma: Gemma2/Gemma3 layer specs); read from the provider's ``_target_``.
+    layer_post_norms: int = 0
 
     @property
     def groups(self) -> int:
@@ -252,7 +255,7 @@ _SHAPE_INTS = (
     "mamba_num_groups",
     "mamba_num_heads",
 )
-_SHAPE_ZERO_OK = ("mtp_num_layers",)
+_SHAPE_ZERO_OK = ("mtp_num_layers", "layer_post_norms")
 _SHAPE_BOOLS = (
     "gated_linear_unit",
     "add_bias_linear",
@@ -283,6 +286,9 @@ def builtin_shape(name: str) -> Shape:
 def shape_from_config(model: Mapping, name: str = "config") -> Shape:
     """Read a ``Shape`` from a Bridge ``model`` section (GPT, MLA and hybrid provider field names)."""
     model = dict(model)
+    target = str(model.get("_target_") or "")
+    if "layer_post_norms" not in model and re.search(r"Gemma[23]", target):
+        model["layer_post_norms"] = 2
     pattern = model.get("hybrid_layer_pattern") or model.get("hybrid_override_pattern")
     if pattern is not None:
         if not isinstance(pattern, str):
@@ -466,6 +472,8 @@ def _mamba_parts(s: Shape) -> list[Part]:
 
 def _layer_parts(s: Shape, kind: str) -> list[Part]:
     parts: list[Part] = []
+    if "+" in kind and s.layer_post_norms:
+        parts.append(Part("norms", s.layer_post_norms * s.norm(s.hidden_size), "rep"))
     for piece in kind.split("+"):
         if piece == "attention":
             parts += _attention_parts(s)
