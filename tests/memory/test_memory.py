@@ -439,6 +439,9 @@ ROW_KEYS = {
     "smallest_dp_that_fits",
     "configured",
     "notes",
+    "calibration_gib",
+    "modelled",
+    "assumed",
 }
 
 
@@ -520,7 +523,7 @@ def test_model_state_api_matches_report():
         ({"model": "gpt-17"}, "unknown model"),
         ({"params": -5}, "positive"),
         ({"params": "lots"}, "number"),
-        ({"params": 1e9, "model": "llama3-8b"}, "not both"),
+        ({"params": 1e9, "model": "llama3-8b"}, "give one of"),
         ({"model": "llama3-8b", "dp": 0}, ">= 1"),
         ({"model": "llama3-8b", "strategies": ("zero3",)}, "unknown strategy"),
         ({"model": "llama3-8b", "gpu_mem_gib": -1}, "positive"),
