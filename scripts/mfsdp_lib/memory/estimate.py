@@ -291,6 +291,7 @@ def estimate(
     if etp is not None:
         par = Parallel(par.dp, par.tp, par.pp, par.cp, par.ep, _int(etp, "etp"))
     notes: list[str] = []
+    configured = configured_strategy(cfg)
     shape: Shape | None
     if hf_config is not None:
         data = hf_config if isinstance(hf_config, Mapping) else hf_mod.load_hf_config(hf_config)
@@ -369,7 +370,7 @@ def estimate(
         activations,
         megatron_lm,
         rows,
-        configured_strategy(cfg),
+        configured,
         source,
         notes,
         lora,
