@@ -364,13 +364,20 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     output = 0.0
     if pp == 1:
         vocab = shape.padded_vocab(tp)
-        output = 4 * sbh / (tp if sp else 1) + 4 * s * b * vocab / tp  # final norm, fp32 softmax
-        output += 2 * s * b * vocab / tp  # bf16 logits gradient at the start of backward
-        if not a.gradient_accumulation_fusion:
-            output += 2 * vocab * h / tp  # the output weight's gradient before it reaches main_grad
+        logits = s * b * vocab / tp
+        # Loss forward (language_module.py compute_language_model_loss -> cross entropy): the bf16
+        # logits, their fp32 copy (tensor_parallel/cross_entropy.py:25 ``.float()``) and the exp
+        # buffer torch.compile's functionalised in-place ops allocate (jit.py: jit_fuser =
+        # torch.compile; cross_entropy.py:41-63): 2 + 4 + 4 bytes per logit.
+        loss_forward = LOSS_FORWARD_BYTES_PER_LOGIT * logits
+        # Start of backward: the fp32 softmax saved for backward and the bf16 logits gradient;
+        # without gradient-accumulation fusion also the output weight's bf16 gradient.
+        start_backward = (4 + 2) * logits + (0 if a.gradient_accumulation_fusion else 2 * vocab * h / tp)
+        output = 4 * sbh / (tp if sp else 1) + max(loss_forward, start_backward)  # + the final norm
     return (stack + embedding + output) / cp
 
 
+LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 exp buffer
 MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 MCORE_HIDDEN_DROPOUT = 0.1  # TransformerConfig.hidden_dropout default
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
