@@ -99,6 +99,9 @@ from .estimate import (
     Estimate,
     Parallel,
     assumptions,
+    check_layout,
+    dp_step,
+    lora_from_config,
     configured_strategy,
     estimate,
     model_state,
@@ -106,9 +109,11 @@ from .estimate import (
     report,
     smallest_dp,
 )
+from .hf import load_hf_config, model_section_from_hf
 from .shapes import (
     BUILTIN_SHAPES,
     Counts,
+    Lora,
     Shape,
     builtin_names,
     builtin_shape,
@@ -130,11 +135,19 @@ from .terms import (
     Precision,
     activation_bytes,
     activation_settings,
+    layer_activation_bytes,
     megatron_activation_bytes,
     precision_from_config,
 )
 
 __all__ = [
+    "Lora",
+    "check_layout",
+    "dp_step",
+    "layer_activation_bytes",
+    "load_hf_config",
+    "lora_from_config",
+    "model_section_from_hf",
     "ADAM_STATES",
     "ActivationSettings",
     "BUILTIN_SHAPES",
