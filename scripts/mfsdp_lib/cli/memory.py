@@ -236,6 +236,8 @@ def render_text(result: dict) -> str:
         "fsdp_grad_dtype",
         "fsdp_main_params_dtype",
         "optimizer",
+        "fp8",
+        "peft",
         "optimizer_cpu_offload_fraction",
         "sharding_degree",
         "activation_formula",

@@ -505,8 +505,23 @@ def assumptions(est: Estimate) -> dict:
             "adam, precision-aware (TE FusedAdam): main "
             f"{_dtype_name(p.master_bytes)}, exp_avg {_dtype_name(p.exp_avg_bytes)}, "
             f"exp_avg_sq {_dtype_name(p.exp_avg_sq_bytes)}"
-            if p.precision_aware
-            else "adam: fp32 main weights + fp32 exp_avg + fp32 exp_avg_sq"
+            if p.precision_aware and p.optimizer == "adam"
+            else {
+                "adam": "adam: fp32 main weights + fp32 exp_avg + fp32 exp_avg_sq",
+                "muon": f"muon{' (layer-wise distributed)' if p.layer_wise else ''}: fp32 main weights + one fp32 "
+                f"momentum per 2-D weight; other parameters on {p.muon_scalar_optimizer}",
+                "adaptive_muon": f"adaptive muon{' (layer-wise distributed)' if p.layer_wise else ''}: fp32 main "
+                f"weights + two fp32 buffers per 2-D weight; other parameters on {p.muon_scalar_optimizer}",
+                "sgd": "sgd: fp32 main weights" + (" + one fp32 momentum buffer" if p.sgd_momentum else ""),
+            }[p.optimizer]
+        ),
+        "fp8": ("FP8 compute (linear inputs saved as FP8)" if p.fp8 else "off")
+        + ("; FP8 linear weights (fp8_param)" if p.fp8_params else ""),
+        "peft": (
+            f"LoRA dim {est.lora.dim} on {', '.join(est.lora.target_modules)}: "
+            f"{est.counts.lora_total:,} trainable adapter parameters; base weights frozen"
+            if est.lora
+            else "none"
         ),
         "optimizer_cpu_offload_fraction": p.optimizer_offload_fraction,
         "sharding_degree": f"N = DP x CP = {est.parallel.dp * est.parallel.cp} (experts: DP x CP x TP / (EP x ETP))",
