@@ -355,3 +355,16 @@ def test_breakdown_is_the_api_rehearse_reads():
     assert b["peak"] == pytest.approx(est.total("optim_grads_params"))
     assert b["model_state"] == pytest.approx(b["params"] + b["grads"] + b["optimizer"] + b["buffers_persistent"])
     assert b["peak"] >= b["after_step"]
+
+
+def test_selective_recompute_modules(mcore_src):
+    src = (mcore_src / MCORE / "transformer/transformer_config.py").read_text()
+    assert '"moe_act": recompute the MoE MLP activation function.' in src
+    shape = m.Shape(name="g", hidden_size=32, num_layers=1, num_attention_heads=4, vocab_size=64, ffn_hidden_size=128,
+                    gated_linear_unit=True, normalization="RMSNorm", add_bias_linear=False)
+    base = m.ActivationSettings(seq_length=16, micro_batch_size=1, bias_activation_fusion=True)
+    sel = replace(base, recompute_granularity="selective", recompute_modules=("mlp", "layernorm"))
+    full = m.layer_activation_bytes(shape, "attention+mlp", base)
+    less = m.layer_activation_bytes(shape, "attention+mlp", sel)
+    # mlp: FC1 output (2 x 128 x 2 bytes) + FC2 input (128 x 2) per token; layernorm: two 2-byte norm outputs
+    assert full - less == 16 * (6 * 128) + 2 * 16 * 32 * 2

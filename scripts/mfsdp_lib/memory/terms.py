@@ -190,6 +190,11 @@ class ActivationSettings:
     bias_activation_fusion: bool = True  # gated FFN: the fused SwiGLU saves no extra activation output
     gradient_accumulation_fusion: bool = True  # off: the output layer's weight gradient is a bf16 temporary
     fp8: bool = False  # model.fp8: TE saves linear inputs as FP8
+    # model.recompute_modules with selective recompute (transformer_config.py:546-560; default core_attn)
+    recompute_modules: tuple = ("core_attn",)
+
+    def recomputes(self, module: str) -> bool:
+        return self.recompute_granularity == "selective" and module in self.recompute_modules
 
 
 def _in_flight(a: ActivationSettings, pp: int) -> float:
@@ -256,8 +261,12 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
     seq_div = tp if sp else 1
     total = 0.0
     pieces = kind.split("+")
+    # Selective recompute (transformer_config.py:546-560): "layernorm" discards the norms' outputs,
+    # "mlp"/"moe"/"shared_experts" keep only the module's input, "moe_act" discards the experts'
+    # activation output, "mla_up_proj" discards MLA's Q, K, V (they are recomputed in backward).
+    norm_out = 0 if a.recomputes("layernorm") else lin * sbh
     for piece in pieces:
-        norm = (2 * sbh + lin * sbh) / seq_div  # the norm's input (bf16) and output (the next linear's input)
+        norm = (2 * sbh + norm_out) / seq_div  # the norm's input (bf16) and output (the next linear's input)
         if piece in ("attention", "mla"):
             total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
             if piece == "attention":
@@ -268,21 +277,25 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
                 q_head = shape.qk_head_dim + shape.qk_pos_emb_head_dim
                 latent = (shape.q_lora_rank or 0) + shape.kv_lora_rank
                 total += lin * s * b * latent  # the up-projections' inputs (after the q/kv norms)
-                total += s * b * heads * (2 * 2 * q_head + 2 * shape.v_head_dim + lin * shape.v_head_dim) / tp
-            if a.unfused_attention and a.recompute_granularity != "selective":
+                qkv = 0 if a.recomputes("mla_up_proj") else 2 * 2 * q_head + 2 * shape.v_head_dim
+                total += s * b * heads * (qkv + lin * shape.v_head_dim) / tp
+            if a.unfused_attention and not a.recomputes("core_attn"):
                 total += 5 * shape.num_attention_heads * s * s * b / tp
         elif piece == "mlp":
             total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
-            total += _mlp_saved(shape, shape.ffn, a, lin) * s * b / tp
+            if not a.recomputes("mlp"):
+                total += _mlp_saved(shape, shape.ffn, a, lin) * s * b / tp
         elif piece == "moe":
             total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
             k = shape.moe_router_topk
             width = shape.moe_latent_size or h
             expert_ffn = shape.moe_ffn_hidden_size or shape.ffn
-            total += k * s * b * (lin * width + 2 * width)  # permuted FC1 inputs, FC2 outputs kept by unpermute
-            total += k * s * b * _mlp_saved(shape, expert_ffn, a, lin)
-            total += s * b * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
-            if shape.moe_shared_expert_intermediate_size:
+            if not a.recomputes("moe"):
+                total += k * s * b * (lin * width + 2 * width)  # permuted FC1 inputs, FC2 outputs kept by unpermute
+                act_out = lin * expert_ffn if a.recomputes("moe_act") else 0
+                total += k * s * b * (_mlp_saved(shape, expert_ffn, a, lin) - act_out)
+                total += s * b * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
+            if shape.moe_shared_expert_intermediate_size and not a.recomputes("shared_experts"):
                 total += _mlp_saved(shape, shape.moe_shared_expert_intermediate_size, a, lin) * s * b / tp
         elif piece == "mamba":
             heads = shape.mamba_num_heads or (2 * h) // shape.mamba_head_dim
@@ -449,4 +462,16 @@ def activation_settings(
         num_microbatches=(gbs // (mbs * dp)) if gbs and gbs >= mbs * dp else None,
         offload_layers=offload,
         fp8=_fp8_from_config(cfg)[0],
+        recompute_modules=_recompute_modules(cfg),
     )
+
+
+def _recompute_modules(cfg) -> tuple:
+    mods = _get(cfg, "model.recompute_modules")
+    if mods is None:
+        return ("core_attn",)  # transformer_config.py:1763-1764
+    if isinstance(mods, str):
+        mods = [mods]
+    if not isinstance(mods, (list, tuple)) or not all(isinstance(x, str) for x in mods):
+        raise ModelError(f"model.recompute_modules must be a list of module names, got {mods!r}")
+    return tuple(mods)
