@@ -176,3 +176,12 @@ def test_text_output_says_what_is_modelled(cli):
     assert proc.returncode == 0, proc.stderr
     assert "modelled (optim_grads_params):" in proc.stdout and "assumed (optim_grads_params):" in proc.stdout
     assert "mamba" in proc.stdout
+
+
+def test_gpus_derives_and_checks_dp(cli):
+    proc, out = run_json(cli, "--model", "llama3-8b", "--tp", "4", "--gpus", "64")
+    assert out["parallelism"]["dp"] == 16
+    bad = cli("memory", "--model", "llama3-8b", "--tp", "4", "--gpus", "30")
+    assert bad.returncode == 2 and "parallel_state.py:822" in bad.stderr
+    clash = cli("memory", "--model", "llama3-8b", "--tp", "4", "--gpus", "64", "--dp", "8")
+    assert clash.returncode == 2 and "not --gpus 64" in clash.stderr

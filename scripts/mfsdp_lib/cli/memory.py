@@ -91,6 +91,12 @@ def configure(parser) -> None:
     ):
         parser.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} size (default: the config's, else 1)")
     parser.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="world size: DP = N / (TP x PP x CP), refused when it does not divide; checked against --dp when both are given",
+    )
+    parser.add_argument(
         "--strategy",
         action="append",
         metavar="NAME",
@@ -165,6 +171,7 @@ def run(args) -> int:
             hf_config=args.hf_config,
             expert_params=parse_count(args.expert_params, "--expert-params") if args.expert_params is not None else None,
             etp=args.etp,
+            gpus=args.gpus,
         )
     except memory.ModelError as exc:
         raise InputError(str(exc)) from None

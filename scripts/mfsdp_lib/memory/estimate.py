@@ -272,6 +272,7 @@ def estimate(
     hf_config=None,
     expert_params=None,
     etp=None,
+    gpus=None,
 ) -> Estimate:
     """Compute every strategy's bytes; raises ``ModelError`` for unusable input.
 
@@ -288,6 +289,19 @@ def estimate(
     if len(given) > 1:
         raise ModelError(f"give one of --model, --params, --hf-config (got {', '.join(given)})")
     par = parallel_from(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    if gpus is not None:
+        world = _int(gpus, "--gpus")
+        model_size = par.tp * par.pp * par.cp
+        if world % model_size:
+            raise ModelError(
+                f"--gpus {world} is not divisible by TP x PP x CP = {par.tp} x {par.pp} x {par.cp} "
+                "(megatron/core/parallel_state.py:822: world_size must be divisible by the model-parallel size)"
+            )
+        if dp is not None and par.dp * model_size != world:
+            raise ModelError(
+                f"--dp {par.dp} x TP {par.tp} x PP {par.pp} x CP {par.cp} = {par.dp * model_size} GPUs, not --gpus {world}"
+            )
+        par = Parallel(world // model_size, par.tp, par.pp, par.cp, par.ep, par.etp)
     if etp is not None:
         par = Parallel(par.dp, par.tp, par.pp, par.cp, par.ep, _int(etp, "etp"))
     notes: list[str] = []
@@ -584,6 +598,7 @@ def report(
     hf_config=None,
     expert_params=None,
     etp=None,
+    gpus=None,
 ) -> dict:
     """The JSON object ``mfsdp.py memory --format json`` prints.
 
@@ -614,6 +629,7 @@ def report(
         hf_config=hf_config,
         expert_params=expert_params,
         etp=etp,
+        gpus=gpus,
     )
     act = est.activations
     rows = []

@@ -544,6 +544,7 @@ class Counts:
     stage: str = "first"  # the most-loaded pipeline stage: "first" (with the embedding) or "last"
     kinds: tuple = ()  # the decoder's layer kinds, in order
     gpu_largest_matrix: float = 0.0  # largest 2-D weight on the GPU (Muon's orthogonalisation works on one)
+    first_stage_total: float = 0.0  # parameters on a rank of the first pipeline stage (global rank 0)
 
     @property
     def gpu_total(self) -> float:
@@ -702,4 +703,5 @@ def count_parameters(
         stage=where,
         kinds=tuple(kinds),
         gpu_largest_matrix=largest,
+        first_stage_total=first["dense"] + first["experts"],
     )
