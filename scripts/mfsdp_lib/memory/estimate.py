@@ -15,7 +15,7 @@ from pathlib import Path
 from .common import FP32, GIB, ModelError, _bool, _first, _get, _int, _positive
 from . import hf as hf_mod
 from .shapes import Counts, Lora, Shape, builtin_shape, count_parameters, shape_from_config
-from .strategies import MAX_DP_SEARCH, STRATEGIES, StrategyMemory, strategy_memory
+from .strategies import FSDP_STRATEGIES, MAX_DP_SEARCH, STRATEGIES, StrategyMemory, strategy_memory
 from .terms import (
     ActivationSettings,
     Precision,
@@ -636,6 +636,12 @@ def report(
     for name, row in est.rows.items():
         total = est.total(name)
         notes = list(row.notes)
+        if name in FSDP_STRATEGIES and est.parallel.pp > 1:
+            notes.append(
+                "Megatron FSDP with PP > 1 fails when the model is wrapped: _get_dp_tp_mesh "
+                "(distributed/fsdp/mcore_fsdp_adapter.py:561) factors the world into DP x EP x TP with no "
+                "pipeline axis; this row is what it would hold"
+            )
         if row.init_peak and row.total(act or 0.0) == row.init_peak:
             notes.append(
                 "the peak is model construction: the model is built unsharded on each GPU before "
