@@ -93,6 +93,44 @@ def _opt_int(cfg: Mapping, key: str, where: str) -> int | None:
     return _need(cfg, key, where)
 
 
+def qwen3_vl_vision_params(vision) -> int | None:
+    """Parameters of Qwen3-VL's vision tower from its ``vision_config`` (None when a field is missing).
+
+    Conv3d patch embedding ``in x temporal x patch^2 x h`` + bias, learned positions
+    ``num_position_embeddings x h``, ``depth`` ViT blocks (two LayerNorms, QKV ``h x 3h`` and
+    output ``h x h`` with biases, GELU MLP ``h x ffn x h`` with biases), the patch merger
+    (LayerNorm over h, ``4h x 4h`` and ``4h x out`` with biases, for a 2 x 2 merge) and one
+    more merger per ``deepstack_visual_indexes`` entry with its norm over ``4h``. Equals the
+    published total of Qwen3-VL-8B (8,767,123,696 with its language model).
+    """
+    if not isinstance(vision, Mapping):
+        return None
+    try:
+        h = int(vision["hidden_size"])
+        ffn = int(vision["intermediate_size"])
+        depth = int(vision["depth"])
+        patch = int(vision["patch_size"])
+        temporal = int(vision.get("temporal_patch_size", 2))
+        chans = int(vision.get("in_channels", 3))
+        positions = int(vision.get("num_position_embeddings", 0))
+        merge = int(vision.get("spatial_merge_size", 2))
+        out = int(vision["out_hidden_size"])
+        deepstack = len(vision.get("deepstack_visual_indexes") or [])
+    except (KeyError, TypeError, ValueError):
+        return None
+    block = 2 * 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h)
+    merged = h * merge * merge
+    merger_linears = (merged * merged + merged) + (merged * out + out)
+    return (
+        chans * temporal * patch * patch * h
+        + h
+        + positions * h
+        + depth * block
+        + (2 * h + merger_linears)
+        + deepstack * (2 * merged + merger_linears)
+    )
+
+
 _BLOCK_SYMBOLS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
 
 
@@ -118,7 +156,9 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         text = hf.get("text_config")
         if not isinstance(text, Mapping):
             raise ModelError(f"{where}: model_type {mtype!r} needs a 'text_config' object (the language model)")
-        if hf.get("vision_config") is not None:
+        vision = hf.get("vision_config")
+        vision_params = qwen3_vl_vision_params(vision) if mtype in ("qwen3_vl", "qwen3_vl_moe") else None
+        if vision is not None and vision_params is None:
             notes.append(
                 f"{mtype}: the language model is sized from text_config; the vision tower is not counted "
                 "(it is small next to the language model and usually frozen)"
@@ -128,6 +168,9 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         if "tie_word_embeddings" not in inner and "tie_word_embeddings" in hf:
             inner["tie_word_embeddings"] = hf["tie_word_embeddings"]
         section, more = model_section_from_hf(inner, f"{where} text_config")
+        if vision_params:
+            section["vision_params"] = vision_params
+            notes.append(f"{mtype}: vision tower counted from vision_config ({vision_params:,} parameters, whole on every rank)")
         return section, notes + more
     known = DENSE | GEMMA | MOE | MLA | HYBRID
     if mtype not in known:

@@ -129,6 +129,8 @@ class Shape:
     # Extra norms per layer: Gemma 2/3 add post-attention and post-feed-forward norms
     # (Bridge models/gemma: Gemma2/Gemma3 layer specs); read from the provider's ``_target_``.
     layer_post_norms: int = 0
+    # A vision tower's parameters (VLMs), counted whole on the first pipeline stage's ranks.
+    vision_params: int = 0
 
     @property
     def groups(self) -> int:
@@ -255,7 +257,7 @@ _SHAPE_INTS = (
     "mamba_num_groups",
     "mamba_num_heads",
 )
-_SHAPE_ZERO_OK = ("mtp_num_layers", "layer_post_norms")
+_SHAPE_ZERO_OK = ("mtp_num_layers", "layer_post_norms", "vision_params")
 _SHAPE_BOOLS = (
     "gated_linear_unit",
     "add_bias_linear",
@@ -616,7 +618,8 @@ def count_parameters(
     layer_dense = [x[0] for x in layers]
     layer_experts = [x[1] for x in layers]
     lora_total = sum(x[7].get("lora", 0) for x in layers + mtp_layers)
-    total = embedding + output + final_norm + sum(layer_dense) + sum(layer_experts) + mtp_total
+    vision = shape.vision_params
+    total = embedding + output + final_norm + sum(layer_dense) + sum(layer_experts) + mtp_total + vision
 
     n = shape.num_layers
     per_stage = math.ceil(n / pp)
@@ -634,8 +637,10 @@ def count_parameters(
         out_grads = 0.0
         terms: dict[str, float] = {}
         if first:
-            non_unit += word / tp + position
+            non_unit += word / tp + position + vision
             terms["embedding"] = word / tp + position
+            if vision:
+                terms["vision"] = float(vision)
         if last:
             head = (output or (word if pp > 1 else 0)) / tp
             non_unit += head + final_norm
@@ -694,6 +699,7 @@ def count_parameters(
                 if t != "lora"
             },
             "final_norm": final_norm,
+            **({"vision": vision} if vision else {}),
         },
         gpu_terms={t: v for t, v in chosen["terms"].items()},
         gpu_matrix=chosen["matrix"],
