@@ -159,7 +159,9 @@ def test_gemma_post_norms_from_provider_target():
         ("Qwen/Qwen3-30B-A3B", 30_532_122_624),  # MoE, 128 experts
         ("deepseek-ai/DeepSeek-V2-Lite", 15_706_484_224),  # MLA without q compression, shared experts
         ("google/gemma-2-2b", 2_614_341_888),  # post norms, tied embeddings
-        ("Qwen/Qwen3-VL-8B-Instruct", 8_767_123_696),  # VLM: text_config + the vision tower from vision_config
+        ("Qwen/Qwen3-VL-8B-Instruct", 8_767_123_696),
+        ("openai/gpt-oss-20b", 20_914_757_184),  # biases everywhere, attention sinks, 32 experts
+        ("openai/gpt-oss-120b", 116_829_156_672),  # VLM: text_config + the vision tower from vision_config
     ],
 )
 def test_hf_config_counts_match_published(model_id, published):

@@ -29,7 +29,7 @@ HF_MAX_BYTES = 4 * 1024 * 1024  # a config.json is a few KB; refuse anything tha
 # yet are refused by name (``UNSUPPORTED``) rather than guessed.
 DENSE = {"llama", "mistral", "qwen2", "qwen3", "qwen3_vl_text", "olmo2", "ministral3", "mistral3_text"}
 GEMMA = {"gemma2", "gemma3_text", "gemma3"}
-MOE = {"qwen3_moe", "qwen2_moe", "mixtral", "qwen3_vl_moe_text", "olmoe"}
+MOE = {"qwen3_moe", "qwen2_moe", "mixtral", "qwen3_vl_moe_text", "olmoe", "gpt_oss"}
 MLA = {"deepseek_v2", "deepseek_v3", "kimi_k2"}
 HYBRID = {"nemotron_h"}
 WRAPPERS = {  # vision-language configs: the language model sits in text_config
@@ -44,7 +44,6 @@ UNSUPPORTED = {
     "qwen3_5_moe": "gated delta net (linear attention) layers",
     "deepseek_v4": "DeepSeek V4's attention and hyper-connections",
     "glm_moe_dsa": "DeepSeek sparse attention layers",
-    "gpt_oss": "attention sinks and its expert biases",
     "minimax_m3": "its attention variant",
     "gemma4": "its per-layer embeddings",
     "kimi_k25": "its vision tower (use the text model's config)",
@@ -228,6 +227,12 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         if mtype == "gemma3_text":
             m["qk_layernorm"] = True
 
+    if mtype == "gpt_oss":
+        # gpt-oss (Bridge gpt_oss provider): biases on QKV, output, router and experts; one learnable
+        # softmax offset (attention sink) per head; gated experts of width intermediate_size.
+        m["add_bias_linear"] = True
+        m["softmax_type"] = "learnable"
+        m["moe_ffn_hidden_size"] = _need(hf, "intermediate_size", where)
     if mtype in MOE:
         experts = _opt_int(hf, "num_experts", where) or _opt_int(hf, "num_local_experts", where)
         if not experts:

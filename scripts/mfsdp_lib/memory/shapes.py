@@ -129,6 +129,8 @@ class Shape:
     # Extra norms per layer: Gemma 2/3 add post-attention and post-feed-forward norms
     # (Bridge models/gemma: Gemma2/Gemma3 layer specs); read from the provider's ``_target_``.
     layer_post_norms: int = 0
+    # "learnable": one softmax offset (attention sink) per head (dot_product_attention.py:126-136).
+    softmax_type: str = "vanilla"
     # A vision tower's parameters (VLMs), counted whole on the first pipeline stage's ranks.
     vision_params: int = 0
 
@@ -318,7 +320,13 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
             value = _int(value, f"model.{key}", minimum=0)
         elif key in _SHAPE_BOOLS:
             value = _bool(value)
-        elif key in ("normalization", "position_embedding_type", "hybrid_layer_pattern", "mtp_hybrid_override_pattern"):
+        elif key in (
+            "normalization",
+            "position_embedding_type",
+            "hybrid_layer_pattern",
+            "mtp_hybrid_override_pattern",
+            "softmax_type",
+        ):
             value = str(value)
         kwargs[key] = value
     shape = Shape(name=name, **kwargs)
@@ -375,6 +383,8 @@ def _attention_parts(s: Shape) -> list[Part]:
         parts.append(Part("attention", h, "rep"))  # row-parallel bias: whole on every rank
     if s.qk_layernorm:
         parts.append(Part("norms", 2 * s.norm(hd), "rep"))  # q_layernorm, k_layernorm over head_dim
+    if s.softmax_type == "learnable":
+        parts.append(Part("attention", heads, "tp"))  # softmax_offset, one per head
     return parts
 
 
