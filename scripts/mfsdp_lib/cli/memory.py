@@ -27,8 +27,8 @@ use_precision_aware_optimizer, optimizer_cpu_offload), recomputation and paralle
 are read from the config when one is given.
 
 The model to size comes from: --model NAME (built-in: {builtins}), --hf-config PATH
-(a Hugging Face config.json: Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 2/3,
-DeepSeek V2/V3 and Kimi K2 (MLA, MoE, MTP), Nemotron-H (hybrid Mamba), VLM text models),
+(a Hugging Face config.json: Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 2/3, gpt-oss,
+DeepSeek V2/V3 and Kimi K2 (MLA, MoE, MTP), Nemotron-H (hybrid Mamba), Qwen3-VL, VLM text models),
 --params N (no shape: no activations, no FSDP buffers; with EP > 1 add --expert-params),
 or the config's model section (GPT, MLA, MoE, MTP and hybrid providers). A peft section
 sizes LoRA: frozen base weights keep no gradients or optimizer state. optimizer.optimizer
