@@ -227,6 +227,9 @@ def render_text(result: dict) -> str:
         "GiB per GPU"
         + ("; * = the strategy this config selects" if any(r["configured"] for r in result["strategies"]) else "")
     )
+    calib = [f"{r['name']} {r['calibration_gib']:.2f}" for r in result["strategies"] if r.get("calibration_gib")]
+    if calib:
+        lines.append("total includes a margin calibrated on measured runs (GiB): " + ", ".join(calib))
     configured = [r for r in result["strategies"] if r["configured"]] or result["strategies"][:1]
     for r in configured:
         lines += ["", f"modelled ({r['name']}):"] + [f"  - {t}" for t in r["modelled"]]
