@@ -94,6 +94,7 @@ def compare_run(run: Path) -> dict:
     mem = rep.get("memory") or {}
     out: dict = {
         "run": run.name,
+        "started_utc": rep.get("started_utc"),
         "result": rep.get("result"),
         "world_size": req.get("world_size"),
         "strategy": facts.get("strategy") or req.get("strategy"),
@@ -201,10 +202,12 @@ def assemble(raw: Path, machine: str, command: str) -> tuple[dict, list[str]]:
         notes.append(f"Every one of the {len(rows)} finished runs meets the targets.")
     if skipped:
         notes.append("Runs without a comparison: " + "; ".join(skipped))
+    started = sorted(str(r["started_utc"]) for r in runs if r.get("started_utc"))
     result = {
         "benchmark": BENCH_ID,
         "title": "Memory per rank: `mfsdp.py memory` predicted vs measured (dense, MoE with EP, hybrid, LoRA)",
-        "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        # The measurement's date (the last run's start), so regenerating from the same runs is stable.
+        "date": started[-1] if started else _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "machine": machine,
         "command": command,
         "columns": COLUMNS,
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         default="1x NVIDIA H200 (rank 0 of a simulated world of N, PyTorch fake process group)",
         help="where the raw runs were measured, in words",
     )
-    p.add_argument("--date", help="ISO date to record (default: now); keeps a regenerated file stable")
+    p.add_argument("--date", help="ISO date to record (default: the last run's start time)")
     p.add_argument("--check", action="store_true", help="exit 1 when a run misses a target")
     p.add_argument("--print", action="store_true", help="print the table instead of writing --out")
     a = p.parse_args(argv)
