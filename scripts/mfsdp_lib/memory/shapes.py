@@ -293,6 +293,11 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
     target = str(model.get("_target_") or "")
     if "layer_post_norms" not in model and re.search(r"Gemma[23]", target):
         model["layer_post_norms"] = 2
+    vision = model.get("vision_config")
+    if "vision_params" not in model and isinstance(vision, Mapping) and "Qwen3VL" in target:
+        from .hf import qwen3_vl_vision_params  # Bridge's Qwen3-VL providers carry the HF vision_config
+
+        model["vision_params"] = qwen3_vl_vision_params(vision) or 0
     pattern = model.get("hybrid_layer_pattern") or model.get("hybrid_override_pattern")
     if pattern is not None:
         if not isinstance(pattern, str):
