@@ -239,7 +239,6 @@ def megatron_activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 
 # (router.py: routing runs in fp32 with moe_router_dtype, and the score function's output is
 # kept for backward), plus the boolean routing map (moe_utils.py topk_routing_with_score_function).
 MOE_ROUTER_BYTES_PER_EXPERT = 4 + 4 + 1
-MAMBA_CHUNK = 128  # mamba_chunk_size default (HybridModelProvider / DEFAULT_MAMBA_CHUNK_SIZE)
 
 
 def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp: int = 1) -> float:
@@ -250,8 +249,8 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
     (top-k): the permuted FC1 input (experts.py TEGroupedMLP), the FC1 output and FC2 input,
     and the FC2 output kept by unpermute for the probability-weighted sum
     (moe_utils.py ``unpermute``); the router's logits/probabilities; a shared expert as an MLP),
-    ``mamba`` (input norm, in_proj output z x B C dt, the conv output, the gated norm input and
-    output, the chunked SSM states in fp32; ssm/mamba_mixer.py). FP8 (``model.fp8``): TE saves
+    ``mamba`` (input norm, the z x B C dt projection, the scan output, the gated norm input and
+    output; ssm/mamba_mixer.py:738-779). FP8 (``model.fp8``): TE saves
     the linear layers' inputs (norm outputs, attention output, FC2 input) as 1-byte FP8.
     """
     s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
@@ -301,12 +300,13 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
             heads = shape.mamba_num_heads or (2 * h) // shape.mamba_head_dim
             d_inner = heads * shape.mamba_head_dim
             bc = 2 * shape.mamba_num_groups * shape.mamba_state_dim
+            # Memory-efficient path (ssm/mamba_mixer.py:738-779): the fused conv1d + scan keeps its
+            # contiguous z x B C dt input and the scan output; the gated norm keeps its input; out_proj
+            # keeps the norm's output. Conv outputs and chunk states are recomputed in backward.
             total += norm
-            total += 2 * s * b * (2 * d_inner + bc + heads) / tp  # in_proj output
-            total += 2 * s * b * (d_inner + bc) / tp  # conv1d output (x, B, C)
+            total += 2 * s * b * (2 * d_inner + bc + heads) / tp  # zxBCdt (contiguous copy)
+            total += 2 * s * b * d_inner / tp  # scan output kept by the fused function
             total += (2 + lin) * s * b * d_inner / tp  # gated norm input, out_proj input
-            chunks = math.ceil(s / MAMBA_CHUNK)
-            total += 4 * b * chunks * heads * shape.mamba_head_dim * shape.mamba_state_dim / tp  # fp32 chunk states
         else:  # pragma: no cover
             raise ModelError(f"unknown layer kind {piece!r}")
     return total
