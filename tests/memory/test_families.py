@@ -345,7 +345,7 @@ def test_moe_activation_terms_by_hand():
     a = m.ActivationSettings(seq_length=16, micro_batch_size=1, bias_activation_fusion=True)
     moe = m.layer_activation_bytes(shape, "moe", a)
     norm = 4 * 16 * 32
-    dispatch = 2 * 16 * (2 * 32 + 2 * 32)  # permuted FC1 inputs + FC2 outputs kept by unpermute, per copy
+    dispatch = 2 * 16 * (2 * 32 + 2 * 32)  # per routed copy: permuted FC1 input + dispatcher buffers
     experts = 2 * 16 * 6 * 64  # per routed copy: FC1 output (2 x 64 x 2 bytes) + FC2 input (64 x 2)
     router = 16 * 4 * 9  # fp32 logits + fp32 probs + bool map
     assert moe == norm + dispatch + experts + router

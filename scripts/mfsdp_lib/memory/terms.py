@@ -246,9 +246,10 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
 
     Pieces: ``attention``/``mla`` (input norm, Q, K, V, the attention output), ``mlp`` (pre-MLP
     norm, FC1 output, FC2 input), ``moe`` (pre-MLP norm; per routed copy of each token
-    (top-k): the permuted FC1 input (experts.py TEGroupedMLP), the FC1 output and FC2 input,
-    and the FC2 output kept by unpermute for the probability-weighted sum
-    (moe_utils.py ``unpermute``); the router's logits/probabilities; a shared expert as an MLP),
+    (top-k): the permuted FC1 input (experts.py TEGroupedMLP), the FC1 output and FC2 input, and
+    one more copy's worth for the token dispatcher's buffers (the combine side's all-to-all and
+    unpermute of the layer whose backward starts, token_dispatcher.py:875-895, moe_utils.py
+    ``unpermute``); the router's logits/probabilities; a shared expert as an MLP),
     ``mamba`` (input norm, the z x B C dt projection, the scan output, the gated norm input and
     output; ssm/mamba_mixer.py:738-779). FP8 (``model.fp8``): TE saves
     the linear layers' inputs (norm outputs, attention output, FC2 input) as 1-byte FP8.
@@ -290,7 +291,7 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
             width = shape.moe_latent_size or h
             expert_ffn = shape.moe_ffn_hidden_size or shape.ffn
             if not a.recomputes("moe"):
-                total += k * s * b * (lin * width + 2 * width)  # permuted FC1 inputs, FC2 outputs kept by unpermute
+                total += k * s * b * (lin * width + 2 * width)  # permuted FC1 inputs, dispatcher buffers
                 act_out = lin * expert_ffn if a.recomputes("moe_act") else 0
                 total += k * s * b * (_mlp_saved(shape, expert_ffn, a, lin) - act_out)
                 total += s * b * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
