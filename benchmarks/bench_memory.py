@@ -73,13 +73,14 @@ def find_runs(raw: Path) -> list[Path]:
 
 
 def local_params_predicted(est, strategy: str) -> float:
-    """Parameters this rank holds as its own tensors: Megatron FSDP's optim_grads_params keeps
-    DTensor shards (counted locally, as the rehearsal counts them); every other strategy keeps
+    """Parameters this rank holds as its own tensors: Megatron FSDP presents every parameter as a
+    DTensor shard of the data-parallel group (counted locally, as the rehearsal counts them, for
+    optim, optim_grads and optim_grads_params alike); DDP and the distributed optimizer keep
     whole parameters."""
     c, par = est.counts, est.parallel
     dense = c.gpu_dense + ((c.gpu_lora - c.gpu_lora_experts) if est.peft else 0.0)
     experts = c.gpu_experts + (c.gpu_lora_experts if est.peft else 0.0)
-    if strategy == "optim_grads_params" and par.dp * par.cp > 1:
+    if strategy in ("optim", "optim_grads", "optim_grads_params") and par.dp * par.cp > 1:
         etp = par.etp or par.tp
         n_exp = max(1, (par.dp * par.cp * par.tp) // (par.ep * etp))
         return dense / (par.dp * par.cp) + experts / n_exp

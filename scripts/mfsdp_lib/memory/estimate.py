@@ -225,8 +225,9 @@ class Estimate:
             "gathered_after_step": row.gathered_after_step,
             "init_peak": row.init_peak,
             "calibration": calibration_bytes(self, strategy),
+            "state_margin": state_margin(self),
             "model_state": row.model_state,
-            "after_step": row.after_step,
+            "after_step": row.after_step + state_margin(self),
             "peak": self.total(strategy),
         }
 
@@ -389,6 +390,13 @@ def estimate(
         notes,
         lora,
     )
+
+
+def state_margin(est: Estimate) -> float:
+    """Measured bytes allocated between steps beyond the model state (``calibration.py``)."""
+    from .calibration import state_margin_bytes
+
+    return state_margin_bytes(est)
 
 
 def calibration_bytes(est: Estimate, strategy: str, dp: int | None = None) -> float:
@@ -660,7 +668,7 @@ def report(
                 "model_state_gib": _gib(row.model_state),
                 "step_transient_gib": _gib(row.step_transient),
                 "init_peak_gib": _gib(row.init_peak),
-                "after_step_gib": _gib(row.after_step),
+                "after_step_gib": _gib(row.after_step + state_margin(est)),
                 "calibration_gib": _gib(calibration_bytes(est, name)),
                 "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
                 "configured": name == est.configured,

@@ -562,6 +562,7 @@ class Counts:
     kinds: tuple = ()  # the decoder's layer kinds, in order
     gpu_largest_matrix: float = 0.0  # largest 2-D weight on the GPU (Muon's orthogonalisation works on one)
     first_stage_total: float = 0.0  # parameters on a rank of the first pipeline stage (global rank 0)
+    gpu_unit_experts: float = 0.0  # of gpu_unit, the routed experts (sharded over the expert-data-parallel group)
 
     @property
     def gpu_total(self) -> float:
@@ -687,9 +688,8 @@ def count_parameters(
         last = stage(last_idx, False, True)
         if last["dense"] + last["experts"] > first["dense"] + first["experts"]:
             chosen, where = last, "last"
-    unit = max(x[2] + x[3] for x in layers)
-    if mtp_layers:
-        unit = max(unit, max(x[2] + x[3] for x in mtp_layers))
+    biggest = max(layers + mtp_layers, key=lambda x: x[2] + x[3])
+    unit = biggest[2] + biggest[3]
     return Counts(
         total=total,
         embedding=embedding,
@@ -701,6 +701,7 @@ def count_parameters(
         gpu_experts=chosen["experts"],
         gpu_non_unit=chosen["non_unit"],
         gpu_unit=unit,
+        gpu_unit_experts=biggest[3],
         gpu_first_grads=chosen["first_grads"],
         layers_on_gpu=chosen["layers"],
         padded_vocab=vocab,

@@ -265,6 +265,9 @@ def strategy_memory(
         capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, int(2 * unit))
         first = counts.gpu_first_grads  # output layer: the first gradients of the backward pass
         rest = counts.gpu_non_unit - first  # embedding (+ final norm): the last ones
+        # A gathered layer allocates only the groups that are sharded: with EP and an expert-data-
+        # parallel group of one, the experts are whole already and only the dense part is gathered.
+        gathered = (unit - counts.gpu_unit_experts) * (n_dense > 1) + counts.gpu_unit_experts * (n_expert > 1)
         mem.buffers_persistent = p.param_bytes * counts.gpu_non_unit
         notes.append("non-FSDP-unit modules (embedding, output layer) stay all-gathered after first use")
         if p.fsdp_double_buffer:
@@ -273,16 +276,22 @@ def strategy_memory(
             mem.buffers_late = g * max(first, rest)
             notes.append("fsdp_double_buffer: two persistent layer-sized pools, for weights and for grads")
         else:
-            ag_units = min(layers, 1 + math.ceil((capacity // 2) / unit))
+            # Prefetch adds layers while the prefetched size stays within
+            # suggested_communication_unit_size // 2 (param_and_grad_buffer.py:4479-4505). Measured on
+            # H200 rehearsals of 1.1 B, 8 B and 70 B Llama trunks and a 16-layer MoE: floor(limit /
+            # layer) layers (at least one) are gathered right after the optimizer step
+            # (start_param_sync); at the activation peak (start of backward) the window is the
+            # current layer plus half of that prefetch.
+            prefetched = min(layers, max(1, int((capacity // 2) // unit)))
+            at_peak = min(layers, 1 + math.ceil(prefetched / 2))
             if p.gather_after_step:
-                # start_param_sync gathers the embedding's (preserved) bucket plus prefetch.
-                mem.gathered_after_step = pbytes * (ag_units - 1) * unit
+                mem.gathered_after_step = pbytes * prefetched * gathered
             rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
-            mem.buffers_at_peak = pbytes * ag_units * unit + g * (first + unit)
-            mem.buffers_late = pbytes * ag_units * unit + g * rs
+            mem.buffers_at_peak = pbytes * at_peak * gathered + g * (first + unit)
+            mem.buffers_late = pbytes * at_peak * gathered + g * rs
             notes.append(
-                f"all-gather window: {ag_units} layer(s); reduce-scatter queue: up to "
-                f"{rs / 1e6:.0f}M unsharded gradient elements"
+                f"all-gather window: {at_peak} layer(s) at the activation peak, {prefetched} gathered between "
+                f"steps; reduce-scatter queue: up to {rs / 1e6:.0f}M unsharded gradient elements"
             )
     elif w_sharded:
         notes.append("no model shape: FSDP all-gather/reduce-scatter buffers not estimated")

@@ -375,20 +375,33 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
         stack = sum(sizes[k] for k in stored) * in_flight
 
     embedding = (8 * s * b + (sbh if a.hidden_dropout > 0 else 0) / (tp if sp else 1)) * in_flight
-    output = 0.0
+    vocab = shape.padded_vocab(tp)
+    logits = s * b * vocab / tp
+    # Loss forward (language_module.py compute_language_model_loss -> cross entropy): the bf16
+    # logits, their fp32 copy (tensor_parallel/cross_entropy.py:25 ``.float()``) and the exp
+    # buffer torch.compile's functionalised in-place ops allocate (jit.py: jit_fuser =
+    # torch.compile; cross_entropy.py:41-63): 2 + 4 + 4 bytes per logit.
+    loss_forward = LOSS_FORWARD_BYTES_PER_LOGIT * logits
+    # Start of backward: the fp32 softmax saved for backward and the bf16 logits gradient;
+    # without gradient-accumulation fusion also the output weight's bf16 gradient.
+    start_backward = (4 + 2) * logits + (0 if a.gradient_accumulation_fusion else 2 * vocab * h / tp)
+    output = 4 * sbh / (tp if sp else 1) + max(loss_forward, start_backward)  # + the final norm
     if pp == 1:
-        vocab = shape.padded_vocab(tp)
-        logits = s * b * vocab / tp
-        # Loss forward (language_module.py compute_language_model_loss -> cross entropy): the bf16
-        # logits, their fp32 copy (tensor_parallel/cross_entropy.py:25 ``.float()``) and the exp
-        # buffer torch.compile's functionalised in-place ops allocate (jit.py: jit_fuser =
-        # torch.compile; cross_entropy.py:41-63): 2 + 4 + 4 bytes per logit.
-        loss_forward = LOSS_FORWARD_BYTES_PER_LOGIT * logits
-        # Start of backward: the fp32 softmax saved for backward and the bf16 logits gradient;
-        # without gradient-accumulation fusion also the output weight's bf16 gradient.
-        start_backward = (4 + 2) * logits + (0 if a.gradient_accumulation_fusion else 2 * vocab * h / tp)
-        output = 4 * sbh / (tp if sp else 1) + max(loss_forward, start_backward)  # + the final norm
-    return (stack + embedding + output) / cp
+        return (stack + embedding + output) / cp
+    # The last stage holds one microbatch in flight (1F1B) but the output layer and the loss.
+    last_kinds = kinds[len(kinds) - layers :]
+    last_sizes = {k: layer_activation_bytes(shape, k, a, tp=tp) for k in set(last_kinds)}
+    if a.recompute_granularity == "full":
+        n = max(1, a.recompute_num_layers or 1)
+        if a.recompute_method == "block":
+            recomputed = min(n, len(last_kinds))
+            last = recomputed * checkpoint + sum(last_sizes[k] for k in last_kinds[recomputed:])
+            last += max(last_sizes.values()) if recomputed else 0
+        else:
+            last = math.ceil(len(last_kinds) / n) * checkpoint + min(n, len(last_kinds)) * max(last_sizes.values())
+    else:
+        last = sum(last_sizes[k] for k in last_kinds)
+    return max(stack + embedding, last + output) / cp
 
 
 LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 exp buffer
