@@ -283,15 +283,17 @@ def test_optimizer_cpu_offload_fraction():
 
 
 def test_fsdp_buffers_for_llama3_8b_by_hand():
-    """optim_grads_params, DP=8, defaults: embedding + output stay gathered (2 x 525M bf16); the
-    all-gather window is 1 layer + prefetch up to 500M elements = 4 layers of 218M."""
+    """optim_grads_params, DP=8, defaults: embedding + output stay gathered (2 x 525M bf16); prefetch
+    up to 500M elements = 2 whole layers of 218M (the measured rule); at the activation peak the
+    window is the current layer + half the prefetch = 2 layers, plus the output layer's and one
+    layer's unsharded gradients."""
     est = m.estimate(None, model="llama3-8b", dp=8)
     row = est.rows["optim_grads_params"]
     vocab_h = 128256 * 4096
     assert row.buffers_persistent == pytest.approx(2 * (2 * vocab_h + 4096))
     layer = 218_112_000
-    assert math.ceil(500_000_000 / layer) == 3
-    assert row.buffers_at_peak == pytest.approx(2 * 4 * layer + 2 * (vocab_h + layer))
+    assert 500_000_000 // layer == 2
+    assert row.buffers_at_peak == pytest.approx(2 * 2 * layer + 2 * (vocab_h + layer))
 
 
 def test_double_buffer_replaces_windows():
@@ -412,8 +414,11 @@ def test_activations_cp_recompute_pipeline_offload():
     offloaded = m.activation_bytes(GPT, replace(a, offload_layers=1))
     assert base - offloaded == pytest.approx(per_layer)
     two_stages = m.activation_bytes(GPT, replace(a, num_microbatches=8), pp=2)
-    # first stage: 2 of 4 layers, 2 microbatches in flight, embedding, no output layer
-    assert two_stages == pytest.approx(2 * (2 * per_layer + 8 * s * b))
+    # the larger of: the first stage (2 of 4 layers, 2 microbatches in flight, embedding) and the
+    # last (2 layers, one microbatch, the output layer and the loss's logits)
+    first = 2 * (2 * per_layer + 8 * s * b)
+    last = 2 * per_layer + (m.activation_bytes(replace(GPT, num_layers=1), a) - per_layer - 8 * s * b)
+    assert two_stages == pytest.approx(max(first, last))
 
 
 def test_unfused_attention_stores_scores():
@@ -617,7 +622,9 @@ def test_model_construction_peak():
     """Without meta-device init the model is built whole on each GPU before megatron_fsdp shards it."""
     report = m.report(None, model="llama3-8b", dp=512, seq_length=512, strategies=("optim_grads_params",))
     row = report["strategies"][0]
-    assert row["init_peak_gib"] == row["total_gib"] > row["model_state_gib"] + row["activations_gib"]
+    # the construction peak decides the total (plus the measured framework workspace)
+    assert row["total_gib"] == pytest.approx(row["init_peak_gib"] + row["calibration_gib"], abs=0.002)
+    assert row["init_peak_gib"] > row["model_state_gib"] + row["activations_gib"]
     assert any("init_model_with_meta_device" in n for n in row["notes"])
     meta = m.report(
         {"model": {"init_model_with_meta_device": True}},
@@ -664,7 +671,7 @@ def test_layers_gathered_after_the_step(mcore_src):
     assert "model_chunk.start_param_sync()" in opt_src
     row = rows_for(None, model="llama3-8b", dp=8)["optim_grads_params"]
     layer = 218_112_000
-    assert row.gathered_after_step == pytest.approx(2 * 3 * layer)  # 500M elements of prefetch: 3 layers
+    assert row.gathered_after_step == pytest.approx(2 * 2 * layer)  # 500M elements of prefetch: 2 whole layers
     assert row.after_step == pytest.approx(row.model_state + row.step_transient + row.gathered_after_step)
     off = rows_for({"ddp": {"fsdp_all_gather_in_start_param_sync": False}}, model="llama3-8b", dp=8)[
         "optim_grads_params"

@@ -92,7 +92,7 @@ def _opt_int(cfg: Mapping, key: str, where: str) -> int | None:
     return _need(cfg, key, where)
 
 
-def qwen3_vl_vision_params(vision) -> int | None:
+def qwen3_vl_vision_params(vision, split: bool = False):
     """Parameters of Qwen3-VL's vision tower from its ``vision_config`` (None when a field is missing).
 
     Conv3d patch embedding ``in x temporal x patch^2 x h`` + bias, learned positions
@@ -100,7 +100,10 @@ def qwen3_vl_vision_params(vision) -> int | None:
     output ``h x h`` with biases, GELU MLP ``h x ffn x h`` with biases), the patch merger
     (LayerNorm over h, ``4h x 4h`` and ``4h x out`` with biases, for a 2 x 2 merge) and one
     more merger per ``deepstack_visual_indexes`` entry with its norm over ``4h``. Equals the
-    published total of Qwen3-VL-8B (8,767,123,696 with its language model).
+    published total of Qwen3-VL-8B (8,767,123,696 with its language model). ``split``: return
+    ``(total, tensor-parallel part)``: the linear weights and column-parallel biases split over TP;
+    norms, row-parallel biases, the patch and position embeddings stay whole (matches the built
+    Qwen3-VL-30B-A3B at TP 4, counted on the GPU).
     """
     if not isinstance(vision, Mapping):
         return None
@@ -117,10 +120,12 @@ def qwen3_vl_vision_params(vision) -> int | None:
         deepstack = len(vision.get("deepstack_visual_indexes") or [])
     except (KeyError, TypeError, ValueError):
         return None
-    block = 2 * 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * ffn + ffn) + (ffn * h + h)
+    block_tp = (h * 3 * h + 3 * h) + h * h + (h * ffn + ffn) + ffn * h
+    block = block_tp + 2 * 2 * h + h + h  # + two LayerNorms, the row-parallel biases
     merged = h * merge * merge
-    merger_linears = (merged * merged + merged) + (merged * out + out)
-    return (
+    merger_tp = (merged * merged + merged) + merged * out
+    merger_linears = merger_tp + out
+    total = (
         chans * temporal * patch * patch * h
         + h
         + positions * h
@@ -128,6 +133,9 @@ def qwen3_vl_vision_params(vision) -> int | None:
         + (2 * h + merger_linears)
         + deepstack * (2 * merged + merger_linears)
     )
+    if split:
+        return total, depth * block_tp + (1 + deepstack) * merger_tp
+    return total
 
 
 _BLOCK_SYMBOLS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
@@ -156,7 +164,8 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         if not isinstance(text, Mapping):
             raise ModelError(f"{where}: model_type {mtype!r} needs a 'text_config' object (the language model)")
         vision = hf.get("vision_config")
-        vision_params = qwen3_vl_vision_params(vision) if mtype in ("qwen3_vl", "qwen3_vl_moe") else None
+        vision_split = qwen3_vl_vision_params(vision, split=True) if mtype in ("qwen3_vl", "qwen3_vl_moe") else None
+        vision_params = vision_split[0] if vision_split else None
         if vision is not None and vision_params is None:
             notes.append(
                 f"{mtype}: the language model is sized from text_config; the vision tower is not counted "
@@ -168,8 +177,8 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
             inner["tie_word_embeddings"] = hf["tie_word_embeddings"]
         section, more = model_section_from_hf(inner, f"{where} text_config")
         if vision_params:
-            section["vision_params"] = vision_params
-            notes.append(f"{mtype}: vision tower counted from vision_config ({vision_params:,} parameters, whole on every rank)")
+            section["vision_params"], section["vision_params_tp"] = vision_split
+            notes.append(f"{mtype}: vision tower counted from vision_config ({vision_params:,} parameters)")
         return section, notes + more
     known = DENSE | GEMMA | MOE | MLA | HYBRID
     if mtype not in known:

@@ -133,6 +133,7 @@ class Shape:
     softmax_type: str = "vanilla"
     # A vision tower's parameters (VLMs), counted whole on the first pipeline stage's ranks.
     vision_params: int = 0
+    vision_params_tp: int = 0  # of vision_params, the part split over TP
 
     @property
     def groups(self) -> int:
@@ -259,7 +260,7 @@ _SHAPE_INTS = (
     "mamba_num_groups",
     "mamba_num_heads",
 )
-_SHAPE_ZERO_OK = ("mtp_num_layers", "layer_post_norms", "vision_params")
+_SHAPE_ZERO_OK = ("mtp_num_layers", "layer_post_norms", "vision_params", "vision_params_tp")
 _SHAPE_BOOLS = (
     "gated_linear_unit",
     "add_bias_linear",
@@ -297,7 +298,7 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
     if "vision_params" not in model and isinstance(vision, Mapping) and "Qwen3VL" in target:
         from .hf import qwen3_vl_vision_params  # Bridge's Qwen3-VL providers carry the HF vision_config
 
-        model["vision_params"] = qwen3_vl_vision_params(vision) or 0
+        model["vision_params"], model["vision_params_tp"] = qwen3_vl_vision_params(vision, split=True) or (0, 0)
     pattern = model.get("hybrid_layer_pattern") or model.get("hybrid_override_pattern")
     if pattern is not None:
         if not isinstance(pattern, str):
@@ -635,6 +636,7 @@ def count_parameters(
     layer_experts = [x[1] for x in layers]
     lora_total = sum(x[7].get("lora", 0) for x in layers + mtp_layers)
     vision = shape.vision_params
+    vision_gpu = vision - shape.vision_params_tp + shape.vision_params_tp / tp
     total = embedding + output + final_norm + sum(layer_dense) + sum(layer_experts) + mtp_total + vision
 
     n = shape.num_layers
@@ -653,10 +655,10 @@ def count_parameters(
         out_grads = 0.0
         terms: dict[str, float] = {}
         if first:
-            non_unit += word / tp + position + vision
+            non_unit += word / tp + position + vision_gpu
             terms["embedding"] = word / tp + position
             if vision:
-                terms["vision"] = float(vision)
+                terms["vision"] = vision_gpu
         if last:
             head = (output or (word if pp > 1 else 0)) / tp
             non_unit += head + final_norm
