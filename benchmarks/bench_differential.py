@@ -2,7 +2,7 @@
 """How often ``mfsdp.py check`` agrees with the real Megatron-Bridge, over recorded verdicts.
 
 Reads ``tests/fixtures/differential/verdicts.json`` (real ``runtime_config_update()``
-verdicts recorded by role ``gpu`` with ``tests/differential/gen_verdicts.py`` on a
+verdicts recorded with ``tests/differential/gen_verdicts.py`` on a
 GPU machine), replays every case through our rule table (``mfsdp_lib.rules.differential``)
 and writes ``benchmarks/results/differential_agreement.json``: how many rejections we
 reproduce, how many name the same rule as Bridge's message, and how many acceptances
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from mfsdp_lib import config_io
+from mfsdp_lib import config_io  # noqa: E402
 from mfsdp_lib.rules import differential  # noqa: E402
 
 VERDICTS = ROOT / "tests" / "fixtures" / "differential" / "verdicts.json"
@@ -37,7 +37,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULT))
     a = ap.parse_args(argv)
     if not Path(a.verdicts).is_file():
-        print(f"{a.verdicts}: not present (role gpu generates it on a GPU machine)", file=sys.stderr)
+        print(
+            f"{a.verdicts}: not present (tests/differential/gen_verdicts.py writes it on a GPU machine)",
+            file=sys.stderr,
+        )
         return 2
     doc, base = differential.load(a.verdicts)
     records = differential.replay(doc, base)

@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from repo_paths import option_value, repo_relative
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -119,6 +121,7 @@ def run_jobs(a, raw: Path, argv: list[str]) -> None:
         ]
         t0 = time.time()
         with open(out / "train.log", "w") as log:
+            rc: int | str
             try:
                 rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout).returncode
             except subprocess.TimeoutExpired:
@@ -137,7 +140,7 @@ def run_jobs(a, raw: Path, argv: list[str]) -> None:
 
 
 def _predict(run_config: Path, strategy: str, world: int, seq_length: int, mbs: int) -> dict | None:
-    """The estimator's per-GPU prediction for this run (role memory's ``memory.report``)."""
+    """The estimator's per-GPU prediction for this run (``mfsdp_lib.memory.report``)."""
     try:
         from mfsdp_lib import config_io, memory
     except ImportError:
@@ -241,7 +244,8 @@ def assemble(a, raw: Path) -> Path:
     if not any(r[7] is not None for r in rows):
         notes.append("no memory estimate beside the measurements: mfsdp_lib.memory was not available when assembled")
     notes += [
-        "measured by the command above on the GPU machine; this file assembled with: python3 "
+        "measured by the command above on a GPU machine (commands and folders as they run from the repository "
+        "root: benchmarks/repo_paths.py); this file assembled with: python3 "
         "benchmarks/bench_strategies.py " + shlex.join(a.argv),
         f"model {a.model}, seq {a.seq_length}, GBS {a.global_batch_size}, MBS {a.micro_batch_size}, bf16, "
         f"{a.iters} iterations per strategy; step time is the median of steps 3..{a.iters} (CUDA-synchronised)",
@@ -268,6 +272,7 @@ def assemble(a, raw: Path) -> Path:
             "repeat_raw_dirs": [os.path.relpath(Path(d).resolve(), ROOT) for d in a.repeat_raw_dir],
         },
     }
+    result = repo_relative(result, _output_folders(raw, a))
     dest = Path(a.results_dir) / f"gpu_strategies_{a.tag}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     from mfsdp_lib import config_io
@@ -302,6 +307,19 @@ def _run_date(raw: Path) -> str:
     return _dt.datetime.fromtimestamp(
         max(p.stat().st_mtime for p in raw.rglob("job.json")), _dt.timezone.utc
     ).isoformat(timespec="seconds")
+
+
+def _output_folders(raw: Path, a) -> dict[str, str]:
+    """Output folders of the measuring runs on the GPU machine -> where their files are in this repository."""
+    out = {}
+    for d in [raw, *map(Path, a.repeat_raw_dir)]:
+        cmd = _run_command(d, a)
+        raw_dir, results_dir = option_value(cmd, "--raw-dir"), option_value(cmd, "--results-dir")
+        if raw_dir and raw_dir.startswith("/"):
+            out[raw_dir] = os.path.relpath(d.resolve(), ROOT)
+        if results_dir and results_dir.startswith("/"):
+            out[results_dir] = "benchmarks/results"
+    return out
 
 
 def _run_command(raw: Path, a) -> str:

@@ -3,7 +3,7 @@
 
 ``mfsdp.py enable --recipe NAME`` (live mode) builds Bridge's real recipe, applies our
 overrides to the real ``ConfigContainer`` and runs Bridge's ``runtime_config_update()``.
-It only runs where Megatron-Bridge imports, so it ran on the lent H200 (``live.sh`` in the
+It only runs where Megatron-Bridge imports, so it ran on an H200 machine (``live.sh`` in the
 raw folder: each run's stdout, stderr and exit code are kept as ``<run>.out/.err/.rc``, the
 wall times in ``stages.txt``). This script restates those files in the shared result shape
 without running anything: a row per run, with what our rules said, what Bridge said and
@@ -44,8 +44,9 @@ OVERRIDE = re.compile(r"^[a-z_]+(\.[A-Za-z0-9_]+)+=\S*$")  # section.key=value, 
 OUR_ERROR = re.compile(r"^ERROR\s+(\S+)")
 DISAGREE_RAISED = re.compile(r"raised (.+?)(?:;|, our rules)")
 ONE_LINE_ERROR = re.compile(r"^mfsdp\.py enable: (.*)$")
-# Which cli_enable.py ran: /tmp/main_scripts is main's copy, scripts/ the gpu2 copy (code_sha256.txt).
-MAIN_COPY = "/tmp/main_scripts/"
+# Which code ran: the streak kept a copy of the earlier scripts under /tmp/main_scripts/ (before bug 1 was fixed)
+# beside scripts/ (the interim code: bug 1 fixed, bug 2 not yet); code_sha256.txt has the digest of each.
+EARLIER_COPY = "/tmp/main_scripts/"
 
 
 def _stages(raw: Path) -> dict:
@@ -83,8 +84,8 @@ def _row(name: str, stage: dict, raw: Path) -> list:
     else:
         bridge, agree = "?", "?"
     cmd = stage["cmd"]
-    code = "main" if MAIN_COPY in cmd else "gpu2 (run-time copy)"
-    invocation = cmd.replace(MAIN_COPY, "scripts/")
+    code = "earlier" if EARLIER_COPY in cmd else "interim"
+    invocation = cmd.replace(EARLIER_COPY, "scripts/")
     return [
         name,
         invocation,
@@ -116,10 +117,11 @@ def main(argv=None) -> int:
         "benchmark": f"gpu_live_mode_{a.tag}",
         "title": "mfsdp.py enable --recipe (live mode) against the real Megatron-Bridge 0.6.2 on 1x NVIDIA H200",
         "date": "2026-12-02T18:35:08+00:00",
-        "machine": "1x NVIDIA H200 (143771 MiB; driver 580.159.04; torch 2.11.0+cu130), the device tool's "
-        "nvidia-h200 kind",
-        "command": "bash .gpuwork/g2/live.sh  (copied as raw/gpu_live_mode_1xh200/live.sh; each row's invocation "
-        "ran with WORLD_SIZE=1 RANK=0 LOCAL_RANK=0 and CUDA_DEVICE_MAX_CONNECTIONS unset)",
+        "machine": "1x NVIDIA H200 (143771 MiB; driver 580.159.04; torch 2.11.0+cu130)",
+        "command": "env -u CUDA_DEVICE_MAX_CONNECTIONS WORLD_SIZE=1 RANK=0 LOCAL_RANK=0 "
+        + next((r[1] for r in rows if r[0] == "A"), "python3 scripts/mfsdp.py enable --recipe RECIPE")
+        + "  # row A, on a machine where Megatron-Bridge imports; every row's invocation is in the table and ran "
+        "the same way (the script: benchmarks/results/raw/gpu_live_mode_1xh200/live.sh)",
         "columns": COLUMNS,
         "rows": rows,
         "notes": [
@@ -135,14 +137,13 @@ def main(argv=None) -> int:
             "ZeroDivisionError in the model's own set-up, outside the Megatron FSDP settings our rules cover; "
             "live mode reported it as MFSDP-LIVE-DISAGREE, the wording now says to fix what Bridge names.",
             "Bug 1 (fixed in scripts/mfsdp_lib/cli/enable.py): a recipe that fails to build (E0: the HF hub "
-            "offline) was reported as 'internal error ... this is a bug in the skill', exit 3; the run-time copy "
+            "offline) was reported as 'internal error ... this is a bug in the skill', exit 3; the interim code "
             "already printed one line with Bridge's first line and exit 2 (E).",
-            "Bug 2 (fixed after the run, not re-run on a GPU: 194 s of device time were left, a machine starts "
-            "only above 240 s): stdout was not only the overrides. Megatron's log handler binds sys.stdout when "
-            "megatron.training is imported, so INFO lines from datasets and megatron.core joined the override "
-            "lines (the 'other stdout lines' column) with main's code and with the run-time copy, which pointed "
-            "stdout at stderr only around the recipe build and validate. The final code imports Bridge under that "
-            "redirect too, and prints Bridge's verdict on every run.",
+            "Bug 2 (fixed after the run, not yet re-run on a GPU): stdout was not only the overrides. Megatron's "
+            "log handler binds sys.stdout when megatron.training is imported, so INFO lines from datasets and "
+            "megatron.core joined the override lines (the 'other stdout lines' column) with the earlier and the "
+            "interim code, which pointed stdout at stderr only around the recipe build and validate. The final code "
+            "imports Bridge under that redirect too, and prints Bridge's verdict on every run.",
             "Without HF_HUB_OFFLINE (G) the Llama recipe retried name resolution with back-off (1, 2, 4, 8 s) and "
             "was still retrying at the 45 s limit; with HF_HUB_OFFLINE=1 (E) it failed after 4 attempts.",
             f"Set-up on a bare machine: tests/gpu/setup_device.sh, exit {setup.group(1) if setup else '?'} in "
@@ -155,10 +156,11 @@ def main(argv=None) -> int:
                 if verdicts
                 else "gen_verdicts.py: no summary"
             ),
-            f"Device time: {calls['total_device_s']} s of the lent nvidia-h200 from a bare machine (6 calls: the "
-            "276 MB TE core in 5 parts, then wheels + the runs); per call in raw/gpu_live_mode_1xh200/device_calls.json.",
-            "The checkout that travelled was main at 6a702fc; A0/E0 ran its cli_enable.py, the others the gpu2 "
-            "copy named in code_sha256.txt (the version between main's and the final one).",
+            f"GPU machine time: {calls['total_device_s']} s from a bare machine (6 steps: the 276 MB Transformer "
+            "Engine core in 5 parts, then wheels + the runs); per step in raw/gpu_live_mode_1xh200/device_calls.json.",
+            "Code column: 'earlier' is the command's code before bug 1 was fixed (A0, E0); 'interim' has bug 1 "
+            "fixed and not yet bug 2 (the other runs); raw/gpu_live_mode_1xh200/code_sha256.txt has each file's "
+            "digest.",
         ],
         "raw": {
             "dir": os.path.relpath(raw, ROOT),

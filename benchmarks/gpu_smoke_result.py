@@ -10,7 +10,10 @@ path is recorded in ``raw``.
 
     python3 benchmarks/gpu_smoke_result.py --raw-dir benchmarks/results/raw/gpu_smoke_1xh200 \\
         --pytest-log tests/fixtures/gpu-run/pytest_smoke.log --tag 1xh200 \\
-        --command "NPROC=1 bash tests/gpu/run_device.sh /root/res pytest smoke verdicts"
+        --command "NPROC=1 bash tests/gpu/run_device.sh benchmarks/results/raw/gpu_smoke_1xh200 pytest smoke verdicts"
+
+Commands and folders are written as they run from the repository root (``repo_paths``): the
+output folder given to ``run_device.sh`` on the GPU machine is shown as the raw folder here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import os
 import re
 import sys
 from pathlib import Path
+
+from repo_paths import repo_relative
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -109,9 +114,9 @@ def main(argv=None) -> int:
         dc = json.loads(calls.read_text())
         n = sum(isinstance(c.get("call"), int) for c in dc["calls"])
         notes.append(
-            f"device time: {dc['total_device_s']} s of the lent {dc['kind']} for the whole session "
-            f"({n} calls, the set-up from a bare machine and the strategy benchmarks included); "
-            "per call in raw/" + raw.name + "/device_calls.json"
+            f"GPU machine time: {dc['total_device_s']} s for the whole session "
+            f"({n} steps, the set-up from a bare machine and the strategy benchmarks included); "
+            "per step in raw/" + raw.name + "/device_calls.json"
         )
     date = max(stamps).replace(" ", "T") + "+00:00" if stamps else None
     result = {
@@ -141,6 +146,12 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "scripts"))
     from mfsdp_lib import config_io
 
+    out_dir = re.search(r"run_device\.sh\s+(\S+)", a.command)
+    if out_dir and out_dir.group(1).startswith("/"):
+        result = repo_relative(result, {out_dir.group(1): os.path.relpath(raw.resolve(), ROOT)})
+        result["command"] = a.command.replace(out_dir.group(1), os.path.relpath(raw.resolve(), ROOT))
+    else:
+        result = repo_relative(result, {})
     config_io.write_atomic(str(dest), json.dumps(result, indent=1) + "\n")
     print(f"wrote {dest}")
     return 0

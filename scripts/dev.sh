@@ -2,31 +2,41 @@
 # dev.sh: set-up plus the everyday jobs of the skill's developers, in one command each.
 #
 #   bash scripts/dev.sh demo          check + enable Megatron FSDP on the bundled Llama 3 8B config
-#   bash scripts/dev.sh test [ARGS]   the whole test suite (ARGS go to pytest, e.g. -k signature)
-#   bash scripts/dev.sh sign          re-sign skill.oms.sig with the maintainers' key in ../shared/signing
+#   bash scripts/dev.sh test [ARGS]   lint + type check, the whole suite on Python 3.12, the scripts'
+#                                     tests on Python 3.10; with ARGS: lint, then pytest ARGS on 3.12 only
+#   bash scripts/dev.sh lint          ruff check, ruff format --check, mypy (all configured in pyproject.toml)
+#   bash scripts/dev.sh test310 [ARGS] only the scripts' tests on Python 3.10 (ARGS replace the selection)
+#   bash scripts/dev.sh sign          re-sign skill.oms.sig (signers only: needs the release key)
 #   bash scripts/dev.sh benchmark-md  regenerate BENCHMARK.md from benchmarks/results/*.json
 #   bash scripts/dev.sh setup         only the set-up that `test` does
 #
-# Set-up is part of every job, so a fresh machine (Python 3.10+, Node 18+, no GPU) needs nothing
-# prepared by hand, and a warm one skips it in a second:
-#   * .venv is made with python3 ($PYTHON to choose another) and gets the pinned packages of the
-#     pyproject.toml extras the job needs (read from pyproject.toml, so versions live in one place);
-#     a stamp with pyproject.toml's digest skips pip when nothing changed.
-#   * the npm `skills` CLI (pinned below) goes into .cache/node for the install test.
-# Both folders are git-ignored and are not part of the signed skill (scripts/mfsdp_lib/integrity/signature.py).
+# Set-up is part of every job, so a fresh machine (Python 3.12 and 3.10, Node 18+, no GPU) needs
+# nothing prepared by hand, and a warm one skips it in a second:
+#   * .venv is made with Python 3.12 ($PYTHON, else python3.12 on PATH, else pyenv's 3.12; python3
+#     with a warning when none is found) and gets the pinned packages of the pyproject.toml extras the
+#     job needs (read from pyproject.toml, so versions live in one place); a stamp with
+#     pyproject.toml's digest skips pip when nothing changed.
+#   * .venv310 is made with Python 3.10 ($PYTHON310, else python3.10, else pyenv's 3.10) with only the
+#     run and test extras: the oldest Python the scripts promise, as users have in NVIDIA containers.
+#     Without one, `test` fails in CI (CI=true) and warns elsewhere.
+#   * the npm `skills` CLI (version from [tool.mfsdp] in pyproject.toml) goes into .cache/node.
+# These folders are git-ignored and are not part of the signed skill (scripts/mfsdp_lib/integrity/signature.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 VENV="$ROOT/.venv"
+VENV310="$ROOT/.venv310"
 NODE_PREFIX="$ROOT/.cache/node"
-# The newest `skills` release whose package.json allows Node 20: 1.5.19 and later declare
-# engines.node >= 22.20.0 (1.5.26 still happens to run a local add on Node 20, with npm's EBADENGINE
-# warning; 1.7.4 fails to start there). Checked to install and run on Node 20.20.
-SKILLS_CLI_VERSION="1.5.18"
-NODE_MIN_MAJOR=18  # engines.node of skills 1.5.18
+MAIN_PY_VERSION="3.12"   # the full suite: Megatron-Bridge 0.6.x itself needs 3.12
+OLDEST_PY_VERSION="3.10" # the oldest Python the scripts promise to run on
+NODE_MIN_MAJOR=18  # engines.node of the pinned skills CLI ([tool.mfsdp] skills-cli in pyproject.toml)
 DEMO_EXTRAS="run"
+PY310_EXTRAS="run,test"
+# The tests that exercise scripts/ (the tools users run on 3.10); not the npm install, agent or eval ones.
+PY310_TESTS=(tests/cli tests/rules tests/memory tests/runs tests/integrity/test_anchors.py
+    tests/test_config_io.py tests/test_enable.py tests/test_findings.py tests/test_schema.py)
 # "all" = every extra in pyproject.toml except those in NOT_FOR_TESTS, so a dependency added to any extra
 # (or a new extra) reaches the test suite and CI without touching this file.
 TEST_EXTRAS="all"
@@ -40,26 +50,57 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 say() { printf '[dev.sh] %s\n' "$*" >&2; }
 die() { printf '[dev.sh] error: %s\n' "$*" >&2; exit 2; }
 
-setup_python() {  # $1 = comma-separated extras, or "all" ("" = runtime dependencies only)
-    local extras="$1" py="${PYTHON:-python3}"
-    if [ ! -x "$VENV/bin/python" ]; then
-        command -v "$py" >/dev/null || die "$py not found; install Python 3.10 or newer"
-        "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-            || die "$py is $("$py" -V 2>&1); the skill needs Python 3.10 or newer (set PYTHON=...)"
-        say "creating .venv with $("$py" -V 2>&1)"
-        if ! "$py" -m venv "$VENV"; then
-            rm -rf "$VENV"
-            die "'$py -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv"
+find_python() {  # $1 = version (3.12); prints an interpreter of that version, or nothing
+    local v="$1" c root
+    for c in "python$v" "$(command -v pyenv >/dev/null && pyenv root 2>/dev/null)/versions/$v"*/bin/python3 \
+             "${PYENV_ROOT:-$HOME/.pyenv}/versions/$v"*/bin/python3; do
+        [ -n "$c" ] || continue
+        root="$(command -v "$c" 2>/dev/null)" || continue
+        if "$root" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$v'.split('.'))))" 2>/dev/null; then
+            echo "$root"
+            return 0
         fi
+    done
+    return 0
+}
+
+make_venv() {  # $1 = folder, $2 = interpreter
+    local venv="$1" py="$2"
+    [ -x "$venv/bin/python" ] && return 0
+    command -v "$py" >/dev/null || die "$py not found; install Python $MAIN_PY_VERSION (and $OLDEST_PY_VERSION for the scripts' tests)"
+    "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+        || die "$py is $("$py" -V 2>&1); the skill needs Python 3.10 or newer (set PYTHON=...)"
+    say "creating ${venv#"$ROOT"/} with $("$py" -V 2>&1)"
+    if ! "$py" -m venv "$venv"; then
+        rm -rf "$venv"
+        die "'$py -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv"
     fi
-    local stamp="$VENV/.deps-${extras//,/-}" want
+}
+
+main_python() {
+    if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return 0; fi
+    local py
+    py="$(find_python "$MAIN_PY_VERSION")"
+    if [ -z "$py" ]; then
+        say "warning: no Python $MAIN_PY_VERSION found (python$MAIN_PY_VERSION, pyenv); using python3 ($(python3 -V 2>&1))"
+        py=python3
+    fi
+    echo "$py"
+}
+
+setup_python() {  # $1 = comma-separated extras, or "all" ("" = runtime dependencies only); $2 = venv (default .venv)
+    local extras="$1" venv="${2:-$VENV}"
+    if [ "$venv" = "$VENV" ]; then
+        [ -x "$VENV/bin/python" ] || make_venv "$VENV" "$(main_python)"
+    fi
+    local stamp="$venv/.deps-${extras//,/-}" want
     want="$(cksum < pyproject.toml)"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
         return 0
     fi
     local reqs
     # pyproject.toml is the single source of versions; tomllib is 3.11+, pip vendors tomli for 3.10.
-    reqs="$("$VENV/bin/python" - "$extras" "$NOT_FOR_TESTS" "$NO_DEPS_EXTRAS" <<'PY'
+    reqs="$("$venv/bin/python" - "$extras" "$NOT_FOR_TESTS" "$NO_DEPS_EXTRAS" <<'PY'
 import sys
 try:
     import tomllib
@@ -77,7 +118,7 @@ for extra in filter(None, wanted):
 print("\n".join(reqs))
 PY
 )"
-    say "installing into .venv: $(echo "$reqs" | tr '\n' ' ')"
+    say "installing into ${venv#"$ROOT"/}: $(echo "$reqs" | tr '\n' ' ')"
     local -a args=() nodeps=()
     while IFS= read -r line; do
         case "$line" in
@@ -86,14 +127,27 @@ PY
             *) args+=("$line") ;;
         esac
     done <<< "$reqs"
-    "$VENV/bin/python" -m pip install -q "${args[@]}"
+    "$venv/bin/python" -m pip install -q "${args[@]}"
     if [ "${#nodeps[@]}" -gt 0 ]; then
-        "$VENV/bin/python" -m pip install -q --no-deps "${nodeps[@]}"
+        "$venv/bin/python" -m pip install -q --no-deps "${nodeps[@]}"
     fi
     echo "$want" > "$stamp"
 }
 
+skills_cli_version() {  # the one place it is written: [tool.mfsdp] skills-cli in pyproject.toml
+    "$VENV/bin/python" - <<'PY'
+try:
+    import tomllib
+except ImportError:
+    from pip._vendor import tomli as tomllib
+with open("pyproject.toml", "rb") as fh:
+    print(tomllib.load(fh)["tool"]["mfsdp"]["skills-cli"])
+PY
+}
+
 setup_node() {
+    local SKILLS_CLI_VERSION
+    SKILLS_CLI_VERSION="$(skills_cli_version)"
     if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
             say "node/npm missing: installing Debian's nodejs and npm"
@@ -135,13 +189,11 @@ cmd_demo() {
     "$py" scripts/mfsdp.py check "$out/llama3_8b_fsdp.yaml"
 }
 
-cmd_test() {
-    setup_python "$TEST_EXTRAS"
-    setup_node
-    export PATH="$VENV/bin:$PATH"  # agentskills (skills-ref) for the install test
-    local rc=0
+run_pytest() {  # $1 = interpreter, rest = pytest arguments; exit 5 (nothing selected) is no failure
+    local py="$1" rc=0
+    shift
     # -ra: a summary line per skipped test with its reason (plus failures), so CI shows what did not run.
-    "$VENV/bin/python" -m pytest -ra "${@:-tests}" || rc=$?
+    "$py" -m pytest -ra "$@" || rc=$?
     if [ "$rc" -eq 5 ]; then
         say "pytest selected no test (exit 5): nothing failed; check the -k/-m selection"
         return 0
@@ -149,10 +201,56 @@ cmd_test() {
     return "$rc"
 }
 
+cmd_lint() {
+    setup_python "$TEST_EXTRAS"
+    say "ruff check, ruff format --check, mypy"
+    "$VENV/bin/ruff" check . || die "ruff check failed (ruff check --fix fixes many)"
+    "$VENV/bin/ruff" format --check . || die "ruff format --check failed (run: .venv/bin/ruff format .)"
+    "$VENV/bin/mypy" || die "mypy failed"
+}
+
+cmd_test310() {
+    local py="${PYTHON310:-}"
+    [ -n "$py" ] || py="$(find_python "$OLDEST_PY_VERSION")"
+    if [ -z "$py" ]; then
+        local msg="no Python $OLDEST_PY_VERSION found (set PYTHON310, or put python$OLDEST_PY_VERSION on PATH, or pyenv install $OLDEST_PY_VERSION)"
+        if [ "${CI:-}" = "true" ] || [ "${CI:-}" = "1" ]; then
+            die "$msg: CI runs the scripts' tests on the oldest Python they promise"
+        fi
+        say "warning: $msg; the scripts' tests did not run on Python $OLDEST_PY_VERSION"
+        return 0
+    fi
+    make_venv "$VENV310" "$py"
+    setup_python "$PY310_EXTRAS" "$VENV310"
+    say "the scripts' tests on $("$VENV310/bin/python" -V 2>&1)"
+    if [ "$#" -gt 0 ]; then
+        run_pytest "$VENV310/bin/python" "$@"
+    else
+        run_pytest "$VENV310/bin/python" -q "${PY310_TESTS[@]}"
+    fi
+}
+
+cmd_test() {
+    setup_python "$TEST_EXTRAS"
+    setup_node
+    export PATH="$VENV/bin:$PATH"  # agentskills (skills-ref) for the install test
+    cmd_lint
+    say "the test suite on $("$VENV/bin/python" -V 2>&1)"
+    if [ "$#" -gt 0 ]; then
+        run_pytest "$VENV/bin/python" "$@"
+        return
+    fi
+    local rc=0
+    run_pytest "$VENV/bin/python" tests || rc=$?
+    cmd_test310 || rc=$?  # runs even when the 3.12 suite failed: CI shows both
+    return "$rc"
+}
+
 cmd_sign() {
     setup_python "run,sign"
-    # The maintainers' key lives beside the checkout in ../shared/signing and never enters the repo.
-    local s="${MFSDP_SIGNING_DIR:-${MFSDP_SHARED_DIR:-$ROOT/../shared}/signing}"
+    # The release key never enters the repository: MFSDP_SIGNING_DIR names the folder that holds it (default:
+    # signing/ in $MFSDP_SHARED_DIR, else in a folder named shared beside the checkout).
+    local s="${MFSDP_SIGNING_DIR:-${MFSDP_SHARED_DIR:-$(dirname "$ROOT")/shared}/signing}"
     [ -f "$s/leaf.key.pem" ] || die "no signing key at $s/leaf.key.pem (set MFSDP_SIGNING_DIR=folder with leaf.key.pem)"
     "$VENV/bin/python" scripts/skill_signature.py sign --key "$s/leaf.key.pem" --cert "$s/leaf.crt.pem" \
         --chain "$s/ica.crt.pem" --chain "$s/root.crt.pem" "$ROOT"
@@ -167,9 +265,11 @@ cmd_benchmark_md() {
 case "${1:-}" in
     demo) shift; cmd_demo "$@" ;;
     test) shift; cmd_test "$@" ;;
+    lint) shift; cmd_lint ;;
+    test310) shift; cmd_test310 "$@" ;;
     sign) shift; cmd_sign "$@" ;;
     benchmark-md) shift; cmd_benchmark_md "$@" ;;
     setup) shift; setup_python "$TEST_EXTRAS"; setup_node; say "ready: .venv and .cache/node" ;;
-    -h|--help|help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' ;;
-    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    -h|--help|help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' ;;
+    *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -33,8 +33,8 @@ Sign or verify skill.oms.sig over every file of the skill.
 
 examples:
   # maintainers: re-sign after any change (same as: bash scripts/dev.sh sign)
-  skill_signature.py sign --key ../shared/signing/leaf.key.pem --cert ../shared/signing/leaf.crt.pem \\
-      --chain ../shared/signing/ica.crt.pem --chain ../shared/signing/root.crt.pem
+  skill_signature.py sign --key "$MFSDP_SIGNING_DIR/leaf.key.pem" --cert "$MFSDP_SIGNING_DIR/leaf.crt.pem" \\
+      --chain "$MFSDP_SIGNING_DIR/ica.crt.pem" --chain "$MFSDP_SIGNING_DIR/root.crt.pem"
   # users: verify an installed copy against the root you trust
   skill_signature.py verify --root signing/root.crt.pem .claude/skills/nemo-mbridge-perf-megatron-fsdp
   # list the files the signature covers

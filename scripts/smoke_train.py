@@ -244,7 +244,7 @@ def _jsonable(v):
 
 
 def run_our_check(yaml_path: str) -> dict:
-    """Our rules on the container's real to_yaml() output (role config's library)."""
+    """Our rules on the container's real to_yaml() output."""
     try:
         from mfsdp_lib import config_io, rules
     except ImportError as exc:
@@ -519,8 +519,8 @@ def _versions() -> dict:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        import torch  # noqa: F401
         import megatron.bridge  # noqa: F401
+        import torch  # noqa: F401
     except ImportError as exc:
         sys.stderr.write(f"smoke_train.py: needs torch and Megatron-Bridge on a CUDA machine ({exc})\n")
         return 2

@@ -67,7 +67,7 @@ def real_logs() -> list[Path]:
 
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
-    for dirpath, dirs, files in os.walk(dst):  # the shared originals are read-only
+    for dirpath, dirs, files in os.walk(dst):  # the originals may be read-only (an installed copy)
         for n in dirs + files:
             os.chmod(os.path.join(dirpath, n), 0o755 if n in dirs else 0o644)
     return dst

@@ -1,4 +1,4 @@
-"""Helpers for role `config`'s tests: reading dataclass facts out of the real wheels with ``ast``.
+"""Helpers for the config and rule tests: reading dataclass facts out of the real wheels with ``ast``.
 
 Bridge and Megatron-Core cannot be imported here (CUDA, Transformer Engine), so the
 tests parse their sources: a dataclass body's annotated assignments give the field
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
-FACTORY_LITERALS = {"dict": {}, "list": []}
+FACTORY_LITERALS: dict[str, object] = {"dict": {}, "list": []}
 
 
 def wheel_file(bridge_src: Path, mcore_src: Path, rel: str) -> Path:
@@ -22,7 +22,7 @@ def wheel_file(bridge_src: Path, mcore_src: Path, rel: str) -> Path:
     return root / rel
 
 
-@lru_cache(maxsize=None)
+@cache
 def parse(path: str) -> ast.Module:
     return ast.parse(Path(path).read_text(encoding="utf-8"))
 
@@ -92,15 +92,20 @@ def literal_choices(annotation: str) -> tuple | None:
 def field_docstring(path: Path, cls_name: str, field_name: str) -> str:
     """The string literal right after a field's declaration (its docstring), or ''."""
     cls = find_class(path, cls_name)
+    assert cls is not None, f"{path}: no class {cls_name}"
     body = cls.body
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, ast.AnnAssign) and getattr(stmt.target, "id", None) == field_name:
-            if i + 1 < len(body) and isinstance(body[i + 1], ast.Expr) and isinstance(body[i + 1].value, ast.Constant):
-                return str(body[i + 1].value.value)
+    for stmt, after in zip(body, body[1:], strict=False):  # each statement with the one after it
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and getattr(stmt.target, "id", None) == field_name
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+        ):
+            return str(after.value.value)
     return ""
 
 
-@lru_cache(maxsize=None)
+@cache
 def string_constants(path: str) -> tuple[str, ...]:
     """Every string constant (implicit concatenation joined; f-strings with {expr})."""
     out = []
@@ -112,7 +117,7 @@ def string_constants(path: str) -> tuple[str, ...]:
             for v in node.values:
                 if isinstance(v, ast.Constant):
                     parts.append(str(v.value))
-                else:
+                elif isinstance(v, ast.FormattedValue):
                     parts.append("{" + ast.unparse(v.value) + "}")
             out.append("".join(parts))
     return tuple(out)

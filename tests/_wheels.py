@@ -55,7 +55,7 @@ def _download(req: str, pattern: str, platform: str | None = None) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     found = sorted(CACHE.glob(pattern))
     if proc.returncode != 0 or not found:
-        pytest.skip(f"cannot download {req} (no registry?): {proc.stderr.strip().splitlines()[-1:]}")
+        pytest.fail(f"cannot download {req} (is PyPI reachable?): {proc.stderr.strip().splitlines()[-1:]}")
     return found[-1]
 
 

@@ -1,9 +1,13 @@
 """Shared test set-up.
 
 * ``scripts/`` is put on sys.path so tests import ``mfsdp_lib`` exactly as the CLI does.
-* ``shared_dir`` is ``../shared`` beside the skill root when present (it holds real
-  fixtures made on GPUs and the maintainers' signing material); tests that need it
-  skip cleanly when it is absent, e.g. in a user's installed copy.
+* Every input a test reads is in the repository (``tests/fixtures``, ``scripts/data``)
+  or made at test time (a throw-away certificate authority for signing: ``signing_keys``).
+  Two inputs cannot be shipped, and only the tests that need them may skip, saying why:
+  NVIDIA's signed skills (``nvidia_skills``: NVIDIA's files, not ours to redistribute)
+  and the release signing material (``release_signing``: the private key never leaves
+  its owners). Both are read from ``$MFSDP_SHARED_DIR`` (or a ``shared`` folder beside
+  the checkout) when present.
 * ``run_cli`` runs ``scripts/mfsdp.py`` in a subprocess, the way an agent does.
 """
 
@@ -46,10 +50,43 @@ def root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tests_dir() -> Path:
+    """The tests folder: ``tests_dir / "fixtures/..."`` is data shipped with the repository."""
+    return Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
 def shared_dir() -> Path:
+    """The whole external folder (kept for tests not yet moved to the fixtures below)."""
     if SHARED is None:
-        pytest.skip("../shared is absent (it holds the real GPU-run fixtures); nothing to test against")
+        pytest.skip("the external fixtures folder ($MFSDP_SHARED_DIR) is absent")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def nvidia_skills() -> Path:
+    """NVIDIA's own signed skills, as NVIDIA ships them: not redistributable, so never in the repository."""
+    folder = SHARED / "fixtures" / "nvidia-signed-skills" if SHARED is not None else None
+    if folder is None or not folder.is_dir():
+        pytest.skip("needs NVIDIA's signed skills, which are not ours to redistribute (set MFSDP_SHARED_DIR)")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def release_signing() -> Path:
+    """The folder with the release signing chain (and key); held by the skill's signers only."""
+    folder = SHARED / "signing" if SHARED is not None else None
+    if folder is None or not (folder / "root.crt.pem").is_file():
+        pytest.skip("needs the release signing material, held by the skill's signers only (set MFSDP_SHARED_DIR)")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def signing_keys(tmp_path_factory) -> dict:
+    """A throw-away root, intermediate and leaf made for this test session (``_helpers_ca``)."""
+    from _helpers_ca import make_chain
+
+    return make_chain(tmp_path_factory.mktemp("ca"))
 
 
 def run_cli(

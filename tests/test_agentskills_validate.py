@@ -5,7 +5,7 @@ controls show the validator really checks: a wrongly named folder and NVIDIA's o
 version (its ``when_to_use`` key) fail.
 
 Needs: ``pip install skills-ref==0.1.1``; for the ``skills add`` test the ``skills``
-CLI (npm ``skills@1.5.18``; 1.7.x needs Node 22) found as ``$SKILLS_CLI`` or on PATH.
+CLI (npm ``skills``, the version pinned in pyproject.toml; 1.7.x needs Node 22) found as ``$SKILLS_CLI`` or on PATH.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from _helpers_skill import ROOT
+from mfsdp_lib import SKILL_NAME
 
-NAME = "nemo-mbridge-perf-megatron-fsdp"
+NAME = SKILL_NAME
 # What a user's copy holds: the tracked skill files (no caches, no VCS metadata).
 SKIP_PARTS = {".git", ".pytest_cache", ".benchmarks", "__pycache__", ".hypothesis", "node_modules", ".venv"}
 
@@ -32,7 +33,9 @@ def _validator() -> list[str]:
     try:
         import skills_ref.cli  # noqa: F401
     except ImportError:
-        pytest.skip("skills-ref is not installed (pip install skills-ref==0.1.1)")
+        if sys.version_info < (3, 11):
+            pytest.skip("skills-ref (agentskills validate) needs Python 3.11+; this interpreter is older")
+        pytest.fail("skills-ref is not installed; bash scripts/dev.sh test installs it (the validate extra)")
     return [sys.executable, "-c", "import sys; from skills_ref.cli import main; sys.exit(main())"]
 
 
@@ -60,8 +63,8 @@ def test_validator_rejects_a_folder_not_named_after_the_skill(tmp_path):
     assert "must match skill name" in proc.stdout + proc.stderr
 
 
-def test_validator_rejects_nvidias_version_for_its_when_to_use_key(tmp_path, shared_dir):
-    theirs = shared_dir / "fixtures/nvidia-signed-skills" / NAME
+def test_validator_rejects_nvidias_version_for_its_when_to_use_key(tmp_path, nvidia_skills):
+    theirs = nvidia_skills / NAME
     dest = tmp_path / NAME
     shutil.copytree(theirs, dest)
     proc = _validate(dest)
@@ -69,9 +72,10 @@ def test_validator_rejects_nvidias_version_for_its_when_to_use_key(tmp_path, sha
 
 
 def _skills_cli() -> str:
-    cli = os.environ.get("SKILLS_CLI") or shutil.which("skills")
+    local = ROOT / ".cache" / "node" / "node_modules" / ".bin" / "skills"
+    cli = os.environ.get("SKILLS_CLI") or (str(local) if local.exists() else shutil.which("skills"))
     if not cli:
-        pytest.skip("the 'skills' CLI is not available (npm install skills@1.5.18; set SKILLS_CLI)")
+        pytest.fail("the 'skills' CLI is not installed; bash scripts/dev.sh test installs it into .cache/node")
     return cli
 
 

@@ -2,7 +2,7 @@
 
 ``benchmarks/results/gpu_*.json`` feed BENCHMARK.md; nothing in them may be typed by hand.
 These tests rebuild both files from the committed raw records and compare, and check the
-memory estimator's between-step figure against the measured one (issue 6's goal: within 10%).
+memory estimator's between-step figure against the measured one (the goal: within 10%).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ def test_overrides_win_over_file(tmp_path):
     assert cfg["checkpoint"]["ckpt_format"] == "fsdp_dtensor" and cfg["checkpoint"]["save"] == "/tmp/x"
 
 
-def test_real_run_config_loads(shared_dir):
-    cfg = config_io.load_effective(str(shared_dir / RUN_CONFIG))
+def test_real_run_config_loads(tests_dir):
+    cfg = config_io.load_effective(str(tests_dir / RUN_CONFIG))
     assert cfg["ddp"]["use_megatron_fsdp"] is True
     assert cfg["ddp"]["data_parallel_sharding_strategy"] == "optim_grads_params"
     assert cfg["checkpoint"]["ckpt_format"] == "fsdp_dtensor"
@@ -263,3 +263,8 @@ def test_input_without_a_size_is_bounded(tmp_path):
     with pytest.raises(InputError, match="too large"):
         config_io.read_text(str(fifo))
     writer.join(timeout=30)
+
+
+def test_embedded_default_is_the_real_recipe_dump(tests_dir, root):
+    dump = tests_dir / "fixtures" / "bridge-0.6.2-recipes" / "llama3_8b_pretrain_default.yaml"
+    assert (root / "scripts" / "data" / "llama3_8b_pretrain.yaml").read_bytes() == dump.read_bytes()

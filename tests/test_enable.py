@@ -25,12 +25,12 @@ def test_minimal_overrides_are_the_five():
     }
 
 
-def test_plan_on_recipe_reproduces_the_real_fixup(shared_dir):
+def test_plan_on_recipe_reproduces_the_real_fixup(tests_dir):
     """enable on the recipe with --save-dir gives exactly the fix-up the real Bridge validated."""
     cfg = config_io.load_effective(None)
     changes = enable.plan(cfg, save_dir="/workspace/fsdp_ckpts")
     result = enable.apply(cfg, changes)
-    fixup = config_io.load_effective(str(shared_dir / FIXUP), ["model.context_parallel_size=2"])
+    fixup = config_io.load_effective(str(tests_dir / FIXUP), ["model.context_parallel_size=2"])
     assert result == fixup
     assert _errors(result) == []
 
@@ -50,8 +50,8 @@ def test_plan_is_idempotent():
     assert [c.path for c in enable.plan(once)] == []
 
 
-def test_load_kept_when_already_fsdp_dtensor(shared_dir):
-    cfg = config_io.load_effective(str(shared_dir / FIXUP), ["checkpoint.load=/ckpt/fsdp"])
+def test_load_kept_when_already_fsdp_dtensor(tests_dir):
+    cfg = config_io.load_effective(str(tests_dir / FIXUP), ["checkpoint.load=/ckpt/fsdp"])
     assert "checkpoint.load" not in {c.path for c in enable.plan(cfg)}
 
 

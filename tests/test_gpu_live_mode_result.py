@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RAW = ROOT / "benchmarks" / "results" / "raw" / "gpu_live_mode_1xh200"
 RESULT = ROOT / "benchmarks" / "results" / "gpu_live_mode_1xh200.json"
 _spec = importlib.util.spec_from_file_location("gpu_live_mode_result", ROOT / "benchmarks" / "gpu_live_mode_result.py")
+assert _spec is not None and _spec.loader is not None
 glr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(glr)
 
@@ -21,7 +22,7 @@ def test_committed_result_is_rebuilt_from_the_raw_files(tmp_path):
 
 def test_rows_say_what_the_h200_said():
     doc = json.loads(RESULT.read_text())
-    rows = {r[0]: dict(zip(doc["columns"], r)) for r in doc["rows"]}
+    rows = {r[0]: dict(zip(doc["columns"], r, strict=True)) for r in doc["rows"]}
     # with a model shape, Bridge was reached and agreed with our rules every time
     for run in ("A0", "A", "B", "C", "D"):
         assert rows[run]["agreement"] == "agree", rows[run]

@@ -1,6 +1,6 @@
 """`npx skills add` for real: install this working tree with the npm `skills` CLI and use the copy.
 
-The CLI (pinned in scripts/dev.sh, installed into .cache/node by ``bash scripts/dev.sh test``) installs a
+The CLI (pinned by [tool.mfsdp] skills-cli in pyproject.toml, installed into .cache/node by ``bash scripts/dev.sh test``) installs a
 copy of the working tree's files (those git tracks or would commit) into a throw-away project,
 non-interactively and with telemetry off, exactly as a user would:
 
@@ -12,8 +12,6 @@ byte, minus exactly what the CLI skips by design (read from its source, ``copyDi
 it); scripts keep their executable bit; ``scripts/mfsdp.py --help`` and ``check`` run from the copy;
 ``agentskills validate`` (PyPI skills-ref) accepts it; a signature made over the source verifies on the
 installed copy.
-
-Until SKILL.md is merged from its owner's branch, a placeholder is written into the temporary copy only.
 """
 
 from __future__ import annotations
@@ -28,27 +26,28 @@ import sys
 
 import pytest
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: pip's own copy of the same parser
+    from pip._vendor import tomli as tomllib
+
 from mfsdp_lib.integrity import signature as sig
 
 pytestmark = pytest.mark.network  # the CLI comes from npm (cached in .cache/node after the first run)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SKILL = sig.SKILL_NAME
-PINNED_CLI = "1.5.18"  # keep in step with SKILLS_CLI_VERSION in scripts/dev.sh
+PINNED_CLI = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mfsdp"]["skills-cli"]
 PLANTED_SKIPS = ["scripts/__pycache__/junk.cpython-311.pyc", "tests/metadata.json", "__pypackages__/x/y.py"]
-PLACEHOLDER_SKILL_MD = (
-    f"---\nname: {SKILL}\ndescription: Placeholder written by tests/test_install.py "
-    "while SKILL.md is not merged yet.\n---\n\nPlaceholder.\n"
-)
 
 
 def _skills_cli() -> pathlib.Path:
     env = os.environ.get("MFSDP_SKILLS_CLI")
     cli = pathlib.Path(env) if env else ROOT / ".cache" / "node" / "node_modules" / ".bin" / "skills"
     if not cli.exists():
-        pytest.skip(f"npm 'skills' CLI not installed at {cli}; run: bash scripts/dev.sh test")
+        pytest.fail(f"npm 'skills' CLI not installed at {cli}; run: bash scripts/dev.sh test (it installs it)")
     if shutil.which("node") is None:
-        pytest.skip("node is not installed")
+        pytest.fail("node is not installed; the install test needs Node 18+ (bash scripts/dev.sh test says how)")
     return cli
 
 
@@ -80,8 +79,6 @@ def installed(tmp_path_factory):
     for rel in _source_files():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, src / rel)  # copy2 keeps the mode bits
-    if not (src / "SKILL.md").exists():
-        (src / "SKILL.md").write_text(PLACEHOLDER_SKILL_MD)
     for rel in PLANTED_SKIPS:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text("{}\n")
@@ -165,30 +162,22 @@ def test_check_runs_from_the_installed_copy(installed):
 def test_agentskills_validate_accepts_the_installed_copy(installed):
     exe = pathlib.Path(sys.executable).parent / "agentskills"
     tool = str(exe) if exe.exists() else shutil.which("agentskills")
-    if tool is None:
-        pytest.skip("agentskills (PyPI skills-ref, Python 3.11+) is not installed; bash scripts/dev.sh test does")
+    if tool is None and sys.version_info < (3, 11):
+        pytest.skip("agentskills (PyPI skills-ref) needs Python 3.11+; this interpreter is older")
+    assert tool is not None, "agentskills (PyPI skills-ref) is not installed; bash scripts/dev.sh test installs it"
     proc = subprocess.run([tool, "validate", str(installed["dest"])], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Valid skill" in proc.stdout
 
 
-def test_signature_made_on_the_source_verifies_on_the_installed_copy(installed, shared_dir, tmp_path):
-    pytest.importorskip("model_signing", reason="model-signing is not installed")
-    keys = shared_dir / "signing"
-    if not (keys / "leaf.key.pem").is_file():
-        pytest.skip("../shared/signing has no signing key")
+def test_signature_made_on_the_source_verifies_on_the_installed_copy(installed, signing_keys, tmp_path):
     # Sign a copy of the source as it was given to the installer, then compare with what was installed:
     # the signed set must be exactly what the CLI installs (planted skips included).
     src = tmp_path / SKILL
     shutil.copytree(installed["src"], src)
-    sig.sign(
-        src,
-        str(keys / "leaf.key.pem"),
-        str(keys / "leaf.crt.pem"),
-        [str(keys / "ica.crt.pem"), str(keys / "root.crt.pem")],
-    )
+    sig.sign(src, str(signing_keys["key"]), str(signing_keys["cert"]), [str(c) for c in signing_keys["chain"]])
     dest = tmp_path / "installed" / SKILL
     shutil.copytree(installed["dest"], dest)
     shutil.copy2(src / sig.SIGNATURE_NAME, dest / sig.SIGNATURE_NAME)
-    ok = sig.verify(dest, str(keys / "root.crt.pem"))
+    ok = sig.verify(dest, str(signing_keys["root"]))
     assert ok.files == sorted(_tree(installed["dest"]))

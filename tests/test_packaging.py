@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,10 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 DEV = (ROOT / "scripts" / "dev.sh").read_text(encoding="utf-8")
 CI = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli")
+else:  # Python 3.10: pip's own copy of the same parser
+    from pip._vendor import tomli as tomllib
 
 
 def _two_commands() -> list[str]:
@@ -57,18 +58,38 @@ def test_extras_used_by_dev_sh_exist_and_are_pinned():
             assert "==" in req, f"extra {name}: {req} is not pinned"
 
 
-def test_skills_cli_pin_is_the_same_everywhere():
-    m = re.search(r'^SKILLS_CLI_VERSION="([0-9.]+)"', DEV, re.M)
-    assert m
-    install_test = (ROOT / "tests" / "test_install.py").read_text()
-    assert f'PINNED_CLI = "{m.group(1)}"' in install_test
-    assert f"npm `skills` | {m.group(1)}" in README
+def skills_cli_version() -> str:
+    """The one place the npm `skills` CLI version is written: [tool.mfsdp] skills-cli in pyproject.toml."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mfsdp"]["skills-cli"]
+
+
+def test_skills_cli_version_has_one_source():
+    version = skills_cli_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version)
+    assert "skills_cli_version" in DEV and not re.search(r'SKILLS_CLI_VERSION="[0-9.]', DEV), "dev.sh must read it"
+    # README states it for readers; it must say the same.
+    assert f"npm `skills` | {version}" in README and f"npx skills@{version} add" in README
+    for other in re.findall(r"skills@(\d+\.\d+\.\d+)", README):
+        assert other == version, f"README names skills@{other}, pyproject.toml pins {version}"
+
+
+def test_ci_runs_lint_types_and_both_pythons():
+    """CI runs README's test command; that command lints, type-checks and runs Python 3.12 and 3.10."""
+    assert "cmd_lint" in DEV.split("cmd_test() {", 1)[1].split("\n}", 1)[0]
+    assert "cmd_test310" in DEV.split("cmd_test() {", 1)[1].split("\n}", 1)[0]
+    assert re.search(r'^MAIN_PY_VERSION="3\.12"', DEV, re.M) and re.search(r'^OLDEST_PY_VERSION="3\.10"', DEV, re.M)
+    assert "CI=" in CI or "export CI" in CI, ".ci/run must mark the run as CI so a missing Python 3.10 fails"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert {"ruff", "mypy"} == {r.split("==")[0] for r in pyproject["project"]["optional-dependencies"]["lint"]}
+    assert (
+        pyproject["tool"]["ruff"]["target-version"] == "py310" and pyproject["tool"]["mypy"]["python_version"] == "3.10"
+    )
 
 
 def test_dev_sh_treats_an_empty_selection_as_no_failure():
     """pytest exits 5 when a selection runs no test; dev.sh (and so .ci/run) must not fail on it."""
     if not (ROOT / ".venv" / "bin" / "python").exists():
-        pytest.skip(".venv is not set up (bash scripts/dev.sh test sets it up)")
+        pytest.fail(".venv is not set up: run the suite with bash scripts/dev.sh test, which sets it up")
     proc = subprocess.run(
         [
             "bash",
@@ -97,7 +118,7 @@ def test_line_endings_are_pinned():
 def test_demo_runs_twice():
     """README: 'A second run skips the set-up.' The second demo stopped at 'enable -o ... exists' (exit 2)."""
     if not (ROOT / ".venv" / "bin" / "python").exists():
-        pytest.skip(".venv is not set up (bash scripts/dev.sh test sets it up)")
+        pytest.fail(".venv is not set up: run the suite with bash scripts/dev.sh test, which sets it up")
     for attempt in (1, 2):
         proc = subprocess.run(
             ["bash", str(ROOT / "scripts" / "dev.sh"), "demo"], capture_output=True, text=True, timeout=600

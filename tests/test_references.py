@@ -11,7 +11,7 @@ import re
 import pytest
 import yaml
 
-from _helpers_skill import ROOT, exists_or_pending, headings, read, relative_links
+from _helpers_skill import ROOT, headings, read, relative_links
 
 MY_REFERENCES = ["checkpoints.md", "fsdp2.md", "smoke-test.md", "troubleshooting.md"]
 DOCS = ["SKILL.md", "skill-card.md", *[f"references/{n}" for n in MY_REFERENCES]]
@@ -19,21 +19,18 @@ TOC_OVER_LINES = 60  # "a short table of contents when long"
 LINKS = [(doc, link) for doc in DOCS for link in relative_links(read(doc))]
 
 
-@pytest.mark.parametrize("doc,link", LINKS, ids=[f"{d}->{l}" for d, l in LINKS])
+@pytest.mark.parametrize("doc,link", LINKS, ids=[f"{d}->{link}" for d, link in LINKS])
 def test_relative_link_resolves(doc, link):
     path, _, frag = link.partition("#")
     target = (ROOT / doc).parent / path if path else ROOT / doc
     rel = target.resolve().relative_to(ROOT.resolve()).as_posix()
-    exists, pending = exists_or_pending(rel)
-    if not exists:
-        assert pending, f"{doc}: link to missing {link}"
-        pytest.skip(f"{rel} comes from role {pending} at merge")
+    assert target.exists(), f"{doc}: link to missing {link}"
     if frag and target.is_file():
         assert frag in headings(target.read_text()), f"{doc}: no heading #{frag} in {rel}"
 
 
 def test_skill_md_routes_to_every_reference():
-    links = {l.split("#")[0] for l in relative_links(read("SKILL.md"))}
+    links = {link.split("#")[0] for link in relative_links(read("SKILL.md"))}
     for name in MY_REFERENCES + ["rules.md", "memory.md"]:
         assert f"references/{name}" in links, f"SKILL.md never says when to read references/{name}"
 
@@ -84,8 +81,8 @@ def test_recipes_default_to_torch_dist_with_save_and_load(bridge_src):
     assert ckpt_calls and all({"save", "load", "ckpt_format"} <= kw for kw in ckpt_calls)
 
 
-def test_real_recipe_dump_shows_the_same_defaults(shared_dir):
-    cfg = yaml.safe_load((shared_dir / "fixtures/bridge-0.6.2-recipes/llama3_8b_pretrain_default.yaml").read_text())
+def test_real_recipe_dump_shows_the_same_defaults(tests_dir):
+    cfg = yaml.safe_load((tests_dir / "fixtures/bridge-0.6.2-recipes/llama3_8b_pretrain_default.yaml").read_text())
     assert cfg["checkpoint"]["ckpt_format"] == "torch_dist"
     assert cfg["checkpoint"]["save"] and cfg["checkpoint"]["load"]
     assert cfg["ddp"]["use_megatron_fsdp"] is False and cfg["ddp"]["data_parallel_sharding_strategy"] == "no_shard"

@@ -23,6 +23,10 @@ Where things live (a newcomer should find a rule, a memory term or a command in 
 
 __version__ = "0.1.0"
 
+# The skill's name: SKILL.md's frontmatter name, the installed folder's name, the signature's subject.
+# The one constant in code; tests/test_skill_md.py holds SKILL.md, pyproject.toml and the cards to it.
+SKILL_NAME = "nemo-mbridge-perf-megatron-fsdp"
+
 # The versions every fact in this skill was checked against.
 PINNED_BRIDGE = "0.6.2"
 PINNED_MCORE = "0.19.2"

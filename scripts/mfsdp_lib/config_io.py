@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from . import schema as S
 from .findings import InputError
@@ -77,7 +77,7 @@ def one_line(text: str) -> str:
     return _BREAKS.sub(" ", str(text)).strip()
 
 
-def _err(msg: str) -> InputError:
+def input_error(msg: str) -> InputError:
     """An InputError whose message is guaranteed to be a single line."""
     return InputError(one_line(msg))
 
@@ -88,32 +88,32 @@ def _err(msg: str) -> InputError:
 def read_text(path: str) -> str:
     """The file's text, or InputError naming what is wrong with it."""
     if "\x00" in path:
-        raise _err(f"{path!r}: not a valid file name (contains a NUL byte)")
+        raise input_error(f"{path!r}: not a valid file name (contains a NUL byte)")
     if os.path.isdir(path):
-        raise _err(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
+        raise input_error(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
     try:
         size = os.path.getsize(path)
         if size > MAX_FILE_BYTES:
-            raise _err(f"{path}: {size} bytes is too large for a config file")
+            raise input_error(f"{path}: {size} bytes is too large for a config file")
         with open(path, "rb") as fh:
             data = fh.read(MAX_FILE_BYTES + 1)  # bounded: /dev/zero or an endless pipe has no size to check
         if len(data) > MAX_FILE_BYTES:
-            raise _err(f"{path}: more than {MAX_FILE_BYTES} bytes is too large for a config file")
+            raise input_error(f"{path}: more than {MAX_FILE_BYTES} bytes is too large for a config file")
     except FileNotFoundError:
-        raise _err(f"{path}: no such file") from None
+        raise input_error(f"{path}: no such file") from None
     except PermissionError:
-        raise _err(f"{path}: permission denied") from None
+        raise input_error(f"{path}: permission denied") from None
     except (OSError, ValueError) as exc:
-        raise _err(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        raise input_error(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _err(f"{path}: not UTF-8 text (byte {exc.start}); is this a YAML file?") from None
+        raise input_error(f"{path}: not UTF-8 text (byte {exc.start}); is this a YAML file?") from None
 
 
 def _need_yaml() -> None:
     if yaml is None:
-        raise _err(
+        raise input_error(
             "PyYAML is not installed for this Python; install it with: "
             f"{os.path.basename(sys.executable) or 'python3'} -m pip install PyYAML"
         )
@@ -123,29 +123,31 @@ def parse_yaml(text: str, name: str) -> dict:
     """Parse YAML text into a mapping; InputError with the line for syntax errors."""
     _need_yaml()
     if "\x00" in text:
-        raise _err(f"{name}: contains NUL bytes; not a YAML file")
+        raise input_error(f"{name}: contains NUL bytes; not a YAML file")
     try:
         if yaml_depth(text) > MAX_YAML_DEPTH:
-            raise _err(f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge config")
+            raise input_error(f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge config")
         data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         what = (exc.problem or exc.context or "syntax error").strip()
-        raise _err(f"{name}: YAML syntax error at {where}: {what}") from None
+        raise input_error(f"{name}: YAML syntax error at {where}: {what}") from None
     except yaml.YAMLError as exc:
-        raise _err(f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise input_error(
+            f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     except (RecursionError, ValueError, OverflowError) as exc:
-        raise _err(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
+        raise input_error(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise _err(
+        raise input_error(
             f"{name}: the top level must be a mapping of sections (ddp:, checkpoint:, ...), found a {_yaml_type(data)}"
         )
     for k in data:
         if not isinstance(k, str):
-            raise _err(f"{name}: top-level key {k!r} is not a section name")
+            raise input_error(f"{name}: top-level key {k!r} is not a section name")
     return data
 
 
@@ -176,7 +178,7 @@ def embedded_default() -> dict:
     global _embedded_cache
     _need_yaml()
     if _embedded_cache is None:
-        with open(EMBEDDED_DEFAULT, "r", encoding="utf-8") as fh:
+        with open(EMBEDDED_DEFAULT, encoding="utf-8") as fh:
             _embedded_cache = yaml.load(fh.read(), Loader=_Loader)
     return _embedded_cache
 
@@ -209,12 +211,12 @@ def parse_value(text: str):
 def parse_override(item: str) -> tuple[str, object]:
     """``section.key=value`` (also ``+section.key=value`` / ``++...``) -> (dotted path, value)."""
     if not isinstance(item, str) or "=" not in item:
-        raise _err(f"override {item!r}: expected section.key=value (e.g. ddp.use_megatron_fsdp=true)")
+        raise input_error(f"override {item!r}: expected section.key=value (e.g. ddp.use_megatron_fsdp=true)")
     path, _, value = item.partition("=")
     path = path.strip().lstrip("+")
     parts = path.split(".")
     if not path or not all(_KEY.match(p) for p in parts):
-        raise _err(f"override {item!r}: '{path}' is not a dotted key like ddp.use_megatron_fsdp")
+        raise input_error(f"override {item!r}: '{path}' is not a dotted key like ddp.use_megatron_fsdp")
     return path, parse_value(value)
 
 
@@ -224,7 +226,7 @@ def parse_env(items: Sequence[str]) -> dict:
     for item in items or ():
         name, sep, value = str(item).partition("=")
         if not sep or not _ENV_NAME.match(name):
-            raise _err(f"--env {item!r}: expected NAME=VALUE (e.g. --env CUDA_DEVICE_MAX_CONNECTIONS=32)")
+            raise input_error(f"--env {item!r}: expected NAME=VALUE (e.g. --env CUDA_DEVICE_MAX_CONNECTIONS=32)")
         out[name] = value
     return out
 
@@ -274,7 +276,7 @@ def coerce(path: str, value, where: str = ""):
     if value is None:
         if nullable or path in S.REQUIRED:
             return None
-        raise _err(f"{loc}{path}=null is not allowed: expected {_article(typ)}")
+        raise input_error(f"{loc}{path}=null is not allowed: expected {_article(typ)}")
     bad = f"{loc}{path}={value!r}: expected {_article(typ)}"
     if typ == S.BOOL:
         if isinstance(value, bool):
@@ -289,43 +291,41 @@ def coerce(path: str, value, where: str = ""):
                 return True
             if s.lower() in _FALSE:
                 return False
-        raise _err(f"{bad} (true/false, yes/no, on/off or an integer)")
+        raise input_error(f"{bad} (true/false, yes/no, on/off or an integer)")
     if typ == S.INT:
         if isinstance(value, bool):
-            raise _err(f"{bad}, found a bool")
+            raise input_error(f"{bad}, found a bool")
         if isinstance(value, int):
             return value
         if isinstance(value, str) and _INT.match(value.strip()):
             return int(value.strip())
-        raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
+        raise input_error(f"{bad}, found {_yaml_type(value)} {value!r}")
     if typ == S.FLOAT:
         if isinstance(value, bool):
-            raise _err(f"{bad}, found a bool")
+            raise input_error(f"{bad}, found a bool")
         if isinstance(value, (int, float)):
             return float(value)
         if isinstance(value, str) and _FLOAT.match(value.strip()):
             return float(value.strip())
-        raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
+        raise input_error(f"{bad}, found {_yaml_type(value)} {value!r}")
     if typ == S.STR:
         if isinstance(value, (dict, list)):
-            raise _err(f"{bad}, found a {_yaml_type(value)}")
-        if isinstance(value, bool):  # OmegaConf's StringNode stores str(True) == "True"
-            value = str(value)
-        elif not isinstance(value, str):
+            raise input_error(f"{bad}, found a {_yaml_type(value)}")
+        if isinstance(value, bool) or not isinstance(value, str):  # OmegaConf's StringNode stores str(True) == "True"
             value = str(value)
         if choices is not None and value not in choices:
-            raise _err(
+            raise input_error(
                 f"{loc}{path}={value!r} is not one of {', '.join(choices)}"
                 f"{_did_you_mean(value, choices)}; Bridge would accept it silently and fail later"
             )
         return value
     if typ == S.LIST:
         if not isinstance(value, list):
-            raise _err(f"{bad}, found {_yaml_type(value)} {value!r}")
+            raise input_error(f"{bad}, found {_yaml_type(value)} {value!r}")
         return value
     if typ == S.DICT:
         if not isinstance(value, dict):
-            raise _err(f"{bad}, found a {_yaml_type(value)}")
+            raise input_error(f"{bad}, found a {_yaml_type(value)}")
         return value
     return value
 
@@ -333,12 +333,12 @@ def coerce(path: str, value, where: str = ""):
 def _check_env_vars(value, where: str) -> None:
     loc = f"{where}: " if where else ""
     if not isinstance(value, dict):
-        raise _err(f"{loc}env_vars must be a mapping NAME: value, found a {_yaml_type(value)}")
+        raise input_error(f"{loc}env_vars must be a mapping NAME: value, found a {_yaml_type(value)}")
     for name, v in value.items():
         if not isinstance(name, str) or not name:
-            raise _err(f"{loc}env_vars: variable names must be non-empty strings, found {name!r}")
+            raise input_error(f"{loc}env_vars: variable names must be non-empty strings, found {name!r}")
         if not isinstance(v, (str, int, float, bool)):
-            raise _err(
+            raise input_error(
                 f"{loc}env_vars.{name}: must be a scalar, found a {_yaml_type(v)} "
                 "(Bridge's apply_environment_variables raises TypeError)"
             )
@@ -366,7 +366,7 @@ def validate_section(section: str, value, where: str):
     """Check and coerce one top-level section of a file; returns the coerced value."""
     loc = f"{where}: " if where else ""
     if section not in S.CONTAINER_KEYS and section != "_target_":
-        raise _err(
+        raise input_error(
             f"{loc}unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}; "
             f"sections are {', '.join(sorted(S.CONTAINER_KEYS))}"
         )
@@ -381,29 +381,29 @@ def validate_section(section: str, value, where: str):
             return None
         if isinstance(value, str):
             if value not in S.MIXED_PRECISION_PRESETS:
-                raise _err(
+                raise input_error(
                     f"{loc}mixed_precision={value!r} is not a Bridge preset"
                     f"{_did_you_mean(value, S.MIXED_PRECISION_PRESETS)} (Bridge raises ValueError "
                     "'Unknown mixed-precision recipe')"
                 )
             return value
         if not isinstance(value, dict):
-            raise _err(f"{loc}mixed_precision must be a preset name or a mapping, found a {_yaml_type(value)}")
+            raise input_error(f"{loc}mixed_precision must be a preset name or a mapping, found a {_yaml_type(value)}")
     if value is None:
         if section in ("ddp", "dist", "checkpoint", "train", "model", "optimizer"):
-            raise _err(f"{loc}section '{section}' is null; Bridge needs it (give a mapping or leave it out)")
+            raise input_error(f"{loc}section '{section}' is null; Bridge needs it (give a mapping or leave it out)")
         return None
     if not isinstance(value, dict):
         if any(p.startswith(section + ".") for p in S.FIELDS) or section in ("ddp", "dist", "checkpoint"):
-            raise _err(f"{loc}section '{section}' must be a mapping of keys, found a {_yaml_type(value)}")
+            raise input_error(f"{loc}section '{section}' must be a mapping of keys, found a {_yaml_type(value)}")
         return value
     known = _known_keys(section, value)
     out = {}
     for key, v in value.items():
         if not isinstance(key, str):
-            raise _err(f"{loc}{section}: key {key!r} is not a field name")
+            raise input_error(f"{loc}{section}: key {key!r} is not a field name")
         if known is not None and key not in known:
-            raise _err(f"{loc}unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
+            raise input_error(f"{loc}unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
         out[key] = coerce(f"{section}.{key}", v, where)
     return out
 
@@ -416,10 +416,10 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         cfg[section] = validate_section(section, value, where)
         return
     if section not in S.CONTAINER_KEYS:
-        raise _err(f"{where} {path}: unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}")
+        raise input_error(f"{where} {path}: unknown section '{section}'{_did_you_mean(section, S.CONTAINER_KEYS)}")
     if section == "env_vars":
         if len(parts) != 2:
-            raise _err(f"{where} {path}: env_vars takes env_vars.NAME=value")
+            raise input_error(f"{where} {path}: env_vars takes env_vars.NAME=value")
         env = dict(cfg.get("env_vars") or {})
         env[parts[1]] = value  # null is refused below, as Bridge's apply_environment_variables does
         _check_env_vars(env, where)
@@ -429,7 +429,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
     if section == "mixed_precision" and isinstance(node, str):
         # Bridge holds a preset as a plain string until runtime_config_update(); a Hydra override of
         # one of its fields fails there too (a string has no keys). Say how to do it instead.
-        raise _err(
+        raise input_error(
             f"{where} {path}: mixed_precision is the preset '{node}', not a mapping; choose another "
             f"preset (mixed_precision=NAME) or write the whole mapping with _target_: "
             f"megatron.bridge.training.mixed_precision.MixedPrecisionConfig"
@@ -438,9 +438,9 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         if section in ("mixed_precision", "comm_overlap"):
             node = {}
         else:
-            raise _err(f"{where} {path}: section '{section}' is null in the config")
+            raise input_error(f"{where} {path}: section '{section}' is null in the config")
     if not isinstance(node, dict):
-        raise _err(f"{where} {path}: section '{section}' is a {_yaml_type(node)}, not a mapping")
+        raise input_error(f"{where} {path}: section '{section}' is a {_yaml_type(node)}, not a mapping")
     node = dict(node)
     if len(parts) > 2:
         # Deeper keys (model.some_struct.field): navigate existing mappings only.
@@ -448,7 +448,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         for p in parts[1:-1]:
             nxt = cur.get(p)
             if not isinstance(nxt, dict):
-                raise _err(f"{where} {path}: '{p}' is not a mapping in section '{section}'")
+                raise input_error(f"{where} {path}: '{p}' is not a mapping in section '{section}'")
             cur[p] = nxt = dict(nxt)
             cur = nxt
         cur[parts[-1]] = value
@@ -457,7 +457,7 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
     key = parts[1]
     known = _known_keys(section, node)
     if known is not None and key not in known:
-        raise _err(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
+        raise input_error(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
     node[key] = coerce(path, value, f"{where} {path}".strip())
     cfg[section] = node
 
@@ -562,12 +562,12 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
 
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
-        raise _err(f"{path}: folder {folder} does not exist")
+        raise input_error(f"{path}: folder {folder} does not exist")
     bak = None
     mode = None
     if os.path.exists(path):
         if os.path.isdir(path):
-            raise _err(f"{path}: is a directory")
+            raise input_error(f"{path}: is a directory")
         mode = os.stat(path).st_mode & 0o777
         if backup:
             import shutil
@@ -580,13 +580,13 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
             try:
                 shutil.copy2(path, bak)
             except OSError as exc:  # read-only folder, name too long, disk full: the user's input, not a bug
-                raise _err(
+                raise input_error(
                     f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written"
                 ) from None
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     except OSError as exc:
-        raise _err(f"{path}: cannot write in {folder}: {exc.strerror or exc}") from None
+        raise input_error(f"{path}: cannot write in {folder}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -601,6 +601,6 @@ def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
         except OSError:
             pass
         if isinstance(exc, OSError):  # disk full, quota: one line, and the old file is untouched
-            raise _err(f"{path}: cannot write ({exc.strerror or exc}); the file was left as it was") from None
+            raise input_error(f"{path}: cannot write ({exc.strerror or exc}); the file was left as it was") from None
         raise
     return bak

@@ -30,7 +30,7 @@ the caller is told that comments were lost.
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from . import config_io, rules
 from . import schema as S
@@ -119,7 +119,7 @@ def plan(
 ) -> list[Change]:
     """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied."""
     if strategy not in STRATEGIES:
-        raise config_io._err(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        raise config_io.input_error(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     work = _deep_copy(cfg)
     changes: list[Change] = []
 
@@ -255,15 +255,15 @@ def apply_to_object(obj, overrides: Mapping[str, object]) -> None:
                 target = target.setdefault(p, {})
                 continue
             if not hasattr(target, p):
-                raise config_io._err(f"{path}: {type(target).__name__} has no attribute '{p}'")
+                raise config_io.input_error(f"{path}: {type(target).__name__} has no attribute '{p}'")
             target = getattr(target, p)
             if target is None:
-                raise config_io._err(f"{path}: '{p}' is None in this config; set it to a config object first")
+                raise config_io.input_error(f"{path}: '{p}' is None in this config; set it to a config object first")
         last = parts[-1]
         if isinstance(target, dict):
             target[last] = value
         elif not hasattr(target, last):
-            raise config_io._err(f"{path}: {type(target).__name__} has no attribute '{last}'")
+            raise config_io.input_error(f"{path}: {type(target).__name__} has no attribute '{last}'")
         else:
             setattr(target, last, value)
 
@@ -336,6 +336,14 @@ class NeedsRedump(Exception):
 _TOP = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):(.*)$")
 
 
+def _top_rest(line: str, path: str) -> str:
+    """What follows ``section:`` on a top-level line (found by ``_TOP`` before; re-dump if it no longer matches)."""
+    m = _TOP.match(line.rstrip("\r\n"))
+    if m is None:
+        raise NeedsRedump(path)
+    return m.group(2)
+
+
 def _is_content(line: str) -> bool:
     s = line.strip()
     return bool(s) and not s.startswith("#")
@@ -367,7 +375,7 @@ def _edit_one(lines: list[str], path: str, value) -> list[str]:
             if lines and not lines[-1].endswith("\n"):
                 lines[-1] += nl
             return lines + [f"{sec}: {scalar}{nl}"]
-        rest = _TOP.match(lines[sec_idx].rstrip("\r\n")).group(2)
+        rest = _top_rest(lines[sec_idx], path)
         val, comment = _split_comment(rest)
         if not val.strip() or val.strip().startswith(("|", ">", "&", "!")):
             raise NeedsRedump(path)
@@ -378,7 +386,7 @@ def _edit_one(lines: list[str], path: str, value) -> list[str]:
         if lines and not lines[-1].endswith("\n"):
             lines[-1] += nl
         return lines + [f"{sec}:{nl}", f"  {key}: {scalar}{nl}"]
-    rest = _TOP.match(lines[sec_idx].rstrip("\r\n")).group(2)
+    rest = _top_rest(lines[sec_idx], path)
     val, comment = _split_comment(rest)
     if val.strip():
         if val.strip() in ("null", "~", "{}"):

@@ -13,10 +13,8 @@ one, 2 unusable input (raised as ``InputError`` and printed as one line).
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -54,23 +52,42 @@ def oserror_to_input(path: str, exc: OSError, doing: str = "") -> InputError:
     return InputError(f"{path}: {doing} ({what})" if doing else f"{path}: {what}")
 
 
-@dataclass
 class Finding:
-    rule: str  # stable id, e.g. "MFSDP-CKPT-FORMAT"; never reused for another meaning
-    severity: str  # one of SEVERITIES
-    path: str  # dotted config key (``checkpoint.ckpt_format``), env var (``env.CUDA_DEVICE_MAX_CONNECTIONS``) or file
-    message: str  # names the value found
-    fix: str  # a concrete change, ideally a ``key=value`` the user can paste
-    extra: dict = field(default_factory=dict)  # optional machine-readable details (source anchor, values)
+    """One problem found, with its fix.
 
-    def __post_init__(self) -> None:
-        if self.severity not in SEVERITIES:
-            raise ValueError(f"bad severity {self.severity!r}")
+    A plain class rather than a dataclass: ``dataclasses`` imports ``inspect``, which alone
+    costs about half an interpreter start-up, and ``check`` must start fast.
+    """
+
+    __slots__ = ("rule", "severity", "path", "message", "fix", "extra")
+
+    def __init__(self, rule: str, severity: str, path: str, message: str, fix: str, extra: dict | None = None):
+        if severity not in SEVERITIES:
+            raise ValueError(f"bad severity {severity!r}")
+        self.rule = rule  # stable id, e.g. "MFSDP-CKPT-FORMAT"; never reused for another meaning
+        self.severity = severity  # one of SEVERITIES
+        # dotted config key (``checkpoint.ckpt_format``), env var (``env.CUDA_DEVICE_MAX_CONNECTIONS``) or file
+        self.path = path
+        self.message = message  # names the value found
+        self.fix = fix  # a concrete change, ideally a ``key=value`` the user can paste
+        self.extra: dict = {} if extra is None else extra  # machine-readable details (source anchor, values)
+
+    def _key(self) -> tuple:
+        return (self.rule, self.severity, self.path, self.message, self.fix, self.extra)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Finding) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        return "Finding(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        extra = d.pop("extra")
-        d.update({k: v for k, v in extra.items() if k not in d})
+        import copy
+
+        d = {"rule": self.rule, "severity": self.severity, "path": self.path, "message": self.message, "fix": self.fix}
+        d.update({k: copy.deepcopy(v) for k, v in self.extra.items() if k not in d})
         return d
 
 
@@ -109,4 +126,6 @@ def render_json(findings: list[Finding], out=None, **extra) -> None:
     out = out or sys.stdout
     obj = {"ok": not has_errors(findings), "findings": [f.to_dict() for f in sort_findings(findings)]}
     obj.update(extra)
+    import json  # only for --format json: text output (the common case) starts without it
+
     out.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")

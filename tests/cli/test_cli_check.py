@@ -16,28 +16,28 @@ def _json(proc):
     return json.loads(proc.stdout)
 
 
-def test_real_run_config_accepted(cli, shared_dir):
+def test_real_run_config_accepted(cli, tests_dir):
     """The run_config.yaml of a real Megatron FSDP training run passes (exit 0)."""
-    p = cli("check", str(shared_dir / RUN_CONFIG), *CLEAN_ENV, "--format", "json")
+    p = cli("check", str(tests_dir / RUN_CONFIG), *CLEAN_ENV, "--format", "json")
     assert p.returncode == 0, p.stdout + p.stderr
     out = _json(p)
     assert out["ok"] is True and out["megatron_fsdp"] is True
     assert all(f["severity"] != "error" for f in out["findings"])
 
 
-def test_checkpoint_folder_means_its_run_config(cli, shared_dir):
-    folder = shared_dir / RUN_CONFIG.rsplit("/", 1)[0]
+def test_checkpoint_folder_means_its_run_config(cli, tests_dir):
+    folder = tests_dir / RUN_CONFIG.rsplit("/", 1)[0]
     p = cli("check", str(folder), *CLEAN_ENV, "--format", "json")
     assert p.returncode == 0 and _json(p)["config"].endswith("run_config.yaml")
 
 
-def test_real_fixup_valid_and_two_flags_rejected_as_bridge_did(cli, shared_dir):
+def test_real_fixup_valid_and_two_flags_rejected_as_bridge_did(cli, tests_dir):
     """Bridge validated the fix-up and raised the checkpoint-format assert on the two-flag version."""
-    fixup = cli("check", str(shared_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml"), *CLEAN_ENV)
+    fixup = cli("check", str(tests_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml"), *CLEAN_ENV)
     assert fixup.returncode == 0, fixup.stdout + fixup.stderr
     two = cli(
         "check",
-        str(shared_dir / RECIPES / "llama3_8b_pretrain_default.yaml"),
+        str(tests_dir / RECIPES / "llama3_8b_pretrain_default.yaml"),
         "dist.use_megatron_fsdp=True",
         "ddp.use_megatron_fsdp=True",
         *CLEAN_ENV,
@@ -165,7 +165,7 @@ def test_base_layers_a_partial_file_on_the_recipe(cli, tmp_path):
 
 
 def _trained_run_configs(root):
-    """run_config.yaml files that real Bridge jobs trained with (role gpu's runs on an H200)."""
+    """run_config.yaml files that real Bridge jobs trained with (the recorded H200 runs)."""
     return sorted(
         list((root / "benchmarks" / "results" / "raw").glob("**/run_config.yaml"))
         + list((root / "tests" / "fixtures" / "gpu-run").glob("**/run_config.yaml"))
@@ -176,8 +176,7 @@ def test_every_config_that_really_trained_passes(root):
     from mfsdp_lib import config_io, rules
 
     paths = _trained_run_configs(root)
-    if not paths:
-        pytest.skip("no run_config.yaml from real GPU runs in this checkout (role gpu adds them)")
+    assert paths, "no run_config.yaml from real GPU runs in this checkout: the evidence for this test is missing"
     for p in paths:
         found = rules.evaluate(config_io.load_effective(str(p)), {"PATH": "/usr/bin"})
         errors = [f.rule for f in found if f.severity == "error"]

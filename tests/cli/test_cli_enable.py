@@ -19,7 +19,7 @@ def test_yaml_output_passes_check_and_changes_only_what_it_says(cli, tmp_path, r
     before = (root / "scripts/data/llama3_8b_pretrain.yaml").read_text().splitlines()
     after = out.read_text().splitlines()
     assert len(before) == len(after)  # edited in place: same lines, same order
-    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
     assert len(changed) == 7, changed  # 5 minimal + save + load
     assert cli("check", str(out), *CLEAN_ENV).returncode == 0
 
@@ -44,12 +44,12 @@ def test_every_emit_form(cli, emit):
         assert yaml.safe_load(p.stdout)["ddp"]["use_megatron_fsdp"] is True
 
 
-def test_real_run_config_needs_no_change(cli, shared_dir):
-    p = cli("enable", str(shared_dir / RUN_CONFIG), "--emit", "json", *CLEAN_ENV)
+def test_real_run_config_needs_no_change(cli, tests_dir):
+    p = cli("enable", str(tests_dir / RUN_CONFIG), "--emit", "json", *CLEAN_ENV)
     assert p.returncode == 0
     assert json.loads(p.stdout)["changes"] == []
-    p = cli("enable", str(shared_dir / RUN_CONFIG), *CLEAN_ENV)  # nothing to change: the file comes back as is
-    assert p.returncode == 0 and p.stdout == (shared_dir / RUN_CONFIG).read_text()
+    p = cli("enable", str(tests_dir / RUN_CONFIG), *CLEAN_ENV)  # nothing to change: the file comes back as is
+    assert p.returncode == 0 and p.stdout == (tests_dir / RUN_CONFIG).read_text()
 
 
 def test_in_place_keeps_backup_and_user_overrides(cli, tmp_path):

@@ -101,8 +101,8 @@ def test_parse_count():
     assert cli_memory.parse_count("1_000M") == 1e9
 
 
-def test_real_run_config(cli, shared_dir):
-    path = shared_dir / "fixtures" / "real-h200-run" / "checkpoint_metadata_only" / "iter_0000010" / "run_config.yaml"
+def test_real_run_config(cli, tests_dir):
+    path = tests_dir / "fixtures" / "real-h200-run" / "checkpoint_metadata_only" / "iter_0000010" / "run_config.yaml"
     proc, out = run_json(cli, str(path), "--dp", "8")
     assert out["model"]["params"] == 17_835_264
     assert [r["name"] for r in out["strategies"] if r["configured"]] == ["optim_grads_params"]

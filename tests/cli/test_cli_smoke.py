@@ -159,8 +159,8 @@ def test_fsdp_overrides_pick_the_strategy():
 
 def test_step_summary_skips_warmup_and_flags_nan():
     steps = [
-        {"time_s": t, "loss": l, "allocated_bytes": 5}
-        for t, l in [(9.0, 10.4), (1.0, 10.3), (0.5, 10.2), (0.7, 10.1), (0.6, 10.0)]
+        {"time_s": t, "loss": loss, "allocated_bytes": 5}
+        for t, loss in [(9.0, 10.4), (1.0, 10.3), (0.5, 10.2), (0.7, 10.1), (0.6, 10.0)]
     ]
     s = smoke_train._summarise_steps(steps, tokens_per_step=4096)
     assert s["step_time_s_median"] == 0.6  # median of steps 3..5; the 9 s first step is left out
@@ -183,7 +183,7 @@ def test_checkpoint_format_fsdp_dtensor_on_real_metadata(tmp_path):
     got = smoke.marker_format(ck)
     assert got["format"] == "fsdp_dtensor" and got["recorded_ckpt_format"] == "fsdp_dtensor"
     assert got["iteration_dir"] == "iter_0000010" and got["distcp_files"] == 1
-    full = smoke.checkpoint_format(ck)  # role ckptlog's reader, with the marker details beside it
+    full = smoke.checkpoint_format(ck)  # the checkpoint reader, with the marker details beside it
     assert full["format"] == "fsdp_dtensor" and full["by"] == "mfsdp_lib.runs.checkpoints" and full["latest"] == 10
 
 
@@ -255,7 +255,7 @@ def test_summary_with_save_resume_needs_fsdp_dtensor_on_disk(tmp_path):
 
 def test_gpu_harness_skips_with_reason_here():
     sys.path.insert(0, str(Path(__file__).parents[1] / "gpu"))
-    import test_smoke_gpu
+    import test_smoke_gpu  # type: ignore[import-not-found]  # tests/gpu, put on sys.path above
 
     reason = test_smoke_gpu._skip_reason()
     if not HAVE_TORCH:

@@ -9,7 +9,7 @@ real ``to_yaml()`` as ``base_run_config.yaml``, then for each generated case app
 ``section.key=value`` overrides (and process environment) to a fresh copy and runs
 the real ``runtime_config_update(cfg)`` (environment defaults, mixed precision,
 data-parallel size, ``ConfigContainer.validate()``), recording whether it raised.
-``tests/rules/test_differential.py`` (role config) replays the same cases through our
+``tests/rules/test_differential.py`` replays the same cases through our
 rules offline and compares.
 
 Each case gets a freshly built base (``runtime_config_update`` mutates the container)
@@ -53,7 +53,7 @@ FSDP_ON = [
 ]
 
 # Fields and environment variables the rules read, with values worth trying (invalid ones
-# included): role config's ``rules.DIFFERENTIAL_FIELDS`` / ``DIFFERENTIAL_ENV``, so the cases
+# included): ``rules.DIFFERENTIAL_FIELDS`` / ``DIFFERENTIAL_ENV``, so the cases
 # exercise exactly what our rules claim to know. Values are turned into the YAML spelling a
 # ``section.key=value`` override uses.
 from mfsdp_lib.rules.differential import DIFFERENTIAL_ENV, DIFFERENTIAL_FIELDS  # noqa: E402

@@ -6,7 +6,7 @@
 #              transformer_engine 2.20.2 (meta), transformer_engine_torch 2.20.2 (built for this torch),
 #              and their pure dependencies (tests/gpu/device-wheels.txt; tests/gpu/README.md says how to make it)
 #   TE_CORE    transformer_engine_cu13 2.20.2 wheel, or a folder holding it split into parts
-#              (te.part.0, te.part.1, ...: a 276 MB wheel does not fit one transfer of the device tool)
+#              (te.part.0, te.part.1, ...: a 276 MB wheel is larger than some transfer limits allow)
 # env: PY (default: python3, the interpreter that has torch), TE_SHA256 (expected digest of TE_CORE),
 #      ALL=1 (reinstall what is present), DRY=1 (print the plan only)
 #

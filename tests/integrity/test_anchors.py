@@ -15,7 +15,6 @@ import pytest
 from mfsdp_lib import PINNED_BRIDGE, PINNED_MCORE
 from mfsdp_lib.integrity import anchors, sources
 
-
 # ------------------------------------------------------------------ syntax
 
 

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from mfsdp_lib import memory as m
 from mfsdp_lib.memory.strategies import _rs_queue_peak
 
@@ -114,8 +115,8 @@ def test_biases_layernorm_and_learned_positions_counted():
     assert with_all == layer + 100 * h + 16 * h + 2 * h  # tied output layer, final LayerNorm
 
 
-def test_count_matches_real_bridge_run(shared_dir):
-    run = shared_dir / "fixtures" / "real-h200-run"
+def test_count_matches_real_bridge_run(tests_dir):
+    run = tests_dir / "fixtures" / "real-h200-run"
     cfg = yaml.safe_load((run / "checkpoint_metadata_only" / "iter_0000010" / "run_config.yaml").read_text())
     logged = re.search(r"number of parameters on .*?: (\d+)", (run / "fsdp_save.log").read_text())
     assert logged, "the real log no longer states the parameter count"
@@ -168,10 +169,17 @@ def test_nothing_is_sharded_at_dp1():
     assert all(r.buffers_persistent == r.buffers_at_peak == r.buffers_late == 0 for r in fsdp)
 
 
-def _flags(src: str, strategy: str) -> tuple[bool, bool, bool]:
-    block = re.search(rf'== "{strategy}":\n(.*?)(?:\n\s*elif|\n\s*else)', src, re.S).group(1)
+def _group1(match: re.Match[str] | None, what: str) -> str:
+    assert match is not None, f"{what} not found in the source"
+    return match.group(1)
+
+
+def _flags(src: str, strategy: str) -> tuple[bool, ...]:
+    found = re.search(rf'== "{strategy}":\n(.*?)(?:\n\s*elif|\n\s*else)', src, re.S)
+    assert found, f"no branch for {strategy} in the source"
+    block = found.group(1)
     return tuple(
-        "True" in re.search(rf"{name} = (\w+)", block).group(1)
+        "True" in _group1(re.search(rf"{name} = (\w+)", block), name)
         for name in (
             "is_model_weight_buffer_distributed",
             "is_main_weight_buffer_distributed",
@@ -566,11 +574,11 @@ def test_bad_dtype_raises():
     assert m.dtype_bytes("torch.float32") == 4 and m.dtype_bytes(None, 7) == 7
 
 
-def test_real_run_model_state_explains_measured_allocation(shared_dir):
+def test_real_run_model_state_explains_measured_allocation(tests_dir):
     """The real 1-GPU run (Megatron FSDP, DP=1) logs memory_allocated after each iteration, i.e. after
     the optimizer step with the fp32 gradient copies still referenced. The model must explain all of it
     but a fixed framework overhead (workspaces), which is small in absolute terms."""
-    run = shared_dir / "fixtures" / "real-h200-run"
+    run = tests_dir / "fixtures" / "real-h200-run"
     cfg = yaml.safe_load((run / "checkpoint_metadata_only" / "iter_0000010" / "run_config.yaml").read_text())
     allocated = re.search(
         r"after 1 iterations\) memory \(GB\) \| mem-allocated-gigabytes: ([\d.]+)", (run / "fsdp_save.log").read_text()
@@ -637,7 +645,7 @@ def test_model_construction_peak():
 
 
 def benchmark_runs(results: Path):
-    """(strategy, run_config.yaml, rank records) of every strategy run role gpu recorded."""
+    """(strategy, run_config.yaml, rank records) of every recorded GPU strategy run."""
     for run_config in sorted(results.glob("raw/gpu_strategies_*/*/run_config.yaml")):
         ranks = [json.loads(p.read_text()) for p in sorted(run_config.parent.glob("rank*.json"))]
         ranks = [r for r in ranks if r.get("model_state_bytes") and not r.get("error")]
@@ -646,12 +654,12 @@ def benchmark_runs(results: Path):
 
 
 def test_estimate_matches_gpu_benchmark(root):
-    """Issue 6's goal: the model-state estimate within 10% of the measured model state (allocated
-    between steps, so after_step_gib), on the real runs in benchmarks/results (role gpu's)."""
-    config_io = pytest.importorskip("mfsdp_lib.config_io")
+    """The goal the memory model is held to: the model-state estimate within 10% of the measured model
+    state (allocated between steps, so after_step_gib), on the real H200 runs in benchmarks/results."""
+    from mfsdp_lib import config_io
+
     runs = list(benchmark_runs(root / "benchmarks" / "results"))
-    if not runs:
-        pytest.skip("no GPU benchmark runs under benchmarks/results/raw yet")
+    assert runs, "no GPU benchmark runs under benchmarks/results/raw: the evidence for this test is missing"
     for strategy, run_config, ranks in runs:
         cfg = config_io.load_effective(str(run_config))
         row = m.report(cfg, dp=ranks[0]["world_size"], strategies=(strategy,))["strategies"][0]

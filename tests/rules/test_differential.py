@@ -31,11 +31,10 @@ MIN_CASES = 100
 
 @pytest.fixture(scope="module")
 def verdicts():
-    if not VERDICTS.is_file():
-        pytest.skip(
-            "tests/fixtures/differential/verdicts.json not present yet: role gpu generates it on a GPU "
-            "machine with tests/differential/gen_verdicts.py; merge branch gpu to pick it up"
-        )
+    assert VERDICTS.is_file(), (
+        "tests/fixtures/differential/verdicts.json is missing: generate it on a GPU machine with "
+        "tests/differential/gen_verdicts.py (see CONTRIBUTING.md)"
+    )
     return differential.load(VERDICTS)
 
 

@@ -113,7 +113,7 @@ def test_random_overrides_never_traceback(ovr):
 @FUZZ
 @given(cfg=configs, env=envs)
 def test_evaluate_on_raw_dicts_never_raises(cfg, env):
-    """Other roles call rules.evaluate on dicts they built; it must never raise."""
+    """Other modules (enable, smoke, differential) call rules.evaluate on dicts they built; it must never raise."""
     found = rules.evaluate(cfg, env, "hopper")
     assert all(f.severity in ("error", "warning", "info") for f in found)
 

@@ -19,6 +19,7 @@ from mfsdp_lib.rules import differential
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gen_verdicts", ROOT / "tests" / "differential" / "gen_verdicts.py")
+assert _spec is not None and _spec.loader is not None
 gen = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gen)
 VERDICTS = ROOT / "tests" / "fixtures" / "differential" / "verdicts.json"
@@ -80,7 +81,8 @@ def test_committed_verdicts_are_the_generators_cases():
     if [{k: c[k] for k in ("id", "overrides", "env")} for c in doc["cases"]] != made:
         warnings.warn(
             "tests/differential/gen_verdicts.py now makes other cases than verdicts.json holds; "
-            "rerun it on a GPU machine"
+            "rerun it on a GPU machine",
+            stacklevel=2,
         )
     for c in doc["cases"]:
         b = c["bridge"]

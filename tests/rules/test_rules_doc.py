@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from mfsdp_lib import rules
-from mfsdp_lib.cli import rules as cli_rules
 from mfsdp_lib import schema as S
+from mfsdp_lib.cli import rules as cli_rules
 
 
 def test_reference_matches_table(root):

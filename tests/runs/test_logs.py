@@ -7,9 +7,10 @@ import math
 import re
 
 import pytest
-from _helpers_ckptlog import LOGS, REAL_LOG, real_logs
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from _helpers_ckptlog import LOGS, REAL_LOG, real_logs
 from mfsdp_lib.findings import InputError
 from mfsdp_lib.runs import logs as L
 
@@ -36,7 +37,7 @@ def rules(findings, severity=None):
 
 
 def real_iteration_lines() -> list[str]:
-    return [l for l in REAL_LOG.read_text().splitlines() if re.search(r"\] iteration\s+\d+/", l)]
+    return [line for line in REAL_LOG.read_text().splitlines() if re.search(r"\] iteration\s+\d+/", line)]
 
 
 # --- the real log -------------------------------------------------------------------------------------------
@@ -287,7 +288,7 @@ def test_streaming_reassembles_lines_across_chunks(chunk, monkeypatch):
 
 
 def test_overlong_line_is_cut_and_parsing_continues(monkeypatch):
-    longest = max(len(l) for l in REAL_LOG.read_bytes().split(b"\n"))
+    longest = max(len(line) for line in REAL_LOG.read_bytes().split(b"\n"))
     monkeypatch.setattr(L, "MAX_LINE", longest + 1)
     monkeypatch.setattr(L, "CHUNK", 256)
     data = b"x" * (5 * longest) + b"\n" + REAL_LOG.read_bytes()
@@ -353,7 +354,7 @@ def test_spliced_iteration_line_is_ignored_not_misread():
 
 def test_same_iteration_from_two_ranks_counts_once():
     lines = real_iteration_lines()
-    doubled = "".join(f"[default0]:{l}\n[default1]:{l}\n" for l in lines).encode()
+    doubled = "".join(f"[default0]:{line}\n[default1]:{line}\n" for line in lines).encode()
     rep = analyse_bytes(doubled)
     assert rep.iterations == 10 and rep.duplicate_iteration_lines == 10 and rep.restarts == 0
     assert not L.judge(rep)

@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 from .. import PINNED_BRIDGE, PINNED_MCORE
+from ..findings import InputError
 from ..integrity import anchors as _anchors
 from ..integrity import sources as _sources
-from ..findings import InputError
 
 DESCRIPTION = """\
 Verify the skill's code anchors (file + function/class/field or assertion text)
@@ -91,7 +91,7 @@ def run(args) -> int:
     for which, other in (("bridge", "mcore"), ("mcore", "bridge")):
         if srcs[which] is None and srcs[other] is not None and srcs[other].kind == "folder":
             srcs[which] = _sources.from_folder(which, srcs[other].location)
-    needed = sorted({_sources.owner_of(a.file) for a in anchors} - {None})
+    needed = sorted({w for w in (_sources.owner_of(a.file) for a in anchors) if w is not None})
     missing = [w for w in needed if srcs.get(w) is None]
     if missing:
         names = " and ".join(_sources.DISTRIBUTIONS[w] for w in missing)

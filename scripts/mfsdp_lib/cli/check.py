@@ -111,7 +111,7 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
         return None, []
     first = items[0]
     if "=" not in first and not os.path.exists(first) and first.split(".", 1)[0] in S.CONTAINER_KEYS:
-        raise config_io._err(
+        raise config_io.input_error(
             f"{first!r}: no such file; for an override write it as section.key=value (e.g. {first}=true)"
         )
     if "=" not in first or os.path.isfile(first):
@@ -120,7 +120,9 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
         return None, list(items)
     for r in rest:
         if "=" not in r:
-            raise config_io._err(f"{r!r}: expected section.key=value after CONFIG (only one config file is read)")
+            raise config_io.input_error(
+                f"{r!r}: expected section.key=value after CONFIG (only one config file is read)"
+            )
     return first, rest
 
 

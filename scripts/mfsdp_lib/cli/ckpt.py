@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from ..runs import checkpoints
 from ..findings import exit_code, render_json, render_text
+from ..runs import checkpoints
 
 DESCRIPTION = """\
 Tell a checkpoint's real format from its metadata files (never loads tensors, never needs torch, never

@@ -128,18 +128,20 @@ def run(args) -> int:
         return _run_live(args)
     path, overrides = split_items(args.items)
     if args.in_place and path is None:
-        raise config_io._err("--in-place needs a CONFIG file to rewrite")
+        raise config_io.input_error("--in-place needs a CONFIG file to rewrite")
     if args.in_place and args.output:
-        raise config_io._err("use either --in-place or -o OUT, not both")
+        raise config_io.input_error("use either --in-place or -o OUT, not both")
     if args.in_place and args.emit != "yaml":  # CONFIG is YAML: never replace it with Python or override lines
-        raise config_io._err(f"--in-place rewrites CONFIG as YAML; drop --emit {args.emit}, or write it with -o OUT")
+        raise config_io.input_error(
+            f"--in-place rewrites CONFIG as YAML; drop --emit {args.emit}, or write it with -o OUT"
+        )
     if (
         args.output
         and os.path.exists(args.output)
         and not args.force
         and not (path and os.path.abspath(args.output) == os.path.abspath(path) and args.in_place)
     ):
-        raise config_io._err(
+        raise config_io.input_error(
             f"{args.output} exists; pass --force to replace it (a backup is kept), or choose another -o"
         )
 
@@ -232,7 +234,7 @@ def _find_recipe(name: str):
             if fn is not None:
                 break
     if fn is None or not callable(fn):
-        raise config_io._err(f"--recipe {name}: no such recipe function in megatron.bridge.recipes")
+        raise config_io.input_error(f"--recipe {name}: no such recipe function in megatron.bridge.recipes")
     return fn
 
 
@@ -249,26 +251,30 @@ def _call_recipe(name: str, fn):
         return fn()
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise config_io._err(f"--recipe {name}: building the recipe raised {type(exc).__name__}: {first}") from None
+        raise config_io.input_error(
+            f"--recipe {name}: building the recipe raised {type(exc).__name__}: {first}"
+        ) from None
 
 
 def _run_live(args) -> int:
     if args.items and "=" not in args.items[0]:
-        raise config_io._err(
+        raise config_io.input_error(
             f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({args.items[0]})"
         )
     for flag in ("in_place", "output"):
         if getattr(args, flag):
-            raise config_io._err("--recipe prints the overrides and the live verdict; -o/--in-place do not apply")
+            raise config_io.input_error(
+                "--recipe prints the overrides and the live verdict; -o/--in-place do not apply"
+            )
     version = _bridge_installed()
     if version is None:
-        raise config_io._err(
+        raise config_io.input_error(
             "--recipe needs Megatron-Bridge installed (an NVIDIA NeMo container); "
             "it is not, so use CONFIG/--emit offline instead"
         )
     path, overrides = split_items(args.items)
     if path is not None:
-        raise config_io._err(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({path})")
+        raise config_io.input_error(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({path})")
     env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
     # stdout is for the overrides alone. Megatron's log handler (megatron/training/log_handler.py)
     # binds sys.stdout when megatron.training is imported, and Bridge prints with print_rank_0, so
@@ -314,7 +320,7 @@ def _live_verdicts(args, version, overrides, env):
 
         from megatron.bridge.training.config import runtime_config_update
     except Exception as exc:  # installed but not importable (no CUDA / TE)
-        raise config_io._err(
+        raise config_io.input_error(
             f"--recipe: megatron-bridge {version} is installed but cannot be imported: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from None

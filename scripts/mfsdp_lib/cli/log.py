@@ -8,8 +8,8 @@ failures); 1 otherwise; 2 when the input cannot be read or holds no training log
 
 from __future__ import annotations
 
-from ..runs import logs
 from ..findings import exit_code, render_json, render_text
+from ..runs import logs
 
 DESCRIPTION = """\
 Judge a Megatron-Bridge / Megatron-Core training log (and any pytest output in it) without a GPU.

@@ -157,9 +157,9 @@ def _refuse_foreign_file(path: str) -> None:
         with open(path, encoding="utf-8", errors="replace") as fh:
             first = fh.readline().rstrip("\n")
     except OSError as exc:
-        raise config_io._err(f"{path}: cannot read it to check what it is ({exc.strerror or exc})") from None
+        raise config_io.input_error(f"{path}: cannot read it to check what it is ({exc.strerror or exc})") from None
     if first != DOC_TITLE:
-        raise config_io._err(
+        raise config_io.input_error(
             f"{path} exists and is not a rule table written by 'rules --write'; remove it or choose another path"
         )
 
@@ -179,7 +179,7 @@ def run(args) -> int:
 
             u = sorted(unknown)[0]
             close = difflib.get_close_matches(u, [d["rule"] for d in table], n=1)
-            raise config_io._err(f"unknown rule '{u}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise config_io.input_error(f"unknown rule '{u}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
         table = [d for d in table if d["rule"] in wanted]
     if args.format == "json":
         json.dump({"rules": table}, sys.stdout, indent=2)

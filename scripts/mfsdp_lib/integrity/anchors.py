@@ -255,6 +255,8 @@ class Checker:
             if not text or not probe.search(text):
                 continue
             idx = self.index(src, path)
+            if idx is None:
+                continue
             hit = idx.find_symbol(a.symbol) if a.kind == "symbol" else idx.find_message(a.symbol)
             if hit:
                 return {"file": path, "symbol": a.symbol, "lines": [hit[0], hit[1]]}
@@ -269,7 +271,7 @@ class Checker:
                 return {"file": a.file, "symbol": close[0], "lines": [s, e]}
             return None
         want = a.symbol[: -len(PREFIX_MARK)] if a.symbol.endswith(PREFIX_MARK) else a.symbol
-        texts = {}
+        texts: dict[str, tuple[str, int, int]] = {}
         for text, s, e in idx.literals:
             # Compare like with like: a prefix citation against literal prefixes.
             texts.setdefault(text[: len(want)] if a.symbol.endswith(PREFIX_MARK) else text, (text, s, e))

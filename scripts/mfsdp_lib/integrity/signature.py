@@ -58,10 +58,12 @@ import pathlib
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from typing import Any
 
+from .. import SKILL_NAME as _SKILL_NAME
 from ..findings import InputError
 
-SKILL_NAME = "nemo-mbridge-perf-megatron-fsdp"  # the in-toto subject name, as NVIDIA names theirs
+SKILL_NAME = _SKILL_NAME  # the in-toto subject name is the skill's name, as NVIDIA names theirs
 SIGNATURE_NAME = "skill.oms.sig"  # where NVIDIA's skills keep the bundle, at the skill root
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"  # model-signing's statement type
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -75,6 +77,7 @@ INSTALLER_SKIPS_FILES = frozenset({"metadata.json"})
 BUILD_PRODUCT_DIRS = frozenset(
     {
         ".venv",
+        ".venv310",
         "venv",
         "node_modules",
         ".cache",
@@ -224,7 +227,7 @@ def git_guard(root: pathlib.Path, files: list[str]) -> list[str]:
 # --- model-signing glue ---------------------------------------------------------------------------------
 
 
-def _model_signing():
+def _model_signing() -> tuple[Any, Any, Any, Any]:
     try:
         import OpenSSL  # noqa: F401  (model-signing's certificate signer imports it)
         from model_signing import hashing, manifest, signing, verifying
@@ -246,8 +249,9 @@ def _recorded_ignores() -> list[str]:
 def _hashing_config(root: pathlib.Path, files: list[str], subject: str | None):
     """A model-signing hashing config that hashes exactly ``files`` (and names the subject ``subject``)."""
     hashing, manifest, _, _ = _model_signing()
+    base: Any = hashing.Config  # imported lazily (optional extra), so typed Any
 
-    class _FixedSet(hashing.Config):
+    class _FixedSet(base):
         # model-signing walks the whole folder by default; the skill decides its own set, so pass it in.
         def hash(self, model_path, *, files_to_hash=None):  # noqa: A003 (library's name)
             m = super().hash(model_path, files_to_hash=[root / f for f in files])
@@ -352,7 +356,7 @@ def _signer_and_chain(sig_path: pathlib.Path) -> tuple[str, list[str]]:
         for c in certs:
             obj = x509.load_der_x509_certificate(base64.b64decode(c["rawBytes"]))
             cn = obj.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-            names.append(cn[0].value if cn else obj.subject.rfc4514_string())
+            names.append(str(cn[0].value) if cn else obj.subject.rfc4514_string())
         return (names[0] if names else "?"), names
     except Exception:  # informative only; verification itself already passed
         return "?", []

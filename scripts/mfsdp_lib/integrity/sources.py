@@ -95,15 +95,16 @@ class Source:
             names = self._zip.namelist()
         elif self._installed_files:
             names = self._installed_files
-        else:
+        elif self._root is not None:
+            root = self._root
             names = []
             for prefix in prefixes:
-                base = self._root / prefix
+                base = root / prefix
                 if base.is_dir():
                     for dirpath, _dirs, files in os.walk(base):
                         for f in files:
                             if f.endswith(".py"):
-                                names.append(Path(dirpath, f).relative_to(self._root).as_posix())
+                                names.append(Path(dirpath, f).relative_to(root).as_posix())
         return sorted(n for n in names if n.endswith(".py") and n.startswith(prefixes))
 
     def describe(self) -> str:
@@ -118,11 +119,15 @@ def _version_from_package_info(text: str | None) -> str | None:
         tree = ast.parse(text)
     except SyntaxError:
         return None
-    values = {}
+    values: dict[str, object] = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if isinstance(node.value, ast.Constant):
-                values[node.targets[0].id] = node.value.value
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+        ):
+            values[node.targets[0].id] = node.value.value
     if not all(k in values for k in ("MAJOR", "MINOR", "PATCH")):
         return None
     return f"{values['MAJOR']}.{values['MINOR']}.{values['PATCH']}{values.get('PRE_RELEASE', '') or ''}"
@@ -195,7 +200,7 @@ def from_installed(which: str) -> Source | None:
     except md.PackageNotFoundError:
         return None
     files = [str(f).replace(os.sep, "/") for f in (dist.files or [])]
-    root = Path(dist.locate_file(""))
+    root = Path(str(dist.locate_file("")))
     mine = [f for f in files if f.startswith(PACKAGE_PREFIXES[which])]
     if not mine:
         return None  # metadata without sources (e.g. a broken install)

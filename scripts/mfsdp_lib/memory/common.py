@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, overload
 
 GIB = 1024**3
 
@@ -63,6 +63,10 @@ def _first(cfg, paths: Iterable[str], default=None):
     return default
 
 
+@overload
+def dtype_bytes(value: Any, default: int) -> int: ...
+@overload
+def dtype_bytes(value: Any, default: None = None) -> int | None: ...
 def dtype_bytes(value, default: int | None = None) -> int | None:
     """Bytes per element of a dtype as a Bridge config spells it; ``default`` for None.
 
@@ -100,6 +104,10 @@ def _bool(value, default: bool = False) -> bool:
     return bool(value)
 
 
+@overload
+def _int(value: Any, name: str, *, minimum: int = 1, default: int) -> int: ...
+@overload
+def _int(value: Any, name: str, *, minimum: int = 1, default: None = None) -> int | None: ...
 def _int(value, name: str, *, minimum: int = 1, default: int | None = None) -> int | None:
     if value is None:
         return default

@@ -47,7 +47,7 @@ BUILTIN_SHAPES: dict[str, dict[str, Any]] = {
         vocab_size=128256,
     ),
 }
-_LLAMA_COMMON = dict(
+_LLAMA_COMMON: dict[str, Any] = dict(
     gated_linear_unit=True,
     normalization="RMSNorm",
     add_bias_linear=False,
@@ -178,8 +178,8 @@ class Shape:
             if len(freq) != self.num_layers:
                 raise ModelError(f"model.moe_layer_freq has {len(freq)} entries for {self.num_layers} layers")
             return [bool(x) for x in freq]
-        freq = _int(freq, "model.moe_layer_freq")
-        return [i % freq == 0 for i in range(self.num_layers)]
+        every = _int(freq, "model.moe_layer_freq", default=1)  # Megatron's default: every layer is MoE
+        return [i % every == 0 for i in range(self.num_layers)]
 
     def layer_kinds(self) -> list[str]:
         """One kind per decoder layer: ``attention+mlp``/``attention+moe``/``mla+...`` for GPT

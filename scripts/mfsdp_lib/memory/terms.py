@@ -449,7 +449,9 @@ def activation_settings(
         raise ModelError(f"model.recompute_method must be null, 'uniform' or 'block', got {method!r}")
     offload = 0
     if _bool(_get(cfg, "model.cpu_offloading")) and _bool(_get(cfg, "model.cpu_offloading_activations"), True):
-        offload = _int(_get(cfg, "model.cpu_offloading_num_layers", 0), "model.cpu_offloading_num_layers", minimum=0)
+        offload = _int(
+            _get(cfg, "model.cpu_offloading_num_layers"), "model.cpu_offloading_num_layers", minimum=0, default=0
+        )
     backend = _get(cfg, "model.attention_backend")
     if isinstance(backend, Mapping):
         backend = backend.get("_name_") or backend.get("_args_")

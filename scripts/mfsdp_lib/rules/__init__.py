@@ -96,6 +96,8 @@ def evaluate(cfg: Mapping, env: Mapping[str, str], gpu_arch: str | None = None) 
                 found.append(Finding(r.id, r.severity, path, message, fix, {"stage": r.stage, "source": r.source}))
             continue
         fix = r.fix(e) if callable(r.fix) else r.fix
+        if r.message is None or fix is None:  # only rules that return their own (path, message, fix) list
+            raise ValueError(f"{r.id}: fired without a message or fix")
         found.append(
             Finding(r.id, r.severity, e.origin(r.paths[0]), r.message(e), fix, {"stage": r.stage, "source": r.source})
         )

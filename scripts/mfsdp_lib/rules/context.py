@@ -96,7 +96,7 @@ class Eff:
 
     def get(self, path: str):
         mp_path = self._mp_paths.get(path)
-        if mp_path is not None:
+        if mp_path is not None and self.mp is not None:
             return self.mp.get(mp_path.split(".", 1)[1])
         return raw_get(self.cfg, path)
 

@@ -1,4 +1,4 @@
-"""CUDA graph rules: what cannot be captured together with Megatron FSDP's features.
+"""CUDA graph rules: features that cannot run under CUDA graph capture.
 
 One ``Rule`` per constraint; the fields are explained in ``rules/model.py``.
 """

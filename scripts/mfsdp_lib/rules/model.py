@@ -29,29 +29,70 @@ A rule is data plus two small functions over an ``Eff`` view (``context.Eff``):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 SEVERITIES = ("error", "warning", "info")
 STAGES = ("validate", "runtime", "rewrite", "input", "advice")
 
 
-@dataclass(frozen=True)
 class Rule:
+    """A typed, immutable rule record; every field is a keyword argument.
+
+    A plain class with ``__slots__`` rather than a dataclass: ``dataclasses`` imports
+    ``inspect`` and ``typing``, which would double the start-up cost of ``check``.
+    """
+
+    __slots__ = ("id", "severity", "stage", "topic", "paths", "when", "message", "fix", "source")
+
     id: str
     severity: str
     stage: str
     topic: str
     paths: tuple[str, ...]
-    when: Callable[[Any], Any]
-    message: Callable[[Any], str] | None
-    fix: str | Callable[[Any], str] | None
+    when: Callable[[Eff], object]
+    message: Callable[[Eff], str] | None
+    fix: str | Callable[[Eff], str] | None
     source: str
 
-    def __post_init__(self) -> None:
-        if self.severity not in SEVERITIES:
-            raise ValueError(f"{self.id}: severity {self.severity!r} not in {SEVERITIES}")
-        if self.stage not in STAGES:
-            raise ValueError(f"{self.id}: stage {self.stage!r} not in {STAGES}")
-        if not self.paths:
-            raise ValueError(f"{self.id}: a rule names at least one key")
+    def __init__(
+        self,
+        *,
+        id: str,
+        severity: str,
+        stage: str,
+        topic: str,
+        paths: tuple[str, ...],
+        when: Callable[[Eff], object],
+        message: Callable[[Eff], str] | None,
+        fix: str | Callable[[Eff], str] | None,
+        source: str,
+    ) -> None:
+        if severity not in SEVERITIES:
+            raise ValueError(f"{id}: severity {severity!r} not in {SEVERITIES}")
+        if stage not in STAGES:
+            raise ValueError(f"{id}: stage {stage!r} not in {STAGES}")
+        if not paths:
+            raise ValueError(f"{id}: a rule names at least one key")
+        values = dict(
+            id=id,
+            severity=severity,
+            stage=stage,
+            topic=topic,
+            paths=tuple(paths),
+            when=when,
+            message=message,
+            fix=fix,
+            source=source,
+        )
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Rule {self.id} is immutable")
+
+    def __repr__(self) -> str:
+        return f"Rule(id={self.id!r}, severity={self.severity!r}, stage={self.stage!r}, topic={self.topic!r})"
+
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for the annotations only (mypy); nothing is imported at run time
+    from .context import Eff

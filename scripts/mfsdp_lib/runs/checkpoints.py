@@ -94,7 +94,12 @@ class IterationInfo:
     has_hf_export: bool = False
 
     def to_dict(self) -> dict:
-        d = {"path": self.path, "iteration": self.iteration, "format": self.format, "payload": self.payload}
+        d: dict[str, object] = {
+            "path": self.path,
+            "iteration": self.iteration,
+            "format": self.format,
+            "payload": self.payload,
+        }
         if self.backend:
             d["sharded_backend"] = self.backend
         if self.shard_files:
@@ -250,9 +255,9 @@ def _classify(path: str, entries: list[str]) -> str | None:
         return "iteration"
     if TRACKER_TRAIN_STATE in entries or TRACKER_TXT in entries:
         return "root"
-    if any(ITER_DIR_RE.match(n) for n in entries) or RELEASE_DIR in entries:
-        if any(_isdir(os.path.join(path, n)) for n in entries if ITER_DIR_RE.match(n) or n == RELEASE_DIR):
-            return "root"
+    iter_like = [n for n in entries if ITER_DIR_RE.match(n) or n == RELEASE_DIR]
+    if any(_isdir(os.path.join(path, n)) for n in iter_like):
+        return "root"
     if is_hf_dir(path, entries):
         return "iteration"
     if any(LEGACY_RANK_DIR_RE.match(n) for n in entries):
@@ -666,7 +671,7 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
     }
     if expect:
         if fmt != expect:
-            how = conversions.get((fmt, expect), "no documented conversion path between these formats")
+            how = conversions.get((fmt or "", expect), "no documented conversion path between these formats")
             findings.append(
                 Finding(
                     "MFSDP-CKPT-EXPECT",

@@ -126,9 +126,9 @@ def read_pickle_tree(data: bytes, persistent: bool = False):
                 n = int(name[-1])
                 if len(stack) < n:
                     raise PickleUnreadable("stack underflow")
-                items = tuple(stack[-n:])
+                tup = tuple(stack[-n:])
                 del stack[-n:]
-                stack.append(items)
+                stack.append(tup)
             elif name == "DICT":
                 items = pop_mark()
                 stack.append({_hashable(items[i]): items[i + 1] for i in range(0, len(items) - 1, 2)})

@@ -24,6 +24,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[2]  # scripts/mfsdp_lib/runs -> scripts
@@ -84,11 +85,12 @@ def build_command(opts, python: str | None = None) -> list[str]:
     return prefix + torchrun + entry
 
 
-def preflight(opts, env: dict | None = None) -> str | None:
+def preflight(opts, env: Mapping[str, str] | None = None) -> str | None:
     """Why the run cannot start here, in one line; None when it can."""
     import importlib.util
 
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     if opts.nnodes > 1 and opts.launcher == "torchrun" and not opts.master_addr:
         return "--nnodes > 1 needs --master-addr (the node-rank-0 host) or --launcher srun"
     if env.get("CUDA_DEVICE_MAX_CONNECTIONS") == BAD_MAX_CONNECTIONS and opts.strategy not in ("ddp", "distopt"):
@@ -107,7 +109,7 @@ def preflight(opts, env: dict | None = None) -> str | None:
 
 
 def checkpoint_format(root: str | os.PathLike | None) -> dict:
-    """The format of the checkpoint under ``root``: role ckptlog's reader, else the marker test."""
+    """The format of the checkpoint under ``root``: the checkpoint reader (``runs.checkpoints``), else the marker test."""
     try:
         from ..runs import checkpoints
     except ImportError:
