@@ -177,7 +177,9 @@ def assemble(raw: Path, machine: str, command: str) -> tuple[dict, list[str]]:
         if e_state is not None:
             worst_state = e_state if worst_state is None or abs(e_state) > abs(worst_state) else worst_state
             if abs(e_state) > 100 * MODEL_STATE_TOL:
-                problems.append(f"{r['run']}: model state off by {e_state} % (target within {100 * MODEL_STATE_TOL:g} %)")
+                problems.append(
+                    f"{r['run']}: model state off by {e_state} % (target within {100 * MODEL_STATE_TOL:g} %)"
+                )
         if e_peak is not None:
             worst_peak_under = e_peak if worst_peak_under is None or e_peak < worst_peak_under else worst_peak_under
             worst_peak_over = e_peak if worst_peak_over is None or e_peak > worst_peak_over else worst_peak_over

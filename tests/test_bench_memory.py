@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from mfsdp_lib import memory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def test_assembles_rows_in_the_report_shape(tmp_path):
     data = json.loads(out.read_text())
     assert data["benchmark"] == "memory_vs_measured"
     assert len(data["rows"]) == 1 and len(data["columns"]) == len(data["rows"][0])
-    row = dict(zip(data["columns"], data["rows"][0]))
+    row = dict(zip(data["columns"], data["rows"][0], strict=True))
     assert row["error %"] == pytest.approx(round(100 * (1 / 0.98 - 1), 2), abs=0.02)
     assert any("broken" in n and "wrap failed" in n for n in data["notes"])  # failures are listed, not dropped
 

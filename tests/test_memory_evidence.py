@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from mfsdp_lib import memory
 from mfsdp_lib.memory import calibration
 
@@ -71,7 +72,7 @@ def test_every_run_meets_the_targets(assembled):
     _, result, problems = assembled
     unexpected = [p for p in problems if p.split(":")[0] not in KNOWN_MODEL_STATE_OVER or "model state" not in p]
     assert not unexpected, "\n".join(unexpected)
-    rows = {r[0]: dict(zip(result["columns"], r)) for r in result["rows"]}
+    rows = {r[0]: dict(zip(result["columns"], r, strict=True)) for r in result["rows"]}
     for run, limit in KNOWN_MODEL_STATE_OVER.items():
         err = rows[run]["error %"]  # the first "error %" column is overwritten by the peak's: recompute
         r = next(x for x in result["raw"]["runs"] if x["run"] == run)
@@ -130,5 +131,7 @@ def test_param_counts_match_the_built_models():
         etp = EXPERT_TP_AS_BUILT.get(rec["recipe"], lay.get("etp"))
         counts = memory.count_parameters(shape, tp=lay["tp"], pp=lay["pp"], ep=lay["ep"], etp=etp or None)
         if round(counts.first_stage_total) != rec["numel_rank0"]:
-            mismatches.append(f"{rec['recipe']} ({rec['family']}, {lay}): {round(counts.first_stage_total)} vs {rec['numel_rank0']}")
+            mismatches.append(
+                f"{rec['recipe']} ({rec['family']}, {lay}): {round(counts.first_stage_total)} vs {rec['numel_rank0']}"
+            )
     assert not mismatches, "\n".join(mismatches)

@@ -146,7 +146,9 @@ HF_FIXTURES = __import__("pathlib").Path(__file__).resolve().parent.parent / "fi
 
 def test_hf_config_moe_with_ep(cli):
     path = str(HF_FIXTURES / "Qwen" / "Qwen3-30B-A3B" / "config.json")
-    proc, out = run_json(cli, "--hf-config", path, "--ep", "8", "--dp", "64", "--seq-length", "2048", "--gpu-mem-gib", "141")
+    proc, out = run_json(
+        cli, "--hf-config", path, "--ep", "8", "--dp", "64", "--seq-length", "2048", "--gpu-mem-gib", "141"
+    )
     assert proc.returncode == 0
     assert out["model"]["params"] == 30_532_122_624
     assert out["parallelism"]["ep"] == 8 and out["parallelism"]["dp_multiple_of"] == 8

@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from mfsdp_lib import memory as m
 from mfsdp_lib.memory import hf
-from mfsdp_lib.memory.shapes import Lora
 
 HF = Path(__file__).resolve().parent.parent / "fixtures" / "memory" / "hf_configs"
 GIB = 1024**3
@@ -113,7 +113,10 @@ def test_hybrid_pattern_kinds_and_mtp():
     assert s.layer_kinds() == ["mamba", "mlp", "mamba", "attention", "moe"]
     assert s.mtp_kinds() == [["attention", "moe"]]
     c = m.count_parameters(s)
-    assert c.mtp > 0 and c.total == sum(c.layer_dense) + sum(c.layer_experts) + c.mtp + c.embedding + c.output_layer + c.final_norm
+    assert (
+        c.mtp > 0
+        and c.total == sum(c.layer_dense) + sum(c.layer_experts) + c.mtp + c.embedding + c.output_layer + c.final_norm
+    )
 
 
 def test_mtp_depth_by_hand():
@@ -196,7 +199,13 @@ def test_hf_refuses_unsized_families_by_name(tmp_path):
         hf.model_section_from_hf({"model_type": "mystery", "hidden_size": 8})
     with pytest.raises(m.ModelError, match="must be a positive integer"):
         hf.model_section_from_hf(
-            {"model_type": "llama", "hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 8}
+            {
+                "model_type": "llama",
+                "hidden_size": "big",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "vocab_size": 8,
+            }
         )
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
@@ -229,14 +238,16 @@ def test_expert_layouts_are_checked(mcore_src):
     cfg_path = HF / moe / "config.json"
     with pytest.raises(m.ModelError, match="num_moe_experts .128. must be divisible by EP .3."):
         m.estimate(hf_config=cfg_path, ep=3, dp=3)
-    assert "assert self.config.num_moe_experts % ep_size == 0" in (
-        mcore_src / MCORE / "transformer/moe/moe_layer.py"
-    ).read_text()
+    assert (
+        "assert self.config.num_moe_experts % ep_size == 0"
+        in (mcore_src / MCORE / "transformer/moe/moe_layer.py").read_text()
+    )
     with pytest.raises(m.ModelError, match="DP x CP x TP = 4 x 1 x 1 is not divisible by EP x ETP = 8 x 1"):
         m.estimate(hf_config=cfg_path, ep=8, dp=4)
-    assert "is not divisible by expert_tensor_model_pipeline_parallel size" in (
-        mcore_src / MCORE / "parallel_state.py"
-    ).read_text()
+    assert (
+        "is not divisible by expert_tensor_model_pipeline_parallel size"
+        in (mcore_src / MCORE / "parallel_state.py").read_text()
+    )
     est = m.estimate(hf_config=cfg_path, ep=8, dp=8)
     assert m.dp_step(est.parallel) == 8
 
@@ -315,12 +326,16 @@ def test_fp8_weights_and_activations():
     cfg = dict(LLAMA_1B, mixed_precision="bf16_with_fp8_current_scaling_mixed")
     p = m.precision_from_config(cfg)
     assert p.fp8 and p.fp8_params
-    assert not m.precision_from_config(dict(LLAMA_1B, mixed_precision="bf16_with_fp8_subchannel_scaling_mixed")).fp8_params
+    assert not m.precision_from_config(
+        dict(LLAMA_1B, mixed_precision="bf16_with_fp8_subchannel_scaling_mixed")
+    ).fp8_params
     bf16 = m.estimate(LLAMA_1B, dp=8, strategies=("optim_grads_params",))
     fp8 = m.estimate(cfg, dp=8, strategies=("optim_grads_params",))
     c = bf16.counts
     # Linear weights 1 byte, everything else 2 (sharded over 8).
-    assert fp8.rows["optim_grads_params"].params == pytest.approx((1 * c.gpu_matrix + 2 * (c.gpu_total - c.gpu_matrix)) / 8)
+    assert fp8.rows["optim_grads_params"].params == pytest.approx(
+        (1 * c.gpu_matrix + 2 * (c.gpu_total - c.gpu_matrix)) / 8
+    )
     # FP8 saves each layer's linear inputs (2 norm outputs, attention output, FC2 input) as 1 byte.
     s = 2048
     saved = 16 * s * (2048 + 2048 + 2048 + 8192)
@@ -362,8 +377,17 @@ def test_breakdown_is_the_api_rehearse_reads():
 def test_selective_recompute_modules(mcore_src):
     src = (mcore_src / MCORE / "transformer/transformer_config.py").read_text()
     assert '"moe_act": recompute the MoE MLP activation function.' in src
-    shape = m.Shape(name="g", hidden_size=32, num_layers=1, num_attention_heads=4, vocab_size=64, ffn_hidden_size=128,
-                    gated_linear_unit=True, normalization="RMSNorm", add_bias_linear=False)
+    shape = m.Shape(
+        name="g",
+        hidden_size=32,
+        num_layers=1,
+        num_attention_heads=4,
+        vocab_size=64,
+        ffn_hidden_size=128,
+        gated_linear_unit=True,
+        normalization="RMSNorm",
+        add_bias_linear=False,
+    )
     base = m.ActivationSettings(seq_length=16, micro_batch_size=1, bias_activation_fusion=True)
     sel = replace(base, recompute_granularity="selective", recompute_modules=("mlp", "layernorm"))
     full = m.layer_activation_bytes(shape, "attention+mlp", base)

@@ -15,7 +15,6 @@ References used below:
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -401,7 +400,9 @@ def test_output_layer_terms():
     # Without gradient-accumulation fusion the start of backward adds the output weight's bf16
     # gradient (2 V h): the larger of the two moments counts.
     unfused_wgrad = m.activation_bytes(one, replace(a, gradient_accumulation_fusion=False))
-    assert unfused_wgrad - m.activation_bytes(one, a) == pytest.approx(max(0, 6 * s * b * V + 2 * V * h - 10 * s * b * V))
+    assert unfused_wgrad - m.activation_bytes(one, a) == pytest.approx(
+        max(0, 6 * s * b * V + 2 * V * h - 10 * s * b * V)
+    )
 
 
 def test_activations_cp_recompute_pipeline_offload():

@@ -169,7 +169,9 @@ def run(args) -> int:
             micro_batch_size=args.micro_batch_size,
             gpu_mem_gib=args.gpu_mem_gib,
             hf_config=args.hf_config,
-            expert_params=parse_count(args.expert_params, "--expert-params") if args.expert_params is not None else None,
+            expert_params=parse_count(args.expert_params, "--expert-params")
+            if args.expert_params is not None
+            else None,
             etp=args.etp,
             gpus=args.gpus,
         )

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import FP32, GIB, ModelError, _bool, _first, _get, _int, _positive
 from . import hf as hf_mod
+from .common import FP32, GIB, ModelError, _bool, _first, _get, _int, _positive
 from .shapes import Counts, Lora, Shape, builtin_shape, count_parameters, shape_from_config
 from .strategies import FSDP_STRATEGIES, MAX_DP_SEARCH, STRATEGIES, StrategyMemory, strategy_memory
 from .terms import (
@@ -159,7 +159,9 @@ def lora_from_config(cfg: Mapping | None) -> tuple[Lora | None, list[str]]:
     if peft is None:
         return None, []
     if not isinstance(peft, Mapping):
-        raise ModelError(f"peft must be a section (e.g. {{_target_: megatron.bridge.peft.lora.LoRA, dim: 32}}), got {peft!r}")
+        raise ModelError(
+            f"peft must be a section (e.g. {{_target_: megatron.bridge.peft.lora.LoRA, dim: 32}}), got {peft!r}"
+        )
     target = str(peft.get("_target_") or "lora").lower()
     notes = []
     if "lora" not in target:
@@ -170,15 +172,20 @@ def lora_from_config(cfg: Mapping | None) -> tuple[Lora | None, list[str]]:
     if not isinstance(modules, (list, tuple)) or not all(isinstance(x, str) for x in modules):
         raise ModelError(f"peft.target_modules must be a list of module names, got {modules!r}")
     if "canonical" in target:  # linear_q/k/v, linear_fc1_up/gate: the fused modules they adapt
-        canon = {"linear_q": "linear_qkv", "linear_k": "linear_qkv", "linear_v": "linear_qkv",
-                 "linear_fc1_up": "linear_fc1", "linear_fc1_gate": "linear_fc1"}
+        canon = {
+            "linear_q": "linear_qkv",
+            "linear_k": "linear_qkv",
+            "linear_v": "linear_qkv",
+            "linear_fc1_up": "linear_fc1",
+            "linear_fc1_gate": "linear_fc1",
+        }
         modules = sorted({canon.get(m, m) for m in modules})
         notes.append("CanonicalLoRA sized as LoRA on the fused modules it adapts")
     patterns = [m for m in modules if "*" in m or "." in m]
     if patterns:
         notes.append(f"peft.target_modules patterns {patterns} matched by their last name only (every layer)")
     names = tuple(m.rsplit(".", 1)[-1] for m in modules)
-    dim = _int(peft.get("dim", Lora().dim), "peft.dim")
+    dim = _int(peft.get("dim", Lora().dim), "peft.dim", default=Lora().dim) or Lora().dim
     return Lora(target_modules=names, dim=dim), notes
 
 
@@ -291,7 +298,7 @@ def estimate(
         raise ModelError(f"give one of --model, --params, --hf-config (got {', '.join(given)})")
     par = parallel_from(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     if gpus is not None:
-        world = _int(gpus, "--gpus")
+        world = _int(gpus, "--gpus") or 1
         model_size = par.tp * par.pp * par.cp
         if world % model_size:
             raise ModelError(
@@ -318,7 +325,8 @@ def estimate(
         model_cfg = dict(section)
         model_cfg.update({k: v for k, v in (_get(cfg, "model") or {}).items() if k in _RUN_KEYS})
         cfg["model"] = model_cfg
-        name = str(data.get("_name_or_path") or Path(str(where)).parent.name or "hf-config")
+        folder = Path(str(where)) if Path(str(where)).is_dir() else Path(str(where)).parent
+        name = str(data.get("_name_or_path") or folder.name or "hf-config")
         shape, source = shape_from_config(section, name), f"Hugging Face config {where}"
     elif model is not None:
         shape, source = builtin_shape(str(model)), f"built-in shape {builtin_shape(str(model)).name}"
@@ -350,7 +358,9 @@ def estimate(
         counts = count_parameters(shape, par.tp, par.pp, par.ep, par.etp, lora=lora)
     else:
         if lora is not None:
-            raise ModelError("a peft section needs the model's shape to size its adapters: give a config, --hf-config or --model")
+            raise ModelError(
+                "a peft section needs the model's shape to size its adapters: give a config, --hf-config or --model"
+            )
         if par.ep > 1 and expert_params is None:
             raise ModelError(
                 f"--params with EP = {par.ep}: say how many of the parameters are routed experts "
@@ -468,8 +478,10 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
         else "parameters from --params (no shape)"
     )
     out.append(f"weights: {'FP8 linear weights, ' if p.fp8_params else ''}{p.param_dtype}")
-    if est.peft:
-        out.append(f"PEFT: frozen base weights hold no gradient or optimizer state; LoRA dim {est.lora.dim} adapters train")
+    if est.lora is not None:
+        out.append(
+            f"PEFT: frozen base weights hold no gradient or optimizer state; LoRA dim {est.lora.dim} adapters train"
+        )
     out.append(
         {
             "adam": "Adam: fp32 main weights + two moments",
@@ -480,11 +492,15 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
         + (f", {p.optimizer_offload_fraction:.0%} offloaded to CPU" if p.optimizer_offload_fraction else "")
     )
     if row.step_transient:
-        out.append("optimizer-step transient (fp32 gradient copy" + (", Newton-Schulz" if "muon" in p.optimizer else "") + ")")
+        out.append(
+            "optimizer-step transient (fp32 gradient copy" + (", Newton-Schulz" if "muon" in p.optimizer else "") + ")"
+        )
     if row.buffers_persistent or row.buffers_at_peak or row.buffers_late:
         out.append("Megatron FSDP buffers: gathered non-unit modules, all-gather window, reduce-scatter queue")
     if est.activations is not None:
-        out.append("activations per layer kind (attention/MLA, MLP, MoE dispatch, Mamba) with recompute and PP in flight")
+        out.append(
+            "activations per layer kind (attention/MLA, MLP, MoE dispatch, Mamba) with recompute and PP in flight"
+        )
     if row.init_peak:
         out.append("model-construction peak (built unsharded on the GPU)")
     return out
@@ -492,7 +508,9 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
 
 def assumed_terms(est: Estimate, strategy: str) -> list[str]:
     """What the figure does not compute from the code, and what it takes instead."""
-    out = ["CUDA context, NCCL buffers and allocator fragmentation are outside max_memory_allocated: keep 5-10% headroom"]
+    out = [
+        "CUDA context, NCCL buffers and allocator fragmentation are outside max_memory_allocated: keep 5-10% headroom"
+    ]
     if calibration_bytes(est, strategy):
         out.append("calibration_gib: the measured peak's excess over the modelled terms on real runs (calibration.py)")
     if est.shape is None:

@@ -144,7 +144,9 @@ _BLOCK_SYMBOLS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
 def _pattern_from_types(types: list, where: str, key: str) -> str:
     bad = [t for t in types if t not in _BLOCK_SYMBOLS]
     if bad:
-        raise ModelError(f"{where}: {key} has block type(s) {sorted(set(map(str, bad)))} (known: {', '.join(_BLOCK_SYMBOLS)})")
+        raise ModelError(
+            f"{where}: {key} has block type(s) {sorted(set(map(str, bad)))} (known: {', '.join(_BLOCK_SYMBOLS)})"
+        )
     return "".join(_BLOCK_SYMBOLS[t] for t in types)
 
 
@@ -176,7 +178,7 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         if "tie_word_embeddings" not in inner and "tie_word_embeddings" in hf:
             inner["tie_word_embeddings"] = hf["tie_word_embeddings"]
         section, more = model_section_from_hf(inner, f"{where} text_config")
-        if vision_params:
+        if vision_split:
             section["vision_params"], section["vision_params_tp"] = vision_split
             notes.append(f"{mtype}: vision tower counted from vision_config ({vision_params:,} parameters)")
         return section, notes + more
@@ -257,9 +259,7 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         layers = m["num_layers"]
         step = _opt_int(hf, "decoder_sparse_step", where) or 1
         dense_only = set(hf.get("mlp_only_layers") or [])
-        m["moe_layer_freq"] = [
-            0 if (i in dense_only or (i + 1) % step) else 1 for i in range(layers)
-        ]
+        m["moe_layer_freq"] = [0 if (i in dense_only or (i + 1) % step) else 1 for i in range(layers)]
 
     if mtype in MLA:
         m["multi_latent_attention"] = True
@@ -281,9 +281,7 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
                 m["moe_shared_expert_intermediate_size"] = shared * moe_ffn
             first_dense = int(hf.get("first_k_dense_replace") or 0)
             freq = _opt_int(hf, "moe_layer_freq", where) or 1
-            m["moe_layer_freq"] = [
-                1 if (i >= first_dense and i % freq == 0) else 0 for i in range(m["num_layers"])
-            ]
+            m["moe_layer_freq"] = [1 if (i >= first_dense and i % freq == 0) else 0 for i in range(m["num_layers"])]
         mtp = int(hf.get("num_nextn_predict_layers") or 0)
         if mtp:
             m["mtp_num_layers"] = mtp

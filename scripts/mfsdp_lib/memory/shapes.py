@@ -422,7 +422,9 @@ def _mla_parts(s: Shape) -> list[Part]:
     return parts
 
 
-def _mlp_parts(s: Shape, ffn: int, term: str, split: str = "tp", copies: int = 1, width: int | None = None) -> list[Part]:
+def _mlp_parts(
+    s: Shape, ffn: int, term: str, split: str = "tp", copies: int = 1, width: int | None = None
+) -> list[Part]:
     """FC1 ``in x ffn`` (x2 gated), FC2 ``ffn x out`` (mlp.py MLP, experts.py TEGroupedMLP)."""
     w = width or s.hidden_size
     glu = 2 if s.gated_linear_unit else 1
