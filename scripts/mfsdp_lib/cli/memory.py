@@ -50,9 +50,9 @@ EPILOG = """\
 Reading the table: GiB per GPU on the most-loaded rank. 'buffers' are Megatron FSDP's
 (preserved embedding/output copies, all-gather window, reduce-scatter queue); 'total' is
 model state + the largest of: activations + buffers alive with them, the late reduce-scatter
-queue, the optimizer-step fp32 gradient copy. 'min DP' is
-the smallest data-parallel size at which that strategy fits (-: never, by this model).
-Not counted: CUDA context, NCCL, fragmentation and workspaces - keep 5-10% headroom.
+queue, the optimizer-step fp32 gradient copy, plus a margin calibrated on measured runs. 'min DP'
+is the smallest data-parallel size at which that strategy fits (-: never, by this model).
+Not counted: CUDA context, NCCL, fragmentation - keep 5-10% headroom.
 Details and OOM triage: references/memory.md.
 
 Exit codes: 0 estimate printed; 1 --gpu-mem-gib given and no reported strategy fits at

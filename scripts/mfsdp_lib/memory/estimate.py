@@ -573,8 +573,9 @@ def assumptions(est: Estimate) -> dict:
         "total": "model state + max(activations + buffers alive at the activation peak, "
         "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
         "peak when larger (optim_grads_params without init_model_with_meta_device)",
-        "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated), allocator "
-        "fragmentation, cuBLAS/TE workspaces (~0.1-0.5 GiB): keep 5-10% headroom",
+        "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated) and allocator "
+        "fragmentation: keep 5-10% headroom; framework workspaces (0.1 GiB) and the measured activation "
+        "excess are in calibration_gib (references/memory.md section 13)",
         "sources": [
             "megatron/training/theoretical_memory_usage.py (18 and 6 + 12/N bytes/param; activations)",
             "megatron/bridge/training/utils/theoretical_memory_utils.py (Bridge's estimator, CP division)",
