@@ -36,7 +36,8 @@ DEMO_EXTRAS="run"
 PY310_EXTRAS="run,test"
 # The tests that exercise scripts/ (the tools users run on 3.10); not the npm install, agent or eval ones.
 PY310_TESTS=(tests/cli tests/rules tests/memory tests/runs tests/integrity/test_anchors.py
-    tests/test_config_io.py tests/test_enable.py tests/test_findings.py tests/test_schema.py)
+    tests/test_config_io.py tests/test_enable.py tests/test_findings.py tests/test_schema.py
+    tests/security/test_attacks_input.py tests/security/test_attacks_runs.py tests/security/test_fuzz_readers.py)
 # "all" = every extra in pyproject.toml except those in NOT_FOR_TESTS, so a dependency added to any extra
 # (or a new extra) reaches the test suite and CI without touching this file.
 TEST_EXTRAS="all"
@@ -45,6 +46,8 @@ NO_DEPS_EXTRAS="agents"  # wheels used only for the binaries they carry: their P
 
 # Installer telemetry off everywhere (the skills CLI reads either variable).
 export DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
+# No bytecode in the skill folder: `skill_signature.py verify` reports every unsigned .pyc (SECURITY.md).
+export PYTHONDONTWRITEBYTECODE=1
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 say() { printf '[dev.sh] %s\n' "$*" >&2; }
@@ -254,7 +257,7 @@ cmd_sign() {
     [ -f "$s/leaf.key.pem" ] || die "no signing key at $s/leaf.key.pem (set MFSDP_SIGNING_DIR=folder with leaf.key.pem)"
     "$VENV/bin/python" scripts/skill_signature.py sign --key "$s/leaf.key.pem" --cert "$s/leaf.crt.pem" \
         --chain "$s/ica.crt.pem" --chain "$s/root.crt.pem" "$ROOT"
-    "$VENV/bin/python" scripts/skill_signature.py verify --root "$s/root.crt.pem" "$ROOT"
+    "$VENV/bin/python" scripts/skill_signature.py verify --dev-tree --root "$s/root.crt.pem" "$ROOT"
 }
 
 cmd_benchmark_md() {

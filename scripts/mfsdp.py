@@ -24,11 +24,41 @@ from __future__ import annotations
 import os
 import sys
 
+# Never write bytecode into the skill folder (a .pyc there is a file the signature does not cover, and
+# `skill_signature.py verify` reports it), and never read it from there: with a cache prefix that cannot
+# exist, Python compiles the signed source instead of loading a __pycache__ entry planted beside it.
+# Both are set before the library is imported.
+sys.dont_write_bytecode = True
+sys.pycache_prefix = os.path.join(os.devnull, "no-bytecode")
+
 # The library lives next to this file; make it importable however we are run
 # (from the skill root, from an installed copy, through a symlink).
 _HERE = os.path.dirname(os.path.realpath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+
+def _refuse_unsigned_bytecode(here: str) -> None:
+    """Exit 2 when a sourceless ``.pyc`` sits among the skill's scripts (see SECURITY.md).
+
+    Python imports a ``name.pyc`` found on sys.path when no ``name.py`` comes first, and the signature does
+    not cover it. (``__pycache__`` bytecode is never read: ``sys.pycache_prefix`` points elsewhere.)
+    """
+    for dirpath, dirnames, filenames in os.walk(here):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        bad = [os.path.join(dirpath, f) for f in filenames if f.endswith((".pyc", ".pyo"))]
+        if bad:
+            sys.stderr.write(
+                f"{os.path.basename(sys.argv[0] or 'mfsdp.py')}: error: compiled bytecode in the skill folder "
+                f"({bad[0]}) is not covered by the signature and could run instead of the signed source; "
+                f"remove it (find {here} -name '*.py[co]' -delete) and check the folder with "
+                "skill_signature.py verify\n"
+            )
+            sys.exit(2)
+
+
+if os.path.basename(_HERE) == "scripts":  # inside a skill folder (an installed mfsdp-verify has nothing to guard)
+    _refuse_unsigned_bytecode(_HERE)
 
 MIN_PYTHON = (3, 10)  # NVIDIA's PyTorch containers ship 3.10 and newer.
 

@@ -15,13 +15,42 @@ them into ``.venv``); ``files`` needs the standard library only.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+
+# Never write bytecode into the skill folder (verify reports any .pyc), and never read a __pycache__ entry
+# planted beside the signed sources (the cache prefix cannot exist). Set before the library is imported.
+sys.dont_write_bytecode = True
+sys.pycache_prefix = os.path.join(os.devnull, "no-bytecode")
+
+import argparse  # noqa: E402
 
 _HERE = os.path.dirname(os.path.realpath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+
+def _refuse_unsigned_bytecode(here: str) -> None:
+    """Exit 2 when a sourceless ``.pyc`` sits among the skill's scripts (see SECURITY.md).
+
+    Python imports a ``name.pyc`` found on sys.path when no ``name.py`` comes first, and the signature does
+    not cover it. (``__pycache__`` bytecode is never read: ``sys.pycache_prefix`` points elsewhere.)
+    """
+    for dirpath, dirnames, filenames in os.walk(here):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        bad = [os.path.join(dirpath, f) for f in filenames if f.endswith((".pyc", ".pyo"))]
+        if bad:
+            sys.stderr.write(
+                f"{os.path.basename(sys.argv[0] or 'mfsdp.py')}: error: compiled bytecode in the skill folder "
+                f"({bad[0]}) is not covered by the signature and could run instead of the signed source; "
+                f"remove it (find {here} -name '*.py[co]' -delete) and check the folder with "
+                "skill_signature.py verify\n"
+            )
+            sys.exit(2)
+
+
+if os.path.basename(_HERE) == "scripts":  # inside a skill folder (an installed mfsdp-verify has nothing to guard)
+    _refuse_unsigned_bytecode(_HERE)
 
 from mfsdp_lib.findings import EXIT_FINDINGS, EXIT_INPUT, InputError  # noqa: E402
 
@@ -35,8 +64,9 @@ examples:
   # maintainers: re-sign after any change (same as: bash scripts/dev.sh sign)
   skill_signature.py sign --key "$MFSDP_SIGNING_DIR/leaf.key.pem" --cert "$MFSDP_SIGNING_DIR/leaf.crt.pem" \\
       --chain "$MFSDP_SIGNING_DIR/ica.crt.pem" --chain "$MFSDP_SIGNING_DIR/root.crt.pem"
-  # users: verify an installed copy against the root you trust
-  skill_signature.py verify --root signing/root.crt.pem .claude/skills/nemo-mbridge-perf-megatron-fsdp
+  # users: verify an installed copy against the root you trust, with a verifier from OUTSIDE that copy
+  # (this file inside the copy is checked by itself otherwise; see SECURITY.md), and pin the release
+  mfsdp-verify --root ROOT.pem --expect-version 0.1.0 .claude/skills/nemo-mbridge-perf-megatron-fsdp
   # list the files the signature covers
   skill_signature.py files
 
@@ -91,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="trusted root certificate (default: signing/root.crt.pem shipped with this skill)",
     )
     v.add_argument("--signature", metavar="PATH", help="bundle to check (default: DIR/skill.oms.sig)")
+    v.add_argument(
+        "--expect-version",
+        metavar="X.Y.Z",
+        help="fail unless the signed card.yaml says this release (an older signed release verifies otherwise)",
+    )
+    v.add_argument(
+        "--dev-tree",
+        action="store_true",
+        help="maintainers' working tree: also accept top-level .venv/.cache/... and __pycache__ (never for an "
+        "installed copy)",
+    )
     f = sub.add_parser("files", help="list the files the signature covers")
     f.add_argument("dir", nargs="?", metavar="DIR", help="skill folder (default: this skill)")
     return p
@@ -109,8 +150,19 @@ def run(args) -> int:
         print(f"signed {len(files)} files of {root} as '{sig.SKILL_NAME}' -> {out}")
         return 0
     trust = args.root or _default_root()
+    if _inside(root, _HERE):
+        sys.stderr.write(
+            f"{PROG} verify: note: this verifier runs from inside the folder it checks, so a tampered folder "
+            "could vouch for itself; for a check that matters use a verifier installed from outside it "
+            "(mfsdp-verify, or model-signing's own CLI; see SECURITY.md)\n"
+        )
+    if args.root is None:
+        sys.stderr.write(
+            f"{PROG} verify: note: no --root given: using the root certificate shipped inside the folder, which "
+            "proves the folder is consistent, not who signed it\n"
+        )
     try:
-        ok = sig.verify(root, trust, args.signature)
+        ok = sig.verify(root, trust, args.signature, expect_version=args.expect_version, dev_tree=args.dev_tree)
     except sig.VerificationError as exc:
         sys.stdout.flush()
         sys.stderr.write(f"{PROG} verify: FAILED for {root}: {exc}\n")
@@ -119,10 +171,21 @@ def run(args) -> int:
         return EXIT_FINDINGS
     chain = " <- ".join(ok.chain) if ok.chain else ok.signer
     print(
-        f"verified: {len(ok.files)} files of {root} match skill.oms.sig (subject '{ok.subject}', "
+        f"verified: {len(ok.files)} files of {root} match skill.oms.sig, and no other file is there "
+        f"(subject '{ok.subject}', release {ok.version or 'unknown'}, "
         f"signed by '{ok.signer}', chain {chain}, root {trust})"
     )
     return 0
+
+
+def _inside(root, here: str) -> bool:
+    r, h = os.path.realpath(str(root)), os.path.realpath(here)
+    return h == r or h.startswith(r.rstrip(os.sep) + os.sep)
+
+
+def verify_main() -> int:
+    """The ``mfsdp-verify`` entry point: ``skill_signature.py verify`` installed outside the folder it checks."""
+    return main(["verify", *sys.argv[1:]])
 
 
 def main(argv: list[str] | None = None) -> int:

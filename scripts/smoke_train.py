@@ -40,6 +40,9 @@ import sys
 import time
 import traceback
 
+sys.dont_write_bytecode = True  # no unsigned .pyc in the skill folder (see SECURITY.md)
+sys.pycache_prefix = os.path.join(os.devnull, "no-bytecode")  # and none read from its __pycache__
+
 _HERE = os.path.dirname(os.path.realpath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
@@ -497,9 +500,11 @@ def _count_parameters(model) -> int | None:
 
 
 def _write(out: str, rank: int, record: dict) -> None:
+    import tempfile
+
     path = os.path.join(out, f"rank{rank}.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
+    fd, tmp = tempfile.mkstemp(prefix=f".rank{rank}.", suffix=".tmp", dir=out)  # a new file: never through a link
+    with os.fdopen(fd, "w") as fh:
         json.dump(record, fh, indent=1, default=str)
     os.replace(tmp, path)
 

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import pytest
 
+# No bytecode in the skill folder from the test run either: every .pyc there is an unsigned file that
+# `skill_signature.py verify` reports (dev.sh also exports PYTHONDONTWRITEBYTECODE=1 for pytest's own).
+sys.dont_write_bytecode = True
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,11 +26,19 @@ def test_minimal_overrides_are_the_five():
 
 
 def test_plan_on_recipe_reproduces_the_real_fixup(tests_dir):
-    """enable on the recipe with --save-dir gives exactly the fix-up the real Bridge validated."""
+    """enable on the recipe with --save-dir gives the fix-up the real Bridge validated, with checkpoint.load kept.
+
+    The recorded fix-up cleared checkpoint.load (as Bridge's perf recipes do); enable keeps it so that a
+    preempted job resumes. Bridge's only load-related check (the fsdp_dtensor format assert) holds either way.
+    """
     cfg = config_io.load_effective(None)
     changes = enable.plan(cfg, save_dir="/workspace/fsdp_ckpts")
     result = enable.apply(cfg, changes)
-    fixup = config_io.load_effective(str(tests_dir / FIXUP), ["model.context_parallel_size=2"])
+    load = config_io.get(cfg, "checkpoint.load")
+    assert load and config_io.get(result, "checkpoint.load") == load
+    fixup = config_io.load_effective(
+        str(tests_dir / FIXUP), ["model.context_parallel_size=2", f"checkpoint.load={load}"]
+    )
     assert result == fixup
     assert _errors(result) == []
 
@@ -40,8 +48,10 @@ def test_changes_say_from_what_and_why():
     by_path = {c.path: c for c in enable.plan(cfg)}
     c = by_path["checkpoint.ckpt_format"]
     assert (c.old, c.new) == ("torch_dist", "fsdp_dtensor") and "fsdp_dtensor" in c.why
-    assert by_path["checkpoint.load"].new is None and by_path["checkpoint.load"].old.endswith("checkpoints")
+    assert "checkpoint.load" not in by_path  # kept: clearing it would silently turn auto-resume off
     assert all(c.why for c in by_path.values())
+    notes = enable.advice(cfg, list(by_path.values()))
+    assert len(notes) == 1 and "torch_dist" in notes[0] and "--expect fsdp_dtensor" in notes[0]
 
 
 def test_plan_is_idempotent():
@@ -94,7 +104,93 @@ def test_model_decisions_are_left_to_the_user():
     cfg = config_io.load_effective(None, ["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2"])
     changes = enable.plan(cfg)
     assert not {c.path for c in changes} & {"model.cpu_offloading", "model.pipeline_model_parallel_size"}
-    assert "MFSDP-CPU-OFFLOAD-PP" in _errors(enable.apply(cfg, changes))
+    errors = _errors(enable.apply(cfg, changes))
+    assert {"MFSDP-CPU-OFFLOAD-PP", "MFSDP-PIPELINE-PARALLEL"} <= set(errors)
+
+
+def test_set_pp1_sets_pipeline_to_one_and_drops_pipeline_only_keys():
+    cfg = config_io.load_effective(
+        None, ["model.pipeline_model_parallel_size=4", "model.virtual_pipeline_model_parallel_size=2"]
+    )
+    assert "MFSDP-PIPELINE-PARALLEL" in _errors(enable.apply(cfg, enable.plan(cfg)))
+    changes = {c.path: c for c in enable.plan(cfg, set_pp1=True)}
+    assert changes["model.pipeline_model_parallel_size"].new == 1
+    assert "--set-pp-1" in changes["model.pipeline_model_parallel_size"].why
+    assert changes["model.virtual_pipeline_model_parallel_size"].new is None
+    assert _errors(enable.apply(cfg, list(changes.values()))) == []
+
+
+@pytest.mark.parametrize(
+    "overrides,fixed",
+    [
+        (
+            [
+                "model.num_moe_experts=8",
+                "model.expert_model_parallel_size=2",
+                "comm_overlap.tp_comm_overlap=false",
+                "comm_overlap.overlap_moe_expert_parallel_comm=true",
+                "ddp.megatron_fsdp_max_pool_double_buffer=true",
+                "ddp.fsdp_double_buffer=true",
+            ],
+            {"ddp.fsdp_double_buffer": False, "ddp.megatron_fsdp_max_pool_double_buffer": False},
+        ),
+        (["model.moe_single_grouped_weight=true"], {"model.moe_single_grouped_weight": False}),
+        (
+            ["model.cuda_graph_impl=full_iteration"],
+            {"ddp.megatron_fsdp_cuda_graph_mode": True, "ddp.fsdp_all_gather_in_start_param_sync": False},
+        ),
+        (["model.cuda_graph_impl=transformer_engine"], {"ddp.megatron_fsdp_cuda_graph_mode": True}),
+    ],
+)
+def test_plan_fixes_wrap_time_failures_that_are_safe_to_fix(overrides, fixed):
+    cfg = config_io.load_effective(None, overrides)
+    changes = enable.plan(cfg)
+    got = {c.path: c.new for c in changes}
+    assert {k: got.get(k) for k in fixed} == fixed
+    assert all(c.why for c in changes)
+    result = enable.apply(cfg, changes)
+    assert _errors(result) == []
+    assert not [f for f in rules.evaluate(result, {}) if f.severity == "warning" and f.rule.startswith("MFSDP-CUDA")]
+
+
+def test_no_shard_perf_does_not_add_meta_device_init():
+    cfg = config_io.load_effective(None)
+    changes = {c.path: c.new for c in enable.plan(cfg, strategy="no_shard", perf=True)}
+    assert "model.init_model_with_meta_device" not in changes
+    cfg = config_io.load_effective(None, ["model.init_model_with_meta_device=true"])
+    changes = {c.path: c.new for c in enable.plan(cfg, strategy="no_shard")}
+    assert changes["model.init_model_with_meta_device"] is False
+
+
+def test_peft_keeps_pretrained_checkpoint_and_turns_meta_init_off():
+    cfg = config_io.load_effective(
+        None,
+        [
+            "peft={_target_: megatron.bridge.peft.lora.LoRA, dim: 8}",
+            "checkpoint.pretrained_checkpoint=/models/base",
+            "model.init_model_with_meta_device=true",
+        ],
+    )
+    changes = enable.plan(cfg, perf=True)
+    by_path = {c.path: c.new for c in changes}
+    assert "checkpoint.pretrained_checkpoint" not in by_path and "checkpoint.load" not in by_path
+    assert by_path["model.init_model_with_meta_device"] is False
+    assert _errors(enable.apply(cfg, changes)) == []
+    notes = enable.advice(cfg, changes)
+    assert any("pretrained_checkpoint=/models/base" in n and "Hugging Face" in n for n in notes)
+
+
+def test_blocked_when_the_optimizer_is_muon():
+    cfg = config_io.load_effective(None, ["optimizer.optimizer=dist_muon"])
+    result = enable.apply(cfg, enable.plan(cfg))
+    assert [f.rule for f in enable.blocking(rules.evaluate(result, {}))] == ["MFSDP-OPTIMIZER-UNSUPPORTED"]
+
+
+def test_no_op_changes_are_not_listed():
+    """A value that is already right is not a change, even when a later step revisits it."""
+    cfg = config_io.load_effective(None)
+    once = enable.apply(cfg, enable.plan(cfg, save_dir="/ckpt"))
+    assert enable.plan(once, save_dir="/ckpt") == []
 
 
 def test_yaml_edit_keeps_comments_and_order():
@@ -112,7 +208,7 @@ def test_yaml_edit_keeps_comments_and_order():
     parsed = yaml.safe_load(new)
     assert list(parsed) == ["ddp", "checkpoint", "train", "dist", "optimizer"]  # new sections appended, order kept
     assert list(parsed["ddp"])[:2] == ["use_megatron_fsdp", "bucket_size"]  # new keys go after existing ones
-    assert parsed["checkpoint"] == {"save": "/ckpt", "load": None, "ckpt_format": "fsdp_dtensor"}
+    assert parsed["checkpoint"] == {"save": "/ckpt", "load": "/ckpt", "ckpt_format": "fsdp_dtensor"}  # load kept
     assert parsed["dist"] == {"use_megatron_fsdp": True}
 
 
@@ -194,3 +290,19 @@ def test_rendered_values_round_trip(value):
     """What enable prints (YAML scalar, Hydra value) parses back to the very value it changed."""
     assert yaml.safe_load(enable.yaml_scalar(value)) == value
     assert config_io.parse_value(enable.hydra_value(value)) == value
+
+
+def test_set_pp1_on_a_gpt_model_config_edits_the_nested_transformer(tmp_path):
+    text = (
+        "model:\n  _target_: megatron.training.models.gpt.GPTModelConfig\n  vocab_size: 128256\n"
+        "  transformer:\n    pipeline_model_parallel_size: 2\n    num_layers: 4\n"
+    )
+    data = config_io.parse_yaml(text, "t")
+    cfg = config_io.merge_file(config_io._defaults(), data, "t")
+    changes = enable.plan(cfg, set_pp1=True)
+    assert "model.transformer.pipeline_model_parallel_size" in {c.path for c in changes}
+    new, _ = enable.yaml_edit(text, data, changes)
+    parsed = yaml.safe_load(new)
+    assert parsed["model"]["transformer"]["pipeline_model_parallel_size"] == 1
+    assert "pipeline_model_parallel_size" not in parsed["model"]  # no stray top-level key GPTModelConfig would reject
+    assert _errors(enable.apply(cfg, changes)) == []

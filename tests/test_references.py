@@ -119,3 +119,20 @@ def test_bytes_per_parameter_match_megatron_estimator(mcore_src):
     assert "return 18 if not args.use_distributed_optimizer else 6 + (12 / data_parallel_size)" in text
     skill = read("SKILL.md")
     assert "18 bytes/parameter" in skill and "`6 + 12/DP`" in skill
+
+
+def test_coverage_is_stated_in_readme_help_and_rule_reference(root, cli):
+    """README, `check --help` and the rule reference say which families are covered and which are not."""
+    from mfsdp_lib import rules
+
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    ref = (root / "references" / "rules.md").read_text(encoding="utf-8")
+    families = (root / "references" / "families.md").read_text(encoding="utf-8")
+    help_text = " ".join(cli("check", "--help").stdout.split())
+    for item in rules.NOT_COVERED:
+        assert " ".join(item.split()) in help_text
+        assert item in ref
+    for word in ("FP4", "Megatron-MIMO", "FLUX", "T5", "PEFT", "pipeline parallelism", "MoE", "hybrid Mamba", "MLA"):
+        assert word in " ".join(readme.split()), word
+        assert word in " ".join(families.split()), word
+    assert "references/families.md" in readme and "(families.md)" in ref

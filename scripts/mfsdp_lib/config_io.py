@@ -57,6 +57,9 @@ MAX_FILE_BYTES = 16 * 1024 * 1024  # a run_config.yaml is ~30 KB; anything this 
 # A run_config.yaml nests 4 levels deep. libyaml's C composer recurses once per level and overflows the C stack
 # (a segfault, no exception) somewhere past 20,000 levels, which a 60 KB line of "- - - ..." reaches.
 MAX_YAML_DEPTH = 100
+# A full run_config.yaml dump composes to ~1,500 nodes and uses no aliases; these bound what hostile YAML can cost.
+MAX_YAML_ALIASES = 100
+MAX_YAML_NODES = 200_000
 
 # OmegaConf BooleanNode spellings (case-insensitive), plus any int-parsable string (!= 0).
 _TRUE = ("y", "yes", "on", "true")
@@ -85,26 +88,73 @@ def input_error(msg: str) -> InputError:
 # --------------------------------------------------------------------------- reading
 
 
-def read_text(path: str) -> str:
-    """The file's text, or InputError naming what is wrong with it."""
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words a user recognises."""
+    import stat
+
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_regular(path: str, limit: int, what: str = "file") -> bytes:
+    """The bytes of the REGULAR file ``path`` (at most ``limit``), or InputError saying why not.
+
+    Only regular files are read: a named pipe without a writer blocks ``open()`` forever, a device such as
+    /dev/zero never ends, and a socket cannot be opened. The kind is checked with ``stat`` before opening,
+    the file is opened with O_NONBLOCK (so a path swapped for a FIFO in between cannot hang the open) and
+    checked again with ``fstat`` on the open descriptor, and at most ``limit + 1`` bytes are read.
+    """
+    import stat
+
     if "\x00" in path:
         raise input_error(f"{path!r}: not a valid file name (contains a NUL byte)")
-    if os.path.isdir(path):
-        raise input_error(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
     try:
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
-            raise input_error(f"{path}: {size} bytes is too large for a config file")
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE_BYTES + 1)  # bounded: /dev/zero or an endless pipe has no size to check
-        if len(data) > MAX_FILE_BYTES:
-            raise input_error(f"{path}: more than {MAX_FILE_BYTES} bytes is too large for a config file")
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise input_error(f"{path}: is {file_kind(st.st_mode)}, expected a regular {what}")
+        if st.st_size > limit:
+            raise input_error(f"{path}: {st.st_size} bytes is too large for a {what}")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise input_error(f"{path}: is {file_kind(os.fstat(fd).st_mode)}, expected a regular {what}")
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+        finally:
+            os.close(fd)
+        if len(data) > limit:
+            raise input_error(f"{path}: more than {limit} bytes is too large for a {what}")
     except FileNotFoundError:
         raise input_error(f"{path}: no such file") from None
     except PermissionError:
         raise input_error(f"{path}: permission denied") from None
     except (OSError, ValueError) as exc:
         raise input_error(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    return data
+
+
+def read_text(path: str) -> str:
+    """The file's text, or InputError naming what is wrong with it."""
+    if "\x00" in path:
+        raise input_error(f"{path!r}: not a valid file name (contains a NUL byte)")
+    if os.path.isdir(path):
+        raise input_error(f"{path}: is a directory, expected a YAML config file (a run_config.yaml or overrides)")
+    data = read_regular(path, MAX_FILE_BYTES, "config file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -121,24 +171,7 @@ def _need_yaml() -> None:
 
 def parse_yaml(text: str, name: str) -> dict:
     """Parse YAML text into a mapping; InputError with the line for syntax errors."""
-    _need_yaml()
-    if "\x00" in text:
-        raise input_error(f"{name}: contains NUL bytes; not a YAML file")
-    try:
-        if yaml_depth(text) > MAX_YAML_DEPTH:
-            raise input_error(f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge config")
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        what = (exc.problem or exc.context or "syntax error").strip()
-        raise input_error(f"{name}: YAML syntax error at {where}: {what}") from None
-    except yaml.YAMLError as exc:
-        raise input_error(
-            f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        ) from None
-    except (RecursionError, ValueError, OverflowError) as exc:
-        raise input_error(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
+    data = safe_yaml(text, name)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -151,13 +184,100 @@ def parse_yaml(text: str, name: str) -> dict:
     return data
 
 
-def yaml_depth(text: str, loader=None) -> int:
-    """How deep collections nest in ``text`` (stops counting past MAX_YAML_DEPTH).
+def safe_yaml(text: str, name: str, loader=None):
+    """Bounded, strict YAML loading: the one way this skill turns YAML text into data.
 
-    Read from libyaml's event stream, which is produced iteratively and so cannot overflow the stack the way
-    composing the document can; it costs about a third of the load itself.
+    On top of PyYAML's safe loader (no Python objects are ever built):
+
+    * nesting deeper than ``MAX_YAML_DEPTH`` is refused before libyaml composes the document (its C
+      composer recurses per level and crashes the interpreter on a deep enough document);
+    * more than ``MAX_YAML_ALIASES`` aliases, or a document whose aliases expand to more than
+      ``MAX_YAML_NODES`` nodes (the "billion laughs" bomb: 9 anchors of 9 aliases each stand for 9**9
+      values), is refused; Bridge configs use no aliases at all;
+    * a duplicate key in any mapping is an error naming the key and both lines. PyYAML silently keeps
+      the last value, while OmegaConf's loader, which Bridge uses to read a config file
+      (``OmegaConf.load`` in megatron/bridge/training/utils/omegaconf_utils.py), raises "found duplicate
+      key" (omegaconf 2.3.1 omegaconf/_utils.py, OmegaConfLoader.construct_mapping).
+
+    Returns the loaded value (None for an empty document); raises InputError otherwise.
     """
-    depth = deepest = 0
+    _need_yaml()
+    if "\x00" in text:
+        raise input_error(f"{name}: contains NUL bytes; not a YAML file")
+    loader_cls = loader or _Loader
+    assert loader_cls is not None  # _need_yaml() above: PyYAML is there
+    try:
+        depth, aliases = _scan_events(text, loader_cls)
+        if depth > MAX_YAML_DEPTH:
+            raise input_error(f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge config")
+        if aliases > MAX_YAML_ALIASES:
+            raise input_error(
+                f"{name}: more than {MAX_YAML_ALIASES} YAML aliases (*name); Bridge configs use none, "
+                "and many aliases can expand into an enormous document"
+            )
+        ld = loader_cls(text)
+        try:
+            node = ld.get_single_node()
+            if node is None:
+                return None
+            _check_nodes(node, name)
+            return ld.construct_document(node)
+        finally:
+            ld.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        what = (exc.problem or exc.context or "syntax error").strip()
+        raise input_error(f"{name}: YAML syntax error at {where}: {what}") from None
+    except yaml.YAMLError as exc:
+        raise input_error(
+            f"{name}: YAML error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+    except (RecursionError, ValueError, OverflowError, MemoryError) as exc:
+        raise input_error(f"{name}: cannot parse YAML: {type(exc).__name__}") from None
+
+
+def _check_nodes(root, name: str) -> None:
+    """Walk the composed node graph once (iteratively): duplicate keys, and the size aliases expand to."""
+    stack = [(root, "")]
+    visited = 0
+    while stack:
+        node, path = stack.pop()
+        visited += 1  # an alias is the same node object reached again: counted each time, as a consumer would
+        if visited > MAX_YAML_NODES:
+            raise input_error(
+                f"{name}: expands to more than {MAX_YAML_NODES} values (YAML aliases repeat whole subtrees); "
+                "not a Bridge config"
+            )
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        stack.append((value_node, path))
+                        continue
+                    key = key_node.value
+                    here = f"{path}.{key}" if path else key
+                    if key in seen:
+                        raise input_error(
+                            f"{name}: duplicate key '{here}' at line {key_node.start_mark.line + 1} (first at line "
+                            f"{seen[key] + 1}); YAML would keep only the last value silently, and Bridge's loader "
+                            "(OmegaConf) rejects the file: keep one"
+                        )
+                    seen[key] = key_node.start_mark.line
+                else:
+                    here = path
+                    stack.append((key_node, path))
+                stack.append((value_node, here))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                stack.append((item, f"{path}[{i}]"))
+
+
+def _scan_events(text: str, loader=None) -> tuple[int, int]:
+    """(nesting depth, alias count) of ``text`` from libyaml's event stream, which is produced iteratively
+    and so cannot overflow the stack the way composing the document can; stops early past the limits."""
+    depth = deepest = aliases = 0
     for event in yaml.parse(text, Loader=loader or _Loader):
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             depth += 1
@@ -166,7 +286,16 @@ def yaml_depth(text: str, loader=None) -> int:
                 break
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
             depth -= 1
-    return deepest
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_YAML_ALIASES:
+                break
+    return deepest, aliases
+
+
+def yaml_depth(text: str, loader=None) -> int:
+    """How deep collections nest in ``text`` (stops counting past MAX_YAML_DEPTH)."""
+    return _scan_events(text, loader)[0]
 
 
 def load_yaml(path: str) -> dict:
@@ -256,7 +385,7 @@ def _article(typ: str) -> str:
 
 def _unknown_hint(section: str, key: str, known) -> str:
     why = S.NOT_IN_THIS_RELEASE.get(f"{section}.{key}")
-    return f": {why}" if why else _did_you_mean(key, known)
+    return f": {why}" if why else _did_you_mean(key, set(known) | family_keys(section))
 
 
 def _did_you_mean(word: str, choices) -> str:
@@ -344,8 +473,38 @@ def _check_env_vars(value, where: str) -> None:
             )
 
 
+SECTION_KEYS_FILE = os.path.join(os.path.dirname(HERE), "data", "section_keys.json")
+_section_keys_cache: dict | None = None
+
+
+def family_keys(section: str) -> frozenset:
+    """Every field a section can hold across the recipe families (model: MLA, hybrid Mamba, MoE, VLM ...).
+
+    Read from ``data/section_keys.json`` (generated from the pinned wheels by tests/gen_section_keys.py),
+    once, and only when a key is not among the embedded recipe's: the common path pays nothing.
+    """
+    global _section_keys_cache
+    if _section_keys_cache is None:
+        import json
+
+        try:
+            with open(SECTION_KEYS_FILE, encoding="utf-8") as fh:
+                raw = json.load(fh)
+        except (OSError, ValueError):
+            raw = {}
+        _section_keys_cache = {k: frozenset(v) for k, v in raw.items() if isinstance(v, list)}
+    return _section_keys_cache.get(section, frozenset())
+
+
+def _is_known(section: str, key: str, known: set | None) -> bool:
+    return known is None or key in known or key in family_keys(section)
+
+
 def _known_keys(section: str, user_section: Mapping | None) -> set | None:
-    """Keys Bridge knows in ``section``, or None when we cannot tell (another class)."""
+    """Keys Bridge knows in ``section``, or None when we cannot tell (another class).
+
+    The embedded recipe's keys and the rule table's; ``_is_known`` adds the other families' fields.
+    """
     if section == "mixed_precision":
         return set(S.MIXED_PRECISION_KEYS) | {"_target_"}
     if section == "comm_overlap":
@@ -402,7 +561,7 @@ def validate_section(section: str, value, where: str):
     for key, v in value.items():
         if not isinstance(key, str):
             raise input_error(f"{loc}{section}: key {key!r} is not a field name")
-        if known is not None and key not in known:
+        if not _is_known(section, key, known):
             raise input_error(f"{loc}unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
         out[key] = coerce(f"{section}.{key}", v, where)
     return out
@@ -455,8 +614,15 @@ def set_path(cfg: dict, path: str, value, where: str = "override") -> None:
         cfg[section] = node
         return
     key = parts[1]
+    nested = node.get("transformer") if section == "model" else None
+    if isinstance(nested, dict) and key in nested:  # GPTModelConfig: Bridge proxies model.X to model.transformer.X
+        nested = dict(nested)
+        nested[key] = coerce(path, value, f"{where} {path}".strip())
+        node["transformer"] = nested
+        cfg[section] = node
+        return
     known = _known_keys(section, node)
-    if known is not None and key not in known:
+    if not _is_known(section, key, known):
         raise input_error(f"{where} {path}: unknown key '{section}.{key}'{_unknown_hint(section, key, known)}")
     node[key] = coerce(path, value, f"{where} {path}".strip())
     cfg[section] = node
@@ -552,37 +718,160 @@ def get(cfg: Mapping, path: str, default=None):
 # --------------------------------------------------------------------------- writing
 
 
-def write_atomic(path: str, text: str, backup: bool = False) -> str | None:
+# How long ``edit_lock`` waits for another writer of the same folder (e.g. a second ``enable --in-place``).
+EDIT_LOCK_TIMEOUT_S = 60.0
+
+
+class EditLock:
+    """An exclusive ``flock`` on the folder of ``path``, held from reading a file to writing it back.
+
+    ``enable --in-place`` reads CONFIG, computes, and writes it back; two of them at once would each write
+    their own result over the other's (a lost update). Holding this lock across the read-modify-write
+    serialises them, so every change lands. The lock is taken on the folder itself (an O_RDONLY descriptor;
+    Linux and macOS allow flock on it), so no lock file is left in the user's folder, and it is released when
+    the descriptor closes, including when the process dies. Where flock is unavailable (Windows, some
+    network file systems) no lock is taken; the compare-before-write in ``write_atomic`` still refuses to
+    overwrite a file that changed since it was read.
+    """
+
+    def __init__(self, path: str, timeout: float = EDIT_LOCK_TIMEOUT_S):
+        self.folder = os.path.dirname(os.path.realpath(path)) or "."
+        self.timeout = timeout
+        self.fd: int | None = None
+
+    def __enter__(self) -> EditLock:
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        import time
+
+        try:
+            fd = os.open(self.folder, os.O_RDONLY)
+        except OSError:
+            return self  # the write reports the folder's problem in its own words
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.fd = fd
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise input_error(
+                        f"{self.folder}: another process has been editing a file here for {self.timeout:.0f} s; "
+                        "nothing was written, try again"
+                    ) from None
+                time.sleep(0.02)
+            except OSError:  # flock not supported here
+                os.close(fd)
+                return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def edit_lock(path: str) -> EditLock:
+    """Take the folder lock of ``path`` now (see ``EditLock``); it is released when the result is closed
+    or garbage-collected, or at exit."""
+    return EditLock(path).__enter__()
+
+
+def writable_target(path: str, follow_links: bool = True) -> tuple[str, os.stat_result | None]:
+    """Where writing ``path`` really goes, and its stat; InputError unless it is a regular file or absent.
+
+    A symbolic link is followed to its target, so the link itself survives (a replaced link would silently
+    stop pointing at the user's file). Anything but a regular file is refused: ``os.replace`` over a device
+    node, a FIFO or a socket would turn it into a regular file (as root, /dev/null).
+    """
+    import stat
+
+    if os.path.islink(path) and not follow_links:
+        raise input_error(
+            f"{path}: is a symbolic link (to {os.readlink(path)}); this output is never written through a link"
+        )
+    real = os.path.realpath(path) if os.path.islink(path) else path
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise input_error(
+                f"{path}: is a broken symbolic link (to {os.readlink(path)}); nothing was written"
+            ) from None
+        return real, None
+    except OSError as exc:
+        raise input_error(f"{path}: cannot write: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise input_error(
+            f"{path}: is {file_kind(st.st_mode)}; only a regular file is ever replaced, nothing was written"
+        )
+    return real, st
+
+
+def _backup(path: str) -> str:
+    """Copy ``path`` to a NEW ``PATH.bak`` (``.bak.1`` ...): created with O_EXCL, so a backup, or anything
+    else already there (a link planted under that name), is never overwritten, even by a concurrent run."""
+    import shutil
+
+    n = 0
+    while True:
+        bak = path + ".bak" if n == 0 else f"{path}.bak.{n}"
+        try:
+            fd = os.open(bak, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            break
+        except FileExistsError:
+            n += 1
+            if n > 10_000:
+                raise input_error(f"{path}: 10,000 backups exist already; remove old {path}.bak.* files") from None
+        except OSError as exc:  # read-only folder, name too long: the user's input, not a bug
+            raise input_error(
+                f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written"
+            ) from None
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        shutil.copystat(path, bak)
+    except OSError as exc:
+        raise input_error(
+            f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written"
+        ) from None
+    return bak
+
+
+def write_atomic(
+    path: str, text: str, backup: bool = False, expect_text: str | None = None, follow_links: bool = True
+) -> str | None:
     """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, rename).
 
-    With ``backup``, an existing file is first copied to ``PATH.bak`` (``PATH.bak.1`` ...
-    when that exists), so nothing of the user's is lost. Returns the backup path.
+    Only a regular file (or a new name) is ever written; a symbolic link is written through to its target
+    (``writable_target``). With ``backup``, an existing file is first copied to a new ``PATH.bak``
+    (``PATH.bak.1`` ... when that exists; never overwritten), so nothing of the user's is lost. With
+    ``expect_text``, the write is refused when the file no longer holds that text (someone changed it since
+    it was read). Returns the backup path.
     """
     import tempfile
 
+    shown = path
+    path, st = writable_target(path, follow_links)
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
-        raise input_error(f"{path}: folder {folder} does not exist")
+        raise input_error(f"{shown}: folder {folder} does not exist")
     bak = None
     mode = None
-    if os.path.exists(path):
-        if os.path.isdir(path):
-            raise input_error(f"{path}: is a directory")
-        mode = os.stat(path).st_mode & 0o777
-        if backup:
-            import shutil
-
-            bak = path + ".bak"
-            n = 1
-            while os.path.exists(bak):
-                bak = f"{path}.bak.{n}"
-                n += 1
+    if st is not None:
+        mode = st.st_mode & 0o777
+        if expect_text is not None:
             try:
-                shutil.copy2(path, bak)
-            except OSError as exc:  # read-only folder, name too long, disk full: the user's input, not a bug
-                raise input_error(
-                    f"{path}: cannot keep a backup at {bak} ({exc.strerror or exc}); nothing was written"
-                ) from None
+                now = read_regular(path, MAX_FILE_BYTES, "config file").decode("utf-8", "replace")
+            except InputError:
+                now = None
+            if now != expect_text:
+                raise input_error(f"{shown}: changed while it was being edited; nothing was written, run again")
+        if backup:
+            bak = _backup(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     except OSError as exc:

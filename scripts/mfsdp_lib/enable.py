@@ -7,16 +7,28 @@ effective config (``config_io.load_effective``) a valid Megatron FSDP config:
    the sharding strategy, ``average_in_collective`` off, and the ``fsdp_dtensor``
    checkpoint format (the only one Bridge accepts for Megatron FSDP when a job saves
    or loads, and the one Megatron FSDP's sharded state is written in);
-2. what follows from the config: ``checkpoint.save`` to ``--save-dir``;
-   ``checkpoint.load=null`` when it points at a checkpoint of another format (it
-   cannot be resumed as ``fsdp_dtensor``; Bridge's perf recipes do the same);
-   the HF side export off (not supported with ``fsdp_dtensor``); settings Bridge
-   would reject with Megatron FSDP (``fsdp_manual_registration`` without ``nccl_ub``,
-   weight-hash checks with full sharding, TP-PP-DP mapping, FSDP2);
+2. what follows from the config: ``checkpoint.save`` to ``--save-dir``; the HF side
+   export off (not supported with ``fsdp_dtensor``); settings Bridge would reject with
+   Megatron FSDP (``fsdp_manual_registration`` without ``nccl_ub``, weight-hash checks
+   with full sharding, TP-PP-DP mapping, FSDP2); and what only fails when Megatron-Core
+   wraps the model, where the fix changes no result of training: double buffering with
+   the expert-parallel A2A overlap, single grouped expert weights, the CUDA-graph-safe
+   mode of Megatron FSDP for CUDA graphs, meta-device init with ``no_shard`` or PEFT;
+   the NaN-in-loss check that Bridge forbids with full-iteration CUDA graphs;
 3. a fix-point pass: any error the rule table still reports whose fix is one plain
-   ``key=value`` in the ddp/dist/checkpoint/train plumbing is applied, so the output
-   passes ``check``; errors that need a decision (parallel sizes, offloading,
-   precision) are left and reported, and ``enable`` exits 1.
+   ``key=value`` in the ddp/dist/checkpoint/train/rerun_state_machine plumbing is applied, so the output
+   passes ``check``; errors that need a decision (pipeline parallelism, the optimizer,
+   offloading, precision, the PEFT base checkpoint) are left, and the CLI refuses to emit
+   a config while any error remains (``blocking``).
+
+``checkpoint.load`` and ``checkpoint.pretrained_checkpoint`` are never changed: clearing
+``load`` (what Bridge's perf recipes do) silently turns auto-resume after a preemption
+off. Where ``load`` may hold checkpoints of the earlier format, ``advice`` says what to do
+(convert them, or use a fresh directory) and how ``mfsdp.py ckpt`` tells which applies.
+
+Pipeline parallelism has no axis in Megatron FSDP's device mesh, so a config with
+``pipeline_model_parallel_size > 1`` is refused unless the caller asks for
+``set_pp1=True``, which sets PP to 1 (and drops the pipeline-only layout keys) and says so.
 
 Applying the plan to YAML edits the user's text in place (``yaml_edit``): only the
 changed values' lines are touched, comments and key order stay. Only when the file
@@ -73,10 +85,21 @@ PERF_OVERRIDES: dict[str, tuple] = {
     ),
 }
 
+# Keys that only mean something with pipeline parallelism, and their value without it
+# (MCore ModelParallelConfig / TransformerConfig): --set-pp-1 resets the ones a recipe set.
+PIPELINE_ONLY_KEYS: dict[str, object] = {
+    "model.virtual_pipeline_model_parallel_size": None,
+    "model.pipeline_model_parallel_layout": None,
+    "model.num_layers_in_first_pipeline_stage": None,
+    "model.num_layers_in_last_pipeline_stage": None,
+    "model.account_for_embedding_in_pipeline_split": False,
+    "model.account_for_loss_in_pipeline_split": False,
+}
+
 # Sections whose keys the fix-point pass may change on its own: the distributed and
 # checkpoint plumbing that Megatron FSDP dictates. Model shape, parallel sizes, precision
 # and offloading are trade-offs the user decides; errors there are reported instead.
-FIX_POINT_SECTIONS = ("ddp", "dist", "checkpoint", "train")
+FIX_POINT_SECTIONS = ("ddp", "dist", "checkpoint", "train", "rerun_state_machine")
 
 # Fix-point pass: at most this many rounds (each round fixes >= 1 error or stops).
 MAX_FIX_ROUNDS = 8
@@ -106,8 +129,25 @@ def _set(cfg: dict, path: str, value) -> None:
     if sec == "mixed_precision" and isinstance(node, str):
         node = dict(S.MIXED_PRECISION_PRESETS[node])
     node = dict(node) if isinstance(node, dict) else {}
+    if "." in key:  # model.transformer.X (GPTModelConfig): copy each level on the way down
+        first, rest = key.split(".", 1)
+        sub = node.get(first)
+        node[first] = sub = dict(sub) if isinstance(sub, dict) else {}
+        _set(sub, rest, value) if "." in rest else sub.__setitem__(rest, value)
+        cfg[sec] = node
+        return
     node[key] = value
     cfg[sec] = node
+
+
+def _where(cfg: Mapping, path: str) -> str:
+    """The key that holds ``path``: ``model.X`` lives in ``model.transformer.X`` for a GPTModelConfig."""
+    if path.startswith("model."):
+        model = cfg.get("model")
+        key = path.split(".", 1)[1]
+        if isinstance(model, Mapping) and isinstance(model.get("transformer"), Mapping) and key in model["transformer"]:
+            return f"model.transformer.{key}"
+    return path
 
 
 def plan(
@@ -116,14 +156,19 @@ def plan(
     save_dir: str | None = None,
     perf: bool = False,
     env: Mapping[str, str] | None = None,
+    set_pp1: bool = False,
 ) -> list[Change]:
-    """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied."""
+    """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied.
+
+    Only real changes are returned: a step that ends where the config started is dropped.
+    """
     if strategy not in STRATEGIES:
         raise config_io.input_error(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     work = _deep_copy(cfg)
     changes: list[Change] = []
 
     def change(path: str, new, why: str) -> None:
+        path = _where(work, path)
         old = config_io.get(work, path, S.default(path))
         if old == new and type(old) is type(new):
             return
@@ -135,7 +180,6 @@ def plan(
             changes.append(Change(path, old, new, why))
         _set(work, path, new)
 
-    old_format = config_io.get(work, "checkpoint.ckpt_format", S.default("checkpoint.ckpt_format"))
     for path, value in MINIMAL_OVERRIDES.items():
         if path == "ddp.data_parallel_sharding_strategy":
             value = strategy
@@ -143,14 +187,6 @@ def plan(
 
     if save_dir is not None:
         change("checkpoint.save", save_dir, "where the fsdp_dtensor checkpoints go (--save-dir)")
-    load = config_io.get(work, "checkpoint.load")
-    if load is not None and old_format != "fsdp_dtensor":
-        change(
-            "checkpoint.load",
-            None,
-            f"it pointed at a {old_format} checkpoint location, which cannot be resumed as fsdp_dtensor; "
-            "set it again to resume from an fsdp_dtensor checkpoint (Bridge's perf recipes also clear it)",
-        )
     if config_io.get(work, "checkpoint.also_save_hf_checkpoint"):
         change(
             "checkpoint.also_save_hf_checkpoint",
@@ -183,16 +219,17 @@ def plan(
             "Megatron FSDP needs CUDA_DEVICE_MAX_CONNECTIONS unset or > 1 (Bridge asserts); 32 is what "
             "Bridge's recipes use",
         )
-    if perf:
-        for path, (value, why) in PERF_OVERRIDES.items():
-            change(path, value, why)
-        co = work.get("comm_overlap")
-        if isinstance(co, Mapping) and co.get("defer_embedding_wgrad_compute"):
-            change(
-                "comm_overlap.defer_embedding_wgrad_compute",
-                False,
-                "Bridge's performance harness turns it off with Megatron FSDP",
-            )
+    if set_pp1 and rules.pp_size(rules.Eff(work, {}, None)) > 1:
+        change(
+            "model.pipeline_model_parallel_size",
+            1,
+            "--set-pp-1: Megatron FSDP's device mesh has no pipeline axis (wrapping fails with PP > 1); "
+            "each GPU now holds every layer's shard, so re-check memory ('mfsdp.py memory')",
+        )
+        for path, off in PIPELINE_ONLY_KEYS.items():
+            if config_io.get(work, _where(work, path), off) != off:
+                change(path, off, "--set-pp-1: only meaningful with pipeline parallelism")
+    _plan_runtime_fixes(work, change, strategy, perf)
 
     # Fix-point pass over the rule table: apply every remaining single key=value fix.
     for _ in range(MAX_FIX_ROUNDS):
@@ -218,7 +255,102 @@ def plan(
             progressed = True
         if not progressed:
             break
-    return changes
+    return [c for c in changes if not _same(c.old, c.new)]
+
+
+def _same(a, b) -> bool:
+    return a == b and type(a) is type(b)
+
+
+def _plan_runtime_fixes(work: dict, change, strategy: str, perf: bool) -> None:
+    """Settings that only fail when Megatron-Core wraps the model, fixed where the fix is safe.
+
+    Safe means: the same model trains to the same result; only buffering, graph capture
+    bookkeeping or initialisation changes. Each ``why`` names the rule that would fire.
+    """
+    e = rules.Eff(work, {}, None)
+    peft = e.get("peft") is not None
+    if rules.moe_ep_overlap(e):
+        for path in ("ddp.fsdp_double_buffer", "ddp.megatron_fsdp_max_pool_double_buffer"):
+            if e.get(path):
+                change(
+                    path,
+                    False,
+                    "MFSDP-MOE-OVERLAP-DOUBLE-BUFFER: the expert-parallel A2A overlap does not support FSDP double "
+                    "buffering (the wrapper asserts); costs some all-gather overlap, not correctness",
+                )
+    for path in ("model.moe_single_grouped_weight", "model.moe_single_grouped_bias"):
+        if e.get(path):
+            change(
+                path,
+                False,
+                "MFSDP-MOE-SINGLE-GROUPED-WEIGHT: Megatron FSDP cannot hold Transformer Engine grouped tensors; "
+                "the experts keep the same weights, stored one tensor per expert",
+            )
+    impl = e.get("model.cuda_graph_impl")
+    if impl in ("local", "transformer_engine", "full_iteration") and not e.get("ddp.megatron_fsdp_cuda_graph_mode"):
+        change(
+            "ddp.megatron_fsdp_cuda_graph_mode",
+            True,
+            f"cuda_graph_impl={impl}: keeps the gradient references graph replay needs (what Megatron-LM sets)",
+        )
+    if impl == "full_iteration" and e.get("ddp.fsdp_all_gather_in_start_param_sync"):
+        change(
+            "ddp.fsdp_all_gather_in_start_param_sync",
+            False,
+            "MFSDP-FULL-ITER-CUDA-GRAPH: no all-gather outside the captured iteration (what Megatron-LM sets)",
+        )
+    meta_ok = strategy != "no_shard" and not peft
+    if perf:
+        for path, (value, why) in PERF_OVERRIDES.items():
+            if path == "model.init_model_with_meta_device" and not meta_ok:
+                continue  # fails with no_shard (nothing to materialise) and with PEFT (weights load before wrap)
+            change(path, value, why)
+        co = work.get("comm_overlap")
+        if isinstance(co, Mapping) and co.get("defer_embedding_wgrad_compute"):
+            change(
+                "comm_overlap.defer_embedding_wgrad_compute",
+                False,
+                "Bridge's performance harness turns it off with Megatron FSDP",
+            )
+    if not meta_ok and e.get("model.init_model_with_meta_device"):
+        rule = "MFSDP-NO-SHARD-META-INIT" if strategy == "no_shard" else "MFSDP-PEFT-META-DEVICE"
+        change(
+            "model.init_model_with_meta_device",
+            False,
+            f"{rule}: meta-device init fails here "
+            + ("(no_shard materialises nothing)" if strategy == "no_shard" else "(PEFT loads weights before wrapping)"),
+        )
+
+
+def advice(cfg: Mapping, changes: list[Change]) -> list[str]:
+    """What the user must know about the checkpoints the result will load (kept, never cleared)."""
+    result = apply(cfg, changes)
+    out = []
+    old_format = config_io.get(cfg, "checkpoint.ckpt_format", S.default("checkpoint.ckpt_format"))
+    new_format = config_io.get(result, "checkpoint.ckpt_format")
+    load = config_io.get(result, "checkpoint.load")
+    if load is not None and old_format != new_format:
+        out.append(
+            f"checkpoint.load={load} is kept, so the job still resumes after a preemption. If that directory "
+            f"already holds {old_format} checkpoints of an earlier run, resuming fails Bridge's format check "
+            f"(ckpt_format {new_format}): convert them to {new_format}, or point checkpoint.load and "
+            f"checkpoint.save at a fresh directory. 'mfsdp.py ckpt {load} --expect {new_format}' tells which applies "
+            f"(exit 0: {new_format}, resumes; 1: another format; 2: nothing there yet, the job starts fresh)."
+        )
+    pretrained = config_io.get(result, "checkpoint.pretrained_checkpoint")
+    if pretrained is not None and config_io.get(result, "peft") is not None and new_format == "fsdp_dtensor":
+        out.append(
+            f"checkpoint.pretrained_checkpoint={pretrained} is kept: PEFT loads it as {new_format} unless it is a "
+            "Hugging Face folder, so a torch_dist base checkpoint fails at load. Use the Hugging Face folder (or "
+            f"convert it). 'mfsdp.py ckpt {pretrained}' tells its format."
+        )
+    return out
+
+
+def blocking(findings) -> list:
+    """The error findings that make the result unable to start: ``enable`` emits no config while any remain."""
+    return [f for f in findings if f.severity == "error"]
 
 
 def overrides_of(changes: list[Change]) -> dict[str, object]:

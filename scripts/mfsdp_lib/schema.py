@@ -31,6 +31,7 @@ MC_DDP = "megatron/core/distributed/distributed_data_parallel_config.py"
 MC_OPT = "megatron/core/optimizer/optimizer_config.py"
 MC_MP = "megatron/core/model_parallel_config.py"
 MC_TC = "megatron/core/transformer/transformer_config.py"
+MT_RESIL = "megatron/training/config/resilience_config.py"
 
 # For each section: the classes a field can be defined in, most derived first (the
 # Python MRO, flattened). The first class that defines a field gives its default.
@@ -48,6 +49,7 @@ SECTION_CLASSES = {
     ),
     "mixed_precision": ((B_MP, "MixedPrecisionConfig"),),
     "comm_overlap": ((B_CO, "CommOverlapConfig"),),
+    "rerun_state_machine": ((B_CFG, "RerunStateMachineConfig"), (MT_RESIL, "RerunStateMachineConfig")),
 }
 
 # Sentinel for a default computed at construction time (``default_factory`` calling a
@@ -117,6 +119,8 @@ FIELDS: dict[str, tuple] = {
     "ddp.overlap_grad_reduce": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.overlap_param_gather": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.num_buckets": (INT, None, None, True, f"{MC_DDP}: DistributedDataParallelConfig"),
+    "ddp.megatron_fsdp_cuda_graph_mode": (BOOL, False, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
+    "ddp.fsdp_all_gather_in_start_param_sync": (BOOL, True, None, False, f"{MC_DDP}: DistributedDataParallelConfig"),
     "ddp.bucket_size": (INT, None, None, True, f"{MC_DDP}: DistributedDataParallelConfig"),
     # --- optimizer: Megatron-Core OptimizerConfig ---
     "optimizer.use_distributed_optimizer": (BOOL, False, None, False, f"{MC_OPT}: OptimizerConfig"),
@@ -145,10 +149,19 @@ FIELDS: dict[str, tuple] = {
     "train.check_weight_hash_across_dp_replicas_interval": (INT, None, None, True, f"{MT_TRAIN}: TrainingConfig"),
     "train.micro_batch_size": (INT, None, None, True, f"{MT_TRAIN}: TrainingConfig"),
     "train.global_batch_size": (INT, None, None, True, f"{MT_TRAIN}: TrainingConfig"),
+    # --- rerun_state_machine: Bridge RerunStateMachineConfig over Megatron-Training's ---
+    "rerun_state_machine.check_for_nan_in_loss": (BOOL, True, None, False, f"{MT_RESIL}: RerunStateMachineConfig"),
     # --- model: GPTModelProvider -> Bridge TransformerConfig -> MCore TransformerConfig -> ModelParallelConfig ---
     "model.tensor_model_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.pipeline_model_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.context_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
+    "model.virtual_pipeline_model_parallel_size": (INT, None, None, True, f"{B_GPT}: GPTModelProvider"),
+    "model.expert_model_parallel_size": (INT, 1, None, False, f"{MC_MP}: ModelParallelConfig"),
+    "model.expert_tensor_parallel_size": (INT, None, None, True, f"{MC_MP}: ModelParallelConfig"),
+    "model.overlap_moe_expert_parallel_comm": (BOOL, False, None, False, f"{MC_MP}: ModelParallelConfig"),
+    "model.num_moe_experts": (INT, None, None, True, f"{B_GPT}: GPTModelProvider"),
+    "model.moe_single_grouped_weight": (BOOL, False, None, False, f"{MC_TC}: TransformerConfig"),
+    "model.moe_single_grouped_bias": (BOOL, False, None, False, f"{MC_TC}: TransformerConfig"),
     "model.sequence_parallel": (BOOL, False, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.cpu_offloading": (BOOL, False, None, False, f"{MC_MP}: ModelParallelConfig"),
     "model.cpu_offloading_num_layers": (INT, 0, None, False, f"{MC_MP}: ModelParallelConfig"),
@@ -169,10 +182,12 @@ FIELDS: dict[str, tuple] = {
     # --- top-level ConfigContainer fields ---
     "mixed_precision": (ANY, None, None, True, f"{B_CFG}: ConfigContainer"),
     "comm_overlap": (ANY, None, None, True, f"{B_CFG}: ConfigContainer"),
+    "peft": (ANY, None, None, True, f"{B_CFG}: ConfigContainer"),
     "env_vars": (DICT, {}, None, False, f"{B_CFG}: ConfigContainer"),
     # --- comm_overlap: CommOverlapConfig (only read when the section is a mapping) ---
     "comm_overlap.tp_comm_overlap": (BOOL, None, None, True, f"{B_CO}: CommOverlapConfig"),
     "comm_overlap.defer_embedding_wgrad_compute": (BOOL, None, None, True, f"{B_CO}: CommOverlapConfig"),
+    "comm_overlap.overlap_moe_expert_parallel_comm": (BOOL, None, None, True, f"{B_CO}: CommOverlapConfig"),
     # --- mixed_precision: MixedPrecisionConfig (when given as a mapping instead of a preset name) ---
     "mixed_precision.bf16": (BOOL, False, None, False, f"{B_MP}: MixedPrecisionConfig"),
     "mixed_precision.fp16": (BOOL, False, None, False, f"{B_MP}: MixedPrecisionConfig"),

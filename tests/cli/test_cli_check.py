@@ -83,10 +83,20 @@ def test_env_flag_and_process_env(cli):
     args = ["dist.use_megatron_fsdp=true", "ddp.use_megatron_fsdp=true", "checkpoint.ckpt_format=fsdp_dtensor"]
     p = cli("check", *args, "--env", "CUDA_DEVICE_MAX_CONNECTIONS=1")
     assert p.returncode == 1 and "MFSDP-ENV-MAX-CONNECTIONS" in p.stdout
+    # the shell's environment is not the job's unless you say so: the verdict does not change with the terminal
     p = cli("check", *args, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert p.returncode == 0 and "MFSDP-ENV-MAX-CONNECTIONS" not in p.stdout, p.stdout
+    p = cli("check", *args, "--shell-env", env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
     assert p.returncode == 1 and "MFSDP-ENV-MAX-CONNECTIONS" in p.stdout
-    p = cli("check", *args, "--env", "CUDA_DEVICE_MAX_CONNECTIONS=8", env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
-    assert p.returncode == 0, p.stdout  # --env replaces the process environment
+    p = cli(
+        "check",
+        *args,
+        "--shell-env",
+        "--env",
+        "CUDA_DEVICE_MAX_CONNECTIONS=8",
+        env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+    )
+    assert p.returncode == 0, p.stdout  # --env wins over the shell's value
 
 
 def test_gpu_arch_advice(cli):

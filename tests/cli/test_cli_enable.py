@@ -20,7 +20,8 @@ def test_yaml_output_passes_check_and_changes_only_what_it_says(cli, tmp_path, r
     after = out.read_text().splitlines()
     assert len(before) == len(after)  # edited in place: same lines, same order
     changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
-    assert len(changed) == 7, changed  # 5 minimal + save + load
+    assert len(changed) == 6, changed  # 5 minimal + save; checkpoint.load is kept
+    assert "note: checkpoint.load=" in p.stdout and "--expect fsdp_dtensor" in p.stdout
     assert cli("check", str(out), *CLEAN_ENV).returncode == 0
 
 
@@ -89,6 +90,28 @@ def test_unfixable_error_reported_exit_1(cli):
         "enable", "model.cpu_offloading=true", "model.pipeline_model_parallel_size=2", "--emit", "overrides", *CLEAN_ENV
     )
     assert p.returncode == 1 and "MFSDP-CPU-OFFLOAD-PP" in p.stderr
+    assert p.stdout == ""  # refused: no config that cannot start is emitted
+    assert "enable refused" in p.stderr and "--set-pp-1" in p.stderr
+
+
+def test_pipeline_parallel_refused_then_set_pp1(cli, tmp_path):
+    out = tmp_path / "fsdp.yaml"
+    p = cli("enable", "model.pipeline_model_parallel_size=2", "-o", str(out), *CLEAN_ENV)
+    assert p.returncode == 1 and not out.exists()
+    assert "MFSDP-PIPELINE-PARALLEL" in p.stderr and "nothing was written" in p.stderr
+    p = cli("enable", "model.pipeline_model_parallel_size=2", "--set-pp-1", "-o", str(out), *CLEAN_ENV)
+    assert p.returncode == 0, p.stderr
+    assert "model.pipeline_model_parallel_size: 2 -> 1" in p.stdout and "--set-pp-1" in p.stdout
+    assert yaml.safe_load(out.read_text())["model"]["pipeline_model_parallel_size"] == 1
+    assert cli("check", str(out), *CLEAN_ENV).returncode == 0
+
+
+def test_refused_json_still_reports(cli):
+    p = cli("enable", "optimizer.optimizer=dist_muon", "--emit", "json", *CLEAN_ENV)
+    assert p.returncode == 1
+    data = json.loads(p.stdout)
+    assert data["refused"] is True and data["ok"] is False
+    assert "MFSDP-OPTIMIZER-UNSUPPORTED" in [f["rule"] for f in data["findings"]]
 
 
 def test_recipe_without_bridge_one_line_exit_2(cli):
@@ -115,7 +138,7 @@ def test_partial_file_with_base_gets_what_the_recipe_needs(cli, tmp_path):
     assert p.returncode == 0, p.stderr
     data = yaml.safe_load(out.read_text())
     assert data["train"] == {"train_iters": 20}
-    assert data["checkpoint"] == {"ckpt_format": "fsdp_dtensor", "load": None}  # the recipe loads from a dir
+    assert data["checkpoint"] == {"ckpt_format": "fsdp_dtensor"}  # the recipe's load directory is kept
     assert "model" not in data and "optimizer" not in data  # only what differs from the base is written
     assert cli("check", str(out), "--base", "embedded", *CLEAN_ENV).returncode == 0
 

@@ -91,8 +91,10 @@ def test_srun_runs_one_torchrun_per_node_with_c10d_rendezvous():
 
 def test_srun_without_master_addr_asks_slurm_for_the_first_host():
     cmd = smoke.build_command(_opts("--launcher", "srun", "--nnodes", "2"), python="/py")
-    endpoint = next(c for c in cmd if c.startswith("--rdzv-endpoint="))
-    assert "SLURM_JOB_NODELIST" in endpoint
+    # a constant bash script finds the host and passes it as PET_RDZV_ENDPOINT; the command follows as "$@"
+    assert cmd[3:5] == ["bash", "-c"] and cmd[5] == smoke.SLURM_FIRST_HOST_SCRIPT and cmd[6] == "29500"
+    assert "SLURM_JOB_NODELIST" in cmd[5] and cmd[7:10] == ["/py", "-m", "torch.distributed.run"]
+    assert not any(c.startswith("--rdzv-endpoint=") for c in cmd)
 
 
 def test_dry_run_prints_the_command(cli, tmp_path):

@@ -97,6 +97,7 @@ def test_round_trip_verifies_and_names_the_signer(signed_copy, keys):
     assert ok.subject == sig.SKILL_NAME
     assert ok.files == sig.signed_files(signed_copy)
     assert ok.signer == keys["signer"]
+    assert ok.version == sig.card_identity(ROOT)[1]
 
 
 # --- tampering -----------------------------------------------------------------------------------------
@@ -152,8 +153,9 @@ def test_wrong_root_is_rejected(signed_copy, tmp_path):
     assert "does not chain to the root" in str(info.value)
 
 
-def test_build_products_are_neither_signed_nor_verified(signed_copy, keys):
-    for rel in [
+def test_build_products_are_not_signed_but_verify_reports_them(signed_copy, keys):
+    """Signing leaves build products out; verifying names each one (a .pyc or egg-info can be loaded)."""
+    rels = [
         ".venv/bin/python",
         "node_modules/skills/package.json",
         ".cache/node/x",
@@ -164,11 +166,23 @@ def test_build_products_are_neither_signed_nor_verified(signed_copy, keys):
         "x.egg-info/PKG-INFO",
         "build/lib/a.py",
         "scripts/mfsdp_lib/stale.pyc",
-    ]:
+    ]
+    for rel in rels:
         p = signed_copy / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("local build product\n")
-    assert sig.verify(signed_copy, keys["root"]).files == sig.signed_files(signed_copy)
+    assert sig.signed_files(signed_copy) == [r["name"] for r in _statement(signed_copy)["predicate"]["resources"]]
+    err = _fails_naming(signed_copy, keys, *[f"{r}: " for r in rels])
+    assert len(err.problems) == len(rels)
+    # a maintainer's working tree: the top-level tool folders and __pycache__ are accepted, nothing else
+    err = _fails_naming(signed_copy, keys, "x.egg-info/PKG-INFO", "build/lib/a.py", "scripts/mfsdp_lib/stale.pyc")
+    with pytest.raises(sig.VerificationError) as info:
+        sig.verify(signed_copy, keys["root"], dev_tree=True)
+    assert sorted(p.split(":")[0] for p in info.value.problems) == [
+        "build/lib/a.py",
+        "scripts/mfsdp_lib/stale.pyc",
+        "x.egg-info/PKG-INFO",
+    ]
 
 
 def test_git_checkout_refuses_to_sign_an_untracked_file(tmp_path, keys):
@@ -317,12 +331,12 @@ def test_shipped_root_is_the_release_root(release_signing):
 
 
 def test_committed_signature_matches_the_committed_files():
-    """Fails when someone changed the skill and forgot to re-sign."""
+    """Fails when someone changed the skill and forgot to re-sign (checked as a maintainer's tree)."""
     resign = "re-sign with: bash scripts/dev.sh sign   (then commit skill.oms.sig)"
     if not (ROOT / sig.SIGNATURE_NAME).is_file():
         pytest.fail(f"skill.oms.sig is missing; {resign}")
     try:
-        sig.verify(ROOT, SHIPPED_ROOT)
+        sig.verify(ROOT, SHIPPED_ROOT, dev_tree=True)
     except sig.VerificationError as exc:
         shown = exc.problems[:MAX_SHOWN]
         more = f"; ... and {len(exc.problems) - MAX_SHOWN} more" if len(exc.problems) > MAX_SHOWN else ""

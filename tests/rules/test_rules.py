@@ -25,6 +25,9 @@ BASE = [
 ]
 OFF = ["dist.use_megatron_fsdp=false", "ddp.use_megatron_fsdp=false", "checkpoint.ckpt_format=torch_dist"]
 MC = rules.MAX_CONN
+# A small MoE layout (the comm_overlap section is required whole: tp_comm_overlap has no default).
+MOE = ["model.num_moe_experts=8", "model.expert_model_parallel_size=2", "comm_overlap.tp_comm_overlap=false"]
+LORA = ["peft={_target_: megatron.bridge.peft.lora.LoRA, dim: 8}"]
 
 # rule -> ((trigger overrides, trigger env), (near-miss overrides, near-miss env))
 CASES = {
@@ -224,6 +227,63 @@ CASES = {
         (["ddp.nccl_ub=true", "ddp.fsdp_double_buffer=true", "ddp.fsdp_manual_registration=true"], {}),
     ),
     "MFSDP-META-DEVICE-INIT": (([], {}), (["model.init_model_with_meta_device=true"], {})),
+    "MFSDP-PIPELINE-PARALLEL": (
+        (["model.pipeline_model_parallel_size=2"], {}),
+        (OFF + ["model.pipeline_model_parallel_size=2"], {}),
+    ),
+    "MFSDP-NO-SHARD-META-INIT": (
+        (["ddp.data_parallel_sharding_strategy=no_shard", "model.init_model_with_meta_device=true"], {}),
+        (["ddp.data_parallel_sharding_strategy=optim", "model.init_model_with_meta_device=true"], {}),
+    ),
+    "MFSDP-MOE-OVERLAP-DOUBLE-BUFFER": (
+        (
+            MOE
+            + ["comm_overlap.overlap_moe_expert_parallel_comm=true", "ddp.megatron_fsdp_max_pool_double_buffer=true"],
+            {},
+        ),
+        (MOE + ["comm_overlap.overlap_moe_expert_parallel_comm=false", "ddp.fsdp_double_buffer=true"], {}),
+    ),
+    "MFSDP-MOE-SINGLE-GROUPED-WEIGHT": (
+        (MOE + ["model.moe_single_grouped_weight=true"], {}),
+        (OFF + MOE + ["model.moe_single_grouped_weight=true"], {}),
+    ),
+    "MFSDP-MOE-OVERLAP-CUDA-GRAPH": (
+        (MOE + ["comm_overlap.overlap_moe_expert_parallel_comm=true", "model.cuda_graph_impl=transformer_engine"], {}),
+        (MOE + ["comm_overlap.overlap_moe_expert_parallel_comm=true", "model.cuda_graph_impl=full_iteration"], {}),
+    ),
+    "MFSDP-FULL-ITER-CUDA-GRAPH": (
+        (["model.cuda_graph_impl=full_iteration", "ddp.megatron_fsdp_cuda_graph_mode=true"], {}),
+        (
+            [
+                "model.cuda_graph_impl=full_iteration",
+                "rerun_state_machine.check_for_nan_in_loss=false",
+                "ddp.megatron_fsdp_cuda_graph_mode=true",
+                "ddp.fsdp_all_gather_in_start_param_sync=false",
+            ],
+            {},
+        ),
+    ),
+    "MFSDP-FULL-ITER-NAN-CHECK": (
+        (["model.cuda_graph_impl=full_iteration"], {}),
+        (["model.cuda_graph_impl=full_iteration", "rerun_state_machine.check_for_nan_in_loss=false"], {}),
+    ),
+    "MFSDP-CUDA-GRAPH-SAFE-MODE": (
+        (["model.cuda_graph_impl=transformer_engine"], {}),
+        (["model.cuda_graph_impl=transformer_engine", "ddp.megatron_fsdp_cuda_graph_mode=true"], {}),
+    ),
+    "MFSDP-OPTIMIZER-UNSUPPORTED": (
+        (["optimizer.optimizer=dist_muon"], {}),
+        (OFF + ["optimizer.optimizer=dist_muon"], {}),
+    ),
+    "MFSDP-PEFT-NEEDS-PRETRAINED": ((LORA, {}), (LORA + ["checkpoint.pretrained_checkpoint=/models/hf"], {})),
+    "MFSDP-PEFT-META-DEVICE": (
+        (LORA + ["checkpoint.pretrained_checkpoint=/models/hf", "model.init_model_with_meta_device=true"], {}),
+        (LORA + ["checkpoint.pretrained_checkpoint=/models/hf"], {}),
+    ),
+    "MFSDP-PEFT-PRETRAINED-FORMAT": (
+        (LORA + ["checkpoint.pretrained_checkpoint=/models/base"], {}),
+        (OFF + LORA + ["checkpoint.pretrained_checkpoint=/models/base"], {}),
+    ),
 }
 
 
@@ -342,3 +402,14 @@ def test_source_anchor_exists_in_wheels(bridge_src, mcore_src, rule):
 )
 def test_normalize_arch(name, arch):
     assert rules.normalize_arch(name) == arch
+
+
+def test_model_config_with_nested_transformer_is_read(tmp_path):
+    """Megatron's GPTModelConfig keeps TransformerConfig fields under model.transformer (proxied by Bridge)."""
+    p = tmp_path / "gpt_model_config.yaml"
+    p.write_text(
+        "model:\n  _target_: megatron.training.models.gpt.GPTModelConfig\n  vocab_size: 128256\n"
+        "  transformer:\n    pipeline_model_parallel_size: 2\n    num_layers: 4\n"
+    )
+    cfg = config_io.load_effective(str(p), BASE)
+    assert "MFSDP-PIPELINE-PARALLEL" in [f.rule for f in rules.evaluate(cfg, {})]

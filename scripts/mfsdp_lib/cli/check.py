@@ -3,9 +3,10 @@
 Glue only: ``config_io.load_effective`` builds the effective config (Bridge defaults,
 then CONFIG or the embedded Llama 3 8B recipe, then ``KEY=VALUE`` overrides),
 ``rules.evaluate`` runs the whole rule table against it and the environment, and
-``findings`` renders the result. The environment is ``--env`` when given (exactly
-those variables: a launcher's environment, not this shell's), else this process's;
-the config's own ``env_vars`` are applied over it with ``setdefault``, as Bridge does.
+``findings`` renders the result. The job's environment is an explicit input: the
+``--env`` variables, plus this shell's only with ``--shell-env`` (a verdict must not
+change with the terminal it runs in); the config's own ``env_vars`` are applied over it
+with ``setdefault``, as Bridge does.
 
 Kept light on purpose (imports yaml and the rule table only): the agent runs it after
 every edit, so it must start in a few interpreter start-ups.
@@ -14,6 +15,7 @@ every edit, so it must start in a few interpreter start-ups.
 from __future__ import annotations
 
 import os
+import textwrap
 
 from .. import config_io, rules
 from .. import schema as S
@@ -29,7 +31,13 @@ pretrain recipe of Bridge 0.6.2). KEY=VALUE arguments are Hydra-style overrides
 
 Each finding has a stable rule id, a severity, the dotted key to change, the value
 found and a concrete fix. 'mfsdp.py rules' lists the table with the source of each
-rule in Megatron-Bridge / Megatron-Core."""
+rule in Megatron-Bridge / Megatron-Core.
+
+The job's environment is an input, never this shell's by accident: --env NAME=VALUE
+(repeatable), or --shell-env when the job is launched from this shell; the config's
+env_vars apply either way.
+
+""" + textwrap.fill(rules.coverage_text(), 88)
 
 EPILOG = """\
 examples:
@@ -38,7 +46,7 @@ examples:
         # -> MFSDP-CKPT-FORMAT: the recipe saves checkpoints, so fsdp_dtensor is required
   mfsdp.py check run_config.yaml --format json     # a checkpoint's config, machine-readable
   mfsdp.py check my.yaml --env CUDA_DEVICE_MAX_CONNECTIONS=1 --gpu-arch hopper
-        # judge against the launcher's environment instead of this shell's
+        # judge against the launcher's environment (this shell's is ignored without --shell-env)
   mfsdp.py check fsdp_overrides.yaml --base embedded
         # a partial --config-file as the recipe launcher will see it (over the recipe)
 
@@ -54,13 +62,7 @@ def configure(parser) -> None:
         metavar="[CONFIG] [KEY=VALUE ...]",
         help="optional config file, then section.key=value overrides",
     )
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=None,
-        metavar="NAME=VALUE",
-        help="environment of the training job (repeatable); default: this process's environment",
-    )
+    add_env_arguments(parser)
     parser.add_argument(
         "--gpu-arch",
         type=_arch,
@@ -72,6 +74,32 @@ def configure(parser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     add_base_argument(parser)
     allow_intermixed(parser)
+
+
+def add_env_arguments(parser) -> None:
+    """The job's environment is an explicit input: a verdict must not change with the terminal it runs in."""
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="a variable of the training job's environment (repeatable). Default: no variables besides "
+        "the config's env_vars, whatever this shell exports",
+    )
+    parser.add_argument(
+        "--shell-env",
+        action="store_true",
+        help="judge against this shell's environment too (when it is the job's: you launch from it); "
+        "--env values win over it",
+    )
+
+
+def job_env(args) -> dict:
+    """``--env`` items, over this process's environment only with ``--shell-env``."""
+    env = dict(os.environ) if getattr(args, "shell_env", False) else {}
+    if args.env is not None:
+        env.update(config_io.parse_env(args.env))
+    return env
 
 
 def allow_intermixed(parser) -> None:
@@ -131,7 +159,7 @@ def run(args) -> int:
     if path:
         path = config_io.resolve_config_path(path)
     cfg = config_io.load_effective(path, overrides, base=args.base)
-    env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
+    env = job_env(args)
     found = rules.evaluate(cfg, env, args.gpu_arch)
     name = path or config_io.EMBEDDED_NAME
     fsdp = bool(config_io.get(cfg, "dist.use_megatron_fsdp")) or bool(config_io.get(cfg, "ddp.use_megatron_fsdp"))

@@ -24,17 +24,31 @@ import os
 import sys
 
 from .. import config_io, enable, rules
-from ..cli.check import add_base_argument, allow_intermixed, split_items
+from ..cli.check import add_base_argument, add_env_arguments, allow_intermixed, job_env, split_items
 from ..findings import Finding, has_errors, render_text, sort_findings
 
 DESCRIPTION = """\
 Apply the Megatron FSDP overrides to a Megatron-Bridge config and say what changed.
 
 Sets dist/ddp.use_megatron_fsdp, the sharding strategy, average_in_collective=false and
-ckpt_format=fsdp_dtensor, plus what follows from the config (checkpoint.load cleared when
-it points at another format, --save-dir, settings Bridge rejects with Megatron FSDP).
-Every change is listed with its old value and why. The result is checked with the same
-rule table as 'mfsdp.py check' before it is printed or written.
+ckpt_format=fsdp_dtensor, plus what follows from the config: --save-dir, settings Bridge
+rejects with Megatron FSDP, and settings that only fail when the model is wrapped where the
+fix is safe (double buffering with the MoE A2A overlap, grouped expert weights, the CUDA-graph
+mode of Megatron FSDP, meta-device init with no_shard or PEFT). Every real change is listed
+with its old value and why; nothing that is already right is listed.
+
+checkpoint.load and checkpoint.pretrained_checkpoint are kept (clearing load would silently
+turn auto-resume off); when load may hold checkpoints of the old format, enable says how to
+tell ('mfsdp.py ckpt') and what to do (convert, or a fresh directory).
+
+enable never emits a config that cannot start. When an error remains that needs a decision
+(pipeline parallelism, an optimizer other than Adam/SGD, offloading, a PEFT base checkpoint
+...), it writes nothing, lists the errors with their fixes, and exits 1. Pipeline parallelism
+(PP > 1) cannot run with Megatron FSDP (its device mesh has no pipeline axis): choose
+--set-pp-1 to set PP=1 (more TP or data parallelism absorbs the stages; check memory with
+'mfsdp.py memory'), or keep the distributed optimizer without Megatron FSDP.
+
+The result is checked with the same rule table as 'mfsdp.py check'.
 
 CONFIG is a run_config.yaml, a partial override file, or nothing (the embedded Llama 3
 8B recipe). KEY=VALUE overrides are applied first, like Bridge's launchers do."""
@@ -55,8 +69,11 @@ examples:
         # with it cached); vanilla_gpt_pretrain_config builds offline but needs the model shape:
   mfsdp.py enable --recipe vanilla_gpt_pretrain_config model.num_layers=2 model.hidden_size=256 model.num_attention_heads=4
 
-exit codes: 0 result passes check, 1 errors remain that need a decision (listed),
-2 unusable input (or --recipe where Megatron-Bridge is not installed)."""
+  mfsdp.py enable pp4_recipe.yaml --set-pp-1 -o fsdp.yaml   # PP 4 -> 1, said in the change list
+
+exit codes: 0 result passes check (written / printed), 1 refused: errors remain that need a
+decision (listed; nothing written), 2 unusable input (or --recipe where Megatron-Bridge is
+not installed)."""
 
 
 def configure(parser) -> None:
@@ -87,12 +104,13 @@ def configure(parser) -> None:
         "--perf", action="store_true", help="also apply the settings Bridge's perf recipes use with Megatron FSDP"
     )
     parser.add_argument(
-        "--env",
-        action="append",
-        default=None,
-        metavar="NAME=VALUE",
-        help="environment of the job, for the final check (default: this process's)",
+        "--set-pp-1",
+        dest="set_pp1",
+        action="store_true",
+        help="set model.pipeline_model_parallel_size=1 (and drop pipeline-only layout keys) instead of "
+        "refusing a PP > 1 config; each GPU then holds every layer's shard",
     )
+    add_env_arguments(parser)
     parser.add_argument(
         "--recipe", metavar="NAME", help="live mode: build Bridge's recipe NAME (needs megatron-bridge installed)"
     )
@@ -101,17 +119,14 @@ def configure(parser) -> None:
 
 
 def _bridge_installed() -> str | None:
-    """Installed megatron-bridge version, from metadata only (no import)."""
-    from importlib import metadata
+    """Installed megatron-bridge version, from metadata only (no import), and only from the interpreter's real
+    environment: never a *.egg-info or a megatron/ package planted in the skill folder (sources.environment_paths)."""
+    from ..integrity import installed
 
-    for dist in ("megatron-bridge", "megatron_bridge"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-        except Exception:
-            return None
-    return None
+    dist = installed.installed_distribution("megatron-bridge")
+    if dist is None or not installed.module_outside_skill("megatron"):
+        return None
+    return dist.version
 
 
 def _report(changes, out) -> None:
@@ -121,6 +136,23 @@ def _report(changes, out) -> None:
     out.write(f"{len(changes)} change(s):\n")
     for c in changes:
         out.write(f"  {c.path}: {rules.fmt(c.old)} -> {rules.fmt(c.new)}\n      why: {c.why}\n")
+
+
+def _refuse(changes, findings, blockers, out) -> None:
+    """No config is emitted: say why, what would have changed, and what to decide."""
+    out.write(
+        f"enable refused: {len(blockers)} error(s) remain that need your decision; nothing was written. "
+        "Fix them (or pass the choice on the command line as KEY=VALUE) and run enable again.\n"
+    )
+    if any(f.rule == "MFSDP-PIPELINE-PARALLEL" for f in blockers):
+        out.write(
+            "  pipeline parallelism: pass --set-pp-1 to set model.pipeline_model_parallel_size=1 "
+            "(then check memory with 'mfsdp.py memory'), or keep the distributed optimizer without Megatron FSDP\n"
+        )
+    render_text([f for f in findings if f.severity != "info"], header="check of the result:", out=out)
+    if changes:
+        out.write("what enable would have changed:\n")
+        _report(changes, out)
 
 
 def run(args) -> int:
@@ -147,9 +179,11 @@ def run(args) -> int:
 
     if path:
         path = config_io.resolve_config_path(path)
+    # --in-place is a read-modify-write: hold the folder lock until run() returns, so concurrent runs serialise.
+    _lock = config_io.edit_lock(path) if args.in_place and path else None  # noqa: F841 (held, not used)
     data, name = config_io.load_file_data(path)
     text = config_io.read_text(path) if path else open(config_io.EMBEDDED_DEFAULT, encoding="utf-8").read()
-    env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
+    env = job_env(args)
 
     # The user's KEY=VALUE overrides are changes too (they must appear in the emitted config).
     base = config_io.merge_file(config_io.base_config(args.base), data, name)
@@ -161,7 +195,11 @@ def run(args) -> int:
         config_io.set_path(eff, p, v, "override")
         user_changes.append(enable.Change(p, old, config_io.get(eff, p), "given on the command line"))
 
-    changes = user_changes + enable.plan(eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env)
+    changes = user_changes + enable.plan(
+        eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env, set_pp1=args.set_pp1
+    )
+    changes = [c for c in changes if not enable._same(c.old, c.new)]
+    notes = enable.advice(base, changes)
     result = enable.apply(base, changes)
     findings = rules.evaluate(result, env, None)
     ok = not has_errors(findings)
@@ -187,18 +225,29 @@ def run(args) -> int:
                     "changes": [c.to_dict() for c in changes],
                     "overrides": enable.overrides_of(changes),
                     "findings": [f.to_dict() for f in sort_findings(findings)],
+                    "refused": not ok,
+                    "notes": notes,
                 },
                 indent=2,
             )
             + "\n"
         )
 
+    blockers = enable.blocking(findings)
+    if blockers and args.emit != "json":
+        _refuse(changes, findings, blockers, sys.stderr)
+        return 1
     target = path if args.in_place else args.output
     if args.in_place and body == text:  # nothing to change: no rewrite, no backup piling up per run
         report = sys.stdout
         report.write(f"{target} left as it was (nothing to change)\n")
     elif target:
-        bak = config_io.write_atomic(target, body, backup=bool(args.in_place or os.path.exists(target)))
+        bak = config_io.write_atomic(
+            target,
+            body,
+            backup=bool(args.in_place or os.path.lexists(target)),
+            expect_text=text if args.in_place else None,
+        )
         report = sys.stdout
         report.write(f"wrote {target}" + (f" (backup: {bak})" if bak else "") + "\n")
     else:
@@ -208,11 +257,13 @@ def run(args) -> int:
         _report(changes, report)
         if not in_place_edit:
             report.write("note: the file could not be edited line by line; it was re-dumped (comments dropped)\n")
+        for n in notes:
+            report.write(f"note: {n}\n")
         notable = [f for f in findings if f.severity != "info"]
-        if notable:  # errors left for the user to decide, and warnings worth knowing
+        if notable:  # warnings worth knowing (errors refuse above)
             render_text(notable, header="check of the result:", out=report)
         if env.get(rules.MAX_CONN) == "1":
-            report.write(f"note: your environment sets {rules.MAX_CONN}=1; unset it (or set 32) before launching\n")
+            report.write(f"note: the job environment sets {rules.MAX_CONN}=1; unset it (or set 32) before launching\n")
     return 0 if ok else 1
 
 
@@ -275,7 +326,7 @@ def _run_live(args) -> int:
     path, overrides = split_items(args.items)
     if path is not None:
         raise config_io.input_error(f"--recipe builds the config itself; give KEY=VALUE overrides, not CONFIG ({path})")
-    env = config_io.parse_env(args.env) if args.env is not None else dict(os.environ)
+    env = job_env(args)
     # stdout is for the overrides alone. Megatron's log handler (megatron/training/log_handler.py)
     # binds sys.stdout when megatron.training is imported, and Bridge prints with print_rank_0, so
     # on the H200 `--recipe NAME > fsdp.args` captured INFO lines too. Importing, building and
@@ -305,7 +356,8 @@ def _run_live(args) -> int:
                 "check the listed errors; runtime-stage rules fail after validate()",
             )
         )
-    sys.stdout.write(enable.render_overrides(changes))
+    if not enable.blocking(findings) and not bridge_error:
+        sys.stdout.write(enable.render_overrides(changes))  # only a config that can start
     _report(changes, sys.stderr)
     verdict = f"raised {bridge_error}" if bridge_error else "accepted"
     sys.stderr.write(f"Bridge {version} runtime_config_update() (ends in validate()): {verdict}\n")
@@ -334,7 +386,9 @@ def _live_verdicts(args, version, overrides, env):
         dump = os.path.join(tmp, "recipe.yaml")
         cfg_obj.to_yaml(dump)
         eff = config_io.load_effective(dump)
-    changes = enable.plan(eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env)
+    changes = enable.plan(
+        eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env, set_pp1=args.set_pp1
+    )
     enable.apply_to_object(cfg_obj, enable.overrides_of(changes))
     ours = rules.evaluate(enable.apply(eff, changes), env, None)
     bridge_error = None

@@ -88,6 +88,11 @@ def markdown() -> str:
         "(Bridge then sets both). Environment rules read the job's environment with the config's "
         "`env_vars` applied by `setdefault` (the process wins), as Bridge's `apply_environment_variables` does.",
         "",
+        rules.coverage_text().replace("references/families.md", "[families.md](families.md)"),
+        "",
+        "Sources cite the file, the symbol and the line in the pinned release where a line helps; the "
+        "quoted assert or raise text is the anchor that survives a new release.",
+        "",
         "| id | severity | stage | topic | keys | fix | source |",
         "|---|---|---|---|---|---|---|",
     ]

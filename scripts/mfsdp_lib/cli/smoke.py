@@ -127,7 +127,7 @@ def run(args) -> int:
     args.out = str(out)
     cmd = smoke.build_command(args)
     if args.dry_run:
-        print(" ".join(shlex.quote(c) if "$(" not in c else c for c in cmd))
+        print(shlex.join(cmd))  # every argument quoted: pasting the line runs exactly this list
         return 0
     why = smoke.preflight(args)
     if why:
@@ -137,7 +137,10 @@ def run(args) -> int:
         stale.unlink()
     code = smoke.launch(cmd, out / "train.log")
     summary = smoke.summarise(out, code, cmd, args.save_resume)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    from .. import config_io
+
+    # atomic, and never through a link or onto a FIFO/device planted under that name
+    config_io.write_atomic(str(out / "summary.json"), json.dumps(summary, indent=1, default=str), follow_links=False)
     if args.format == "json":
         json.dump(summary, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")

@@ -42,6 +42,25 @@ How
     signature was made with the file outside the folder; it is excluded here
     by name either way).
 
+What ``verify`` checks (beyond the signed set)
+    Signing leaves build products out, but verifying does not trust them: every
+    file in the folder that is not in the bundle is reported, whatever its name
+    (``all_files``). That covers what Python or an agent could load instead of
+    the signed source: bytecode in ``__pycache__`` or a sourceless ``yaml.pyc``
+    beside the scripts (Python imports it when no ``.py`` shadows it, and may
+    prefer a ``__pycache__`` entry whose header matches the source), a planted
+    ``*.egg-info`` (``importlib.metadata`` believes it), hidden files. Only the
+    bundle itself and ``.git`` are exempt. ``dev_tree=True`` (``verify
+    --dev-tree``, for a maintainer's working tree after the tests ran) also
+    accepts the top-level tool folders (``DEV_TREE_DIRS``) and ``__pycache__``.
+
+Binding to the release
+    The in-toto subject is the skill's name; ``card.yaml`` (signed like every
+    file) carries ``name`` and ``version``. ``verify`` checks that the subject is
+    the card's name, and ``expect_version`` (``verify --expect-version X``)
+    requires the card's version to be X, so an older signed release, intact as
+    it may be, does not pass for the one the user meant to install.
+
 ``model-signing`` (+ ``pyopenssl``) is imported only when signing or verifying,
 with a one-line hint when absent; listing the signed set needs the standard
 library only.
@@ -96,6 +115,12 @@ BUILD_PRODUCT_DIR_SUFFIXES = (".egg-info",)
 BUILD_PRODUCT_SUFFIXES = (".pyc", ".pyo")
 # A git worktree keeps `.git` as a file; it is never part of the skill.
 VCS_FILES = frozenset({".git"})
+# verify --dev-tree: the tool folders a maintainer's checkout holds at its top after `bash scripts/dev.sh test`.
+DEV_TREE_DIRS = frozenset(
+    {".venv", "venv", "node_modules", ".cache", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", ".tox"}
+    | {".whl", ".gpuwork"}
+)
+CARD = "card.yaml"  # carries the skill's name and version; signed like every file
 
 INSTALL_HINT = (
     "needs the OpenSSF model-signing library: pip install 'model-signing==1.1.1' 'pyopenssl==26.4.0' "
@@ -117,6 +142,7 @@ class Verified:
     subject: str
     signer: str
     chain: list[str] = field(default_factory=list)
+    version: str | None = None
 
 
 def _dir_is_excluded(name: str) -> bool:
@@ -156,9 +182,12 @@ def signed_files(root: pathlib.Path) -> list[str]:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             if _file_is_excluded(rel):
                 continue
-            if (pathlib.Path(dirpath) / name).is_symlink():
+            full = pathlib.Path(dirpath) / name
+            if full.is_symlink():
                 # The installer copies a link's target, so its digest would depend on where it points.
                 raise InputError(f"{rel}: is a symbolic link; the skill must hold real files")
+            if not full.is_file():  # a FIFO would hang the hashing, a device never ends
+                raise InputError(f"{rel}: is not a regular file (a pipe, socket or device); the skill holds files")
             out.append(rel)
         # A symlinked folder is listed among dirnames but not followed: sign it as what it is, an error.
         for d in dirnames:
@@ -166,6 +195,45 @@ def signed_files(root: pathlib.Path) -> list[str]:
                 rel = d if rel_dir == "." else f"{rel_dir}/{d}"
                 raise InputError(f"{rel}: is a symbolic link to a folder; the skill must hold real files")
     return sorted(out)
+
+
+def all_files(root: pathlib.Path, dev_tree: bool = False) -> list[str]:
+    """Every entry under ``root`` that is not a folder: what Python or an agent could find there.
+
+    Only the bundle and ``.git`` are left out (and with ``dev_tree`` the top-level ``DEV_TREE_DIRS`` and any
+    ``__pycache__``). Symbolic links and special files are listed too (as what they are named), never followed.
+    """
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel_dir = pathlib.Path(dirpath).relative_to(root).as_posix()
+        keep = []
+        for d in sorted(dirnames):
+            rel = d if rel_dir == "." else f"{rel_dir}/{d}"
+            if d == ".git" or (dev_tree and (d == "__pycache__" or (rel_dir == "." and d in DEV_TREE_DIRS))):
+                continue
+            if (pathlib.Path(dirpath) / d).is_symlink():
+                out.append(rel)  # a link to a folder: listed, never followed
+                continue
+            keep.append(d)
+        dirnames[:] = keep
+        for name in filenames:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if rel == SIGNATURE_NAME or (rel_dir == "." and name in VCS_FILES):
+                continue
+            out.append(rel)
+    return sorted(out)
+
+
+def _extra_reason(rel: str) -> str:
+    name = rel.rsplit("/", 1)[-1]
+    parts = rel.split("/")
+    if name.endswith(BUILD_PRODUCT_SUFFIXES) or "__pycache__" in parts:
+        return "unsigned bytecode: Python can run it instead of the signed source (delete it; run with python3 -B)"
+    if any(p.endswith(BUILD_PRODUCT_DIR_SUFFIXES) or p.endswith(".dist-info") for p in parts):
+        return "unsigned package metadata: importlib.metadata would believe it (delete it)"
+    if name.startswith(".") or any(p.startswith(".") for p in parts[:-1]):
+        return "added hidden file (in the folder, but not signed)"
+    return "added (in the folder, but not signed)"
 
 
 def file_digest(path: pathlib.Path) -> str:
@@ -311,10 +379,21 @@ def sign(
     return out, files
 
 
+MAX_BUNDLE_BYTES = 16 * 1024 * 1024  # a bundle over ~400 files is ~100 KB
+
+
+def _read_bundle_text(sig_path: pathlib.Path) -> str:
+    if sig_path.exists() and not sig_path.is_file():
+        raise InputError(f"{sig_path}: not a regular file")
+    if sig_path.is_file() and sig_path.stat().st_size > MAX_BUNDLE_BYTES:
+        raise InputError(f"{sig_path}: {sig_path.stat().st_size} bytes is too large for a signature bundle")
+    return sig_path.read_text(encoding="utf-8")
+
+
 def read_statement(sig_path: pathlib.Path) -> dict:
     """The in-toto statement inside a bundle (not authenticated: call after verification for trust)."""
     try:
-        bundle = json.loads(sig_path.read_text(encoding="utf-8"))
+        bundle = json.loads(_read_bundle_text(sig_path))
         env = bundle["dsseEnvelope"]
         statement = json.loads(base64.b64decode(env["payload"], validate=True))
     except FileNotFoundError:
@@ -362,22 +441,52 @@ def _signer_and_chain(sig_path: pathlib.Path) -> tuple[str, list[str]]:
         return "?", []
 
 
-def _file_problems(root: pathlib.Path, statement: dict, files: list[str]) -> list[str]:
+def _file_problems(root: pathlib.Path, statement: dict, files: list[str], present: list[str]) -> list[str]:
     signed = {r["name"]: r["digest"] for r in statement.get("predicate", {}).get("resources", [])}
     problems = []
-    for name in sorted(set(signed) | set(files)):
-        if name not in files:
+    on_disk = set(files) | set(present)
+    for name in sorted(set(signed) | on_disk):
+        if name not in on_disk:
             problems.append(f"{name}: removed (signed, but not in the folder)")
         elif name not in signed:
-            problems.append(f"{name}: added (in the folder, but not signed)")
+            problems.append(f"{name}: {_extra_reason(name)}")
+        elif name not in files or not (root / name).is_file() or (root / name).is_symlink():
+            problems.append(f"{name}: not a regular file (signed as one)")
         elif file_digest(root / name) != signed[name]:
             problems.append(f"{name}: changed (its {HASH_ALGORITHM} differs from the signed digest)")
     return problems
 
 
-def verify(root: pathlib.Path, trust_root: str, signature: str | None = None) -> Verified:
+def card_identity(root: pathlib.Path) -> tuple[str | None, str | None]:
+    """(name, version) from ``card.yaml`` at ``root``; (None, None) when there is no card or no such fields.
+
+    Read with a line scan of the two top-level keys (no YAML library needed to verify)."""
+    path = root / CARD
+    if not path.is_file() or path.is_symlink():
+        return None, None
+    found: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh.read(1 << 20).splitlines():
+                for key in ("name", "version"):
+                    if line.startswith(f"{key}:"):
+                        found.setdefault(key, line.split(":", 1)[1].split("#", 1)[0].strip().strip("'\""))
+    except OSError:
+        return None, None
+    return found.get("name"), found.get("version")
+
+
+def verify(
+    root: pathlib.Path,
+    trust_root: str,
+    signature: str | None = None,
+    expect_version: str | None = None,
+    dev_tree: bool = False,
+) -> Verified:
     """Verify ``root`` against its bundle; raises VerificationError naming what failed."""
     sig_path = pathlib.Path(signature) if signature else root / SIGNATURE_NAME
+    if sig_path.exists() and not sig_path.is_file():
+        raise InputError(f"{sig_path}: not a regular file")
     if not sig_path.is_file():
         raise InputError(f"{sig_path}: no such file (sign with: bash scripts/dev.sh sign)")
     root_p = _need_file(trust_root, "root certificate")
@@ -422,9 +531,28 @@ def verify(root: pathlib.Path, trust_root: str, signature: str | None = None) ->
     # Past this point the DSSE signature held (model-signing checks it before hashing), so the statement is
     # authentic. Compare it with the folder ourselves: that names each file, and it also catches a file the
     # bundle's own ignore_paths would hide (NVIDIA's ignore .gitignore, which the installer does copy).
-    problems = _file_problems(root, statement, files)
+    problems = _file_problems(root, statement, files, all_files(root, dev_tree))
     if problems:
         raise VerificationError(f"{len(problems)} file(s) differ from what was signed", problems)
     signer, chain = _signer_and_chain(sig_path)
     subject = (statement.get("subject") or [{}])[0].get("name", "?")
-    return Verified(files=files, subject=subject, signer=signer, chain=chain)
+    # Every file is now known to be as signed, card.yaml included: its name and version are the release's.
+    signed_names = {r["name"] for r in statement.get("predicate", {}).get("resources", [])}
+    name, version = card_identity(root) if CARD in signed_names else (None, None)
+    if name is not None and subject != name:
+        raise VerificationError(
+            f"the bundle was made for '{subject}' but {CARD} names the skill '{name}'",
+            [f"{SIGNATURE_NAME}: subject '{subject}' is not the skill's name '{name}'"],
+        )
+    if expect_version is not None:
+        if version is None:
+            raise VerificationError(
+                f"--expect-version {expect_version}: the signed folder has no {CARD} with a version",
+                [f"{CARD}: no signed version"],
+            )
+        if version != expect_version:
+            raise VerificationError(
+                f"this is release {version} of '{subject}', intact and signed, but not the expected {expect_version}",
+                [f"{CARD}: version {version}, expected {expect_version}"],
+            )
+    return Verified(files=files, subject=subject, signer=signer, chain=chain, version=version)

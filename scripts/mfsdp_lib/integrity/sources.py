@@ -45,6 +45,7 @@ PACKAGE_INFO = {"bridge": "megatron/bridge/package_info.py", "mcore": "megatron/
 # Layouts a folder may have: the folder itself holds ``megatron/``, or (a
 # Megatron-Bridge checkout) ``src/`` holds it.
 FOLDER_LAYOUTS = ("", "src")
+MAX_SOURCE_BYTES = 8 * 1024 * 1024  # the largest Python file of Bridge / Megatron-Core is ~200 KB
 
 
 def owner_of(path: str) -> str | None:
@@ -76,12 +77,13 @@ class Source:
         try:
             if self._zip is not None:
                 try:
-                    text = self._zip.read(relpath).decode("utf-8", "replace")
+                    if self._zip.getinfo(relpath).file_size <= MAX_SOURCE_BYTES:  # no zip bombs
+                        text = self._zip.read(relpath).decode("utf-8", "replace")
                 except KeyError:
                     text = None
             elif self._root is not None:
                 p = self._root / relpath
-                if p.is_file():
+                if p.is_file() and p.stat().st_size <= MAX_SOURCE_BYTES:
                     text = p.read_text(encoding="utf-8", errors="replace")
         except OSError:
             text = None
@@ -191,13 +193,13 @@ def from_wheel(which: str, wheel: str | os.PathLike) -> Source | None:
     return src
 
 
+from .installed import installed_distribution  # noqa: E402  (facts from the real environment only)
+
+
 def from_installed(which: str) -> Source | None:
     """The installed distribution, found through its metadata only (nothing is imported)."""
-    import importlib.metadata as md
-
-    try:
-        dist = md.distribution(DISTRIBUTIONS[which])
-    except md.PackageNotFoundError:
+    dist = installed_distribution(DISTRIBUTIONS[which])
+    if dist is None:
         return None
     files = [str(f).replace(os.sep, "/") for f in (dist.files or [])]
     root = Path(str(dist.locate_file("")))

@@ -7,7 +7,8 @@ record (``model.Rule``, keyword fields), so ``check`` reports every problem in o
 and ``references/rules.md`` is generated from the same table.
 
 Where a rule lives: one module per topic, listed in ``TOPICS`` below (core FSDP,
-checkpoint, environment, parallel layout, precision, activations, CUDA graphs). Search
+checkpoint, environment, parallel layout, MoE, precision, optimizer, PEFT, activations,
+CUDA graphs). Search
 for the rule id, or for the assert message quoted in its ``source``. To add a topic,
 write ``rules/<topic>.py`` with a ``RULES`` list and add its name to ``TOPICS``.
 
@@ -30,14 +31,27 @@ from .context import (
     PRE_BLACKWELL_ARCHS,
     Eff,
     fmt,
+    moe_ep_overlap,
     normalize_arch,
+    pp_size,
     raw_get,
     resolve_mixed_precision,
 )
 from .model import SEVERITIES, STAGES, Rule
 
 # The topic modules, in the order ``rules`` lists them (within one severity).
-TOPICS = ("core", "checkpoint", "environment", "parallel", "precision", "activations", "cuda_graphs")
+TOPICS = (
+    "core",
+    "checkpoint",
+    "environment",
+    "parallel",
+    "moe",
+    "precision",
+    "optimizer",
+    "peft",
+    "activations",
+    "cuda_graphs",
+)
 
 
 def _load() -> list[Rule]:
@@ -58,6 +72,36 @@ def _load() -> list[Rule]:
 
 
 RULES: list[Rule] = _load()
+
+# Which recipe families and features the table was written for (README, ``check --help`` and
+# references/rules.md all print ``coverage_text()``; references/families.md gives the details).
+COVERED = (
+    "dense GPT (Llama, Qwen, Gemma, Mistral ...)",
+    "MLA (DeepSeek, Kimi)",
+    "MoE and expert parallelism",
+    "hybrid Mamba (Nemotron-H)",
+    "VLM (the language model's settings)",
+    "pipeline parallelism (refused with Megatron FSDP)",
+    "PEFT (LoRA, DoRA)",
+    "FP8 and MXFP8",
+    "CUDA graphs",
+    "optimizers (Adam, SGD; Muon refused)",
+)
+NOT_COVERED = (
+    "FP4 (NVFP4) parameters with Megatron FSDP",
+    "Megatron-MIMO",
+    "diffusion recipes (FLUX, WAN)",
+    "T5 / encoder-decoder models",
+)
+
+
+def coverage_text() -> str:
+    return (
+        f"Covered: {'; '.join(COVERED)}. Not covered (configs are read, no rule was written for them): "
+        f"{'; '.join(NOT_COVERED)}. Details per family: references/families.md."
+    )
+
+
 RULES_BY_ID = {r.id: r for r in RULES}
 
 __all__ = [
@@ -70,10 +114,15 @@ __all__ = [
     "RULES_BY_ID",
     "STAGES",
     "TOPICS",
+    "COVERED",
+    "NOT_COVERED",
+    "coverage_text",
     "Eff",
     "Rule",
     "evaluate",
     "fmt",
+    "moe_ep_overlap",
+    "pp_size",
     "normalize_arch",
     "raw_get",
     "resolve_mixed_precision",

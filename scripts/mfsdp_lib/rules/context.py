@@ -130,7 +130,17 @@ def _env_str(value) -> str:
 
 
 def raw_get(cfg: Mapping, path: str):
-    """Value at a dotted path, falling back to the schema default when absent."""
+    """Value at a dotted path, falling back to the schema default when absent.
+
+    A model given as Megatron's ``GPTModelConfig`` / ``HybridModelConfig`` keeps its transformer
+    settings one level down (``model.transformer.*``, proxied by ``__getattr__``): a ``model.X``
+    that the nested transformer holds is read there (the top level then only has our defaults).
+    """
+    if path.startswith("model."):
+        model = cfg.get("model")
+        key = path.split(".", 1)[1]
+        if isinstance(model, Mapping) and isinstance(model.get("transformer"), Mapping) and key in model["transformer"]:
+            return model["transformer"][key]
     node = cfg
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -230,3 +240,28 @@ def bad_offload_layers(e: Eff) -> bool:
 def comm_overlap_on(e: Eff, key: str) -> bool:
     co = e.cfg.get("comm_overlap")
     return isinstance(co, Mapping) and bool(co.get(key))
+
+
+def moe_ep_overlap(e: Eff) -> bool:
+    """Effective ``overlap_moe_expert_parallel_comm`` on the model after Bridge's comm-overlap setup.
+
+    With a ``comm_overlap`` section, ``CommOverlapConfig.setup`` starts from False and copies the
+    user's non-null value onto the model (``_get_model_comm_overlap_cfgs`` /
+    ``_override_user_cfgs``); without one, the model's own field stands.
+    """
+    co = e.cfg.get("comm_overlap")
+    if isinstance(co, Mapping):
+        return co.get("overlap_moe_expert_parallel_comm") is True
+    return bool(e.get("model.overlap_moe_expert_parallel_comm"))
+
+
+def pp_size(e: Eff) -> int:
+    return as_int(e.get("model.pipeline_model_parallel_size"), 1)
+
+
+# Source files the MoE / CUDA-graph / PEFT rules cite (site-packages relative).
+SRC_MCORE_FSDP = "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py"
+SRC_MLM_ARGS = "megatron/training/arguments.py"  # Megatron-LM's own launcher checks (shipped in megatron-core)
+SRC_MLM_TRAINING = "megatron/training/training.py"
+SRC_B_CKPT = "megatron/bridge/training/checkpointing.py"
+SRC_B_PROVIDER = "megatron/bridge/models/model_provider.py"

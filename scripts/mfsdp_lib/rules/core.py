@@ -119,6 +119,29 @@ RULES: list[Rule] = [
         "before _validate_and_apply_megatron_fsdp_configs sets it",
     ),
     Rule(
+        id="MFSDP-NO-SHARD-META-INIT",
+        severity="error",
+        stage="runtime",
+        topic="core",
+        paths=("model.init_model_with_meta_device", "ddp.data_parallel_sharding_strategy"),
+        when=lambda e: (
+            e.fsdp
+            and e.get("ddp.data_parallel_sharding_strategy") == "no_shard"
+            and bool(e.get("model.init_model_with_meta_device"))
+        ),
+        message=lambda e: (
+            "model.init_model_with_meta_device=true with data_parallel_sharding_strategy=no_shard: nothing is "
+            "sharded, so nothing is materialised from the meta device; the wrap fails copying meta tensors "
+            "('Cannot copy out of meta tensor')."
+        ),
+        fix="model.init_model_with_meta_device=false (or a sharding strategy other than no_shard)",
+        source=f"{SRC_MFSDP_BUF}: DataParallelBuffer.set_item (line 1591): 'shard.data.copy_(item_data.flatten())' "
+        "(NotImplementedError from PyTorch on a meta tensor); "
+        "megatron/core/distributed/fsdp/src/megatron_fsdp/fully_shard.py: fully_shard (line 364): ValueError "
+        "'Meta device initialization (init_model_with_meta_device=True) is not supported or necessary' "
+        "(its own entry point refuses the pair; Bridge has no such check)",
+    ),
+    Rule(
         id="MFSDP-FSDP2-EXPERIMENTAL",
         severity="warning",
         stage="runtime",
@@ -163,14 +186,14 @@ RULES: list[Rule] = [
     ),
     Rule(
         id="MFSDP-SHARDING-WITHOUT-FSDP",
-        severity="warning",
+        severity="info",
         stage="advice",
         topic="core",
         paths=("ddp.data_parallel_sharding_strategy", "ddp.use_megatron_fsdp"),
         when=lambda e: not e.fsdp and e.get("ddp.data_parallel_sharding_strategy") not in ("no_shard", None),
         message=lambda e: (
-            f"{kv(e, 'ddp.data_parallel_sharding_strategy')} is ignored: Megatron FSDP is off "
-            "(only Megatron FSDP reads the sharding strategy)."
+            f"{kv(e, 'ddp.data_parallel_sharding_strategy')} has no effect while Megatron FSDP is off "
+            "(only Megatron FSDP reads it; Bridge's common recipes set it ahead of enabling FSDP)."
         ),
         fix="dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true (mfsdp.py enable), or drop the strategy",
         source=f"{S.B_CFG}: ConfigContainer._validate_and_apply_megatron_fsdp_configs and "

@@ -9,15 +9,36 @@ from .. import schema as S
 from .context import (
     GITHUB_ONLY,
     SRC_FSDP_CFG,
+    SRC_MCORE_FSDP,
     SRC_MFSDP_BUF,
     comm_overlap_on,
     fmt,
     int_gt,
     kv,
+    pp_size,
 )
 from .model import Rule
 
 RULES: list[Rule] = [
+    Rule(
+        id="MFSDP-PIPELINE-PARALLEL",
+        severity="error",
+        stage="runtime",
+        topic="parallel",
+        paths=("model.pipeline_model_parallel_size", "model.virtual_pipeline_model_parallel_size"),
+        when=lambda e: e.fsdp and pp_size(e) > 1,
+        message=lambda e: (
+            f"{kv(e, 'model.pipeline_model_parallel_size')} with Megatron FSDP: validate() accepts it, but "
+            "wrapping the model fails. Megatron FSDP's device mesh factors the whole world into DP x EP x TP "
+            "with no pipeline axis (einops 'Shape mismatch' in _get_dp_tp_mesh)."
+        ),
+        fix="model.pipeline_model_parallel_size=1 and model.virtual_pipeline_model_parallel_size=null "
+        "(absorb the stages with more TP or data parallelism; 'mfsdp.py memory' says what fits), "
+        "or keep the distributed optimizer without Megatron FSDP",
+        source=f"{SRC_MCORE_FSDP}: _get_dp_tp_mesh (line 561): einops.rearrange(torch.arange(world_size), "
+        '"(dp_cp ep tp) -> ep dp_cp tp") over the whole world (dp_cp, ep, tp only); '
+        f"{SRC_MCORE_FSDP}: _init_dist_index (line 445): 'mesh = _get_dp_tp_mesh(dp_cp_group, tp_group)'",
+    ),
     Rule(
         id="MFSDP-TP-PP-DP-MAPPING",
         severity="error",

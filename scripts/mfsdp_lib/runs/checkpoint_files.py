@@ -17,6 +17,7 @@ from .pickle_reader import (
     Call,
     Global,
     PersistentRef,
+    PickleTooLarge,
     PickleUnreadable,
     read_pickle_tree,
 )
@@ -49,13 +50,15 @@ FORMATS = ("fsdp_dtensor", "torch_dist", "hf", "torch", "zarr")
 
 # Limits that keep us fast and bounded on hostile or huge input.
 MAX_SMALL_FILE = 16 * 1024 * 1024  # run_config.yaml, metadata.json, train_state.pt: real ones are KBs
-# .metadata grows with tensors x ranks (hundreds of MB for thousands of GPUs). The opcode walk runs at ~1 MB/s
-# in pure Python, so past MAX_DCP_FULL_PARSE we only scan the bytes for the shard file names it references.
-MAX_DCP_FULL_PARSE = 16 * 1024 * 1024
+# .metadata grows with tensors x ranks (hundreds of MB for thousands of GPUs). The opcode walk runs at ~1 million
+# opcodes a second in pure Python (pickle_reader.MAX_OPS bounds it), so past MAX_DCP_FULL_PARSE, or past MAX_OPS,
+# we only scan the bytes for the shard file names it references.
+MAX_DCP_FULL_PARSE = 8 * 1024 * 1024
+MAX_DCP_SCAN = 4 * 1024 * 1024 * 1024  # a names-only scan reads ~1 GB/s; larger is not a DCP .metadata
 SCAN_CHUNK = 8 * 1024 * 1024
 DCP_NAME_IN_PICKLE_RE = re.compile(rb"(__\d+_\d+\.distcp)")  # relative_path strings, memoized once each
 DCP_METADATA_CLASS = b"torch.distributed.checkpoint.metadata"
-MAX_ITER_SCAN = 10000  # iteration folders listed per root
+MAX_ITER_SCAN = 1000  # iteration folders opened per root (the newest; all are listed by name)
 MAX_LISTED = 12  # file names quoted in a message or a finding's extra; counts stay exact
 
 # torch storage class -> struct format of one element (train_state.pt stores scalars as 1-element tensors)
@@ -100,12 +103,78 @@ BRIDGE_CONVERT_SH = "scripts/conversion/convert.sh"  # NVIDIA-NeMo/Megatron-Brid
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _open_regular(path: str) -> int:
+    """An O_RDONLY descriptor of the REGULAR file ``path``; OSError for a FIFO, device, socket or folder
+    (a FIFO planted as .metadata would block a plain open() forever)."""
+    import stat
+
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
 def _read_small(path: str, limit: int = MAX_SMALL_FILE) -> bytes:
-    with open(path, "rb") as f:
+    with os.fdopen(_open_regular(path), "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes, not a metadata file")
     return data
+
+
+# What a DCP .metadata may name (module, class) and so what torch imports and calls when Bridge unpickles it on
+# every rank at load time. Read from the pickles torch 2.11's FileSystemWriter writes (the committed fixtures):
+# the metadata dataclasses, torch.Size, dtypes, the layout helper and pathlib paths (StorageMeta.checkpoint_id).
+# Anything else, os.system say, is code that the load would run.
+DCP_ALLOWED_MODULE_CLASSES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+DCP_ALLOWED = frozenset(
+    {
+        ("torch", "Size"),
+        ("torch", "device"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "PureWindowsPath"),
+        ("collections", "OrderedDict"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "bytearray"),
+        ("builtins", "slice"),
+        ("copyreg", "_reconstructor"),
+        ("builtins", "object"),
+    }
+)
+# train_state.pt (torch.save of TrainState.state_dict()): tensors are rebuilt from typed storages.
+TRAIN_STATE_ALLOWED = frozenset(
+    {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor"), ("collections", "OrderedDict")}
+)
+UNSAFE_PICKLE_TEXT = "code that unpickling it would run"
+_CLASS_NAME_RE = re.compile(r"^_?[A-Z][A-Za-z0-9_]*$")
+_DTYPE_NAME_RE = re.compile(
+    r"^(?:b?float\w*|u?int\d*|bool|half|double|long|short|c?complex\w*|cfloat|cdouble|q?u?int\w*)$"
+)
+
+
+def unsafe_globals(names: list, allowed: frozenset, class_modules: tuple = ()) -> list[str]:
+    """The classes/functions among ``names`` (pickle_reader.Global) that are not on the allow-list."""
+    bad = []
+    for g in names:
+        mod, name = g.module, g.name
+        if (mod, name) in allowed:
+            continue
+        if mod in class_modules and _CLASS_NAME_RE.match(name):
+            continue
+        if mod == "torch" and (_DTYPE_NAME_RE.match(name) or name.endswith("Storage")):
+            continue
+        q = f"{mod}.{name}"
+        if q not in bad:
+            bad.append(q)
+    return bad
 
 
 def read_tracker_txt(path: str) -> tuple[int | None, bool, str | None]:
@@ -135,6 +204,7 @@ def read_train_state(path: str) -> tuple[dict | None, str | None]:
     try:
         if os.path.getsize(path) > MAX_SMALL_FILE:
             return None, f"{os.path.basename(path)} is larger than a train state ({MAX_SMALL_FILE} bytes)"
+        os.close(_open_regular(path))
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
             pkl = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
@@ -146,7 +216,11 @@ def read_train_state(path: str) -> tuple[dict | None, str | None]:
                 order = "<" if zf.read(prefix + "byteorder").strip() == b"little" else ">"
             if any(i.file_size > MAX_SMALL_FILE for i in zf.infolist()):  # no zip bombs: real members are bytes
                 return None, "a member of the archive is too large for a train state"
-            tree = read_pickle_tree(zf.read(pkl[0]), persistent=True)
+            named: list = []
+            tree = read_pickle_tree(zf.read(pkl[0]), persistent=True, globals_out=named)
+            bad = unsafe_globals(named, TRAIN_STATE_ALLOWED)
+            if bad:
+                return None, f"data.pkl names {', '.join(bad[:4])}: {UNSAFE_PICKLE_TEXT}"
             if not isinstance(tree, dict):
                 return None, "data.pkl does not hold a dict"
             out: dict = {}
@@ -186,19 +260,39 @@ def _scalar_from(val, zf: zipfile.ZipFile, prefix: str, order: str, names: list[
 
 
 def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
-    """Summary of a PyTorch DCP ``.metadata`` pickle: entries, key groups, shard files with their sizes."""
+    """Summary of a PyTorch DCP ``.metadata`` pickle: entries, key groups, shard files with their sizes.
+
+    The file is hostile until shown otherwise: Bridge unpickles it on every rank when it loads the checkpoint.
+    It must be a regular, non-empty file; it is walked without unpickling, with bounded opcodes and nesting
+    (``pickle_reader``); every class it names must be on ``DCP_ALLOWED`` (else ``summary["unsafe"]`` lists
+    them); and every shard path it names must stay inside the iteration folder (``summary["outside"]``).
+    """
     try:
-        size = os.path.getsize(path)
-        if size > MAX_DCP_FULL_PARSE:
-            return _scan_dcp_names(path, size)
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = _open_regular(path)
+        size = os.fstat(fd).st_size
+        with os.fdopen(fd, "rb") as f:
+            if size == 0:
+                return None, "is empty (0 bytes): the save was cut off; Bridge's load fails reading it"
+            if size > MAX_DCP_SCAN:
+                return None, f"{size} bytes is too large for a DCP .metadata"
+            if size > MAX_DCP_FULL_PARSE:
+                return _scan_dcp_names(path, size)
+            data = f.read(MAX_DCP_FULL_PARSE + 1)
     except OSError as exc:
         return None, f"cannot read: {exc.strerror or exc}"
+    named: list = []
     try:
-        tree = read_pickle_tree(data)
+        tree = read_pickle_tree(data, globals_out=named)
+    except PickleTooLarge:
+        return _scan_dcp_names(path, size)
     except PickleUnreadable as exc:
+        bad = unsafe_globals(named, DCP_ALLOWED, DCP_ALLOWED_MODULE_CLASSES)
+        if bad:
+            return {"unsafe": bad, "files": {}, "outside": []}, None
         return None, f".metadata unreadable: {exc}"
+    bad = unsafe_globals(named, DCP_ALLOWED, DCP_ALLOWED_MODULE_CLASSES)
+    if bad:
+        return {"unsafe": bad, "files": {}, "outside": []}, None
     if not (isinstance(tree, Call) and tree.qualname == "torch.distributed.checkpoint.metadata.Metadata"):
         return None, "not a torch.distributed.checkpoint Metadata pickle"
     state = tree.state if isinstance(tree.state, dict) else {}
@@ -224,6 +318,7 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
         else:
             objects += 1
     files: dict[str, int] = {}
+    outside: list[str] = []
     storage = state.get("storage_data")
     for info in storage.values() if isinstance(storage, dict) else ():
         st = info.state if isinstance(info, Call) and isinstance(info.state, dict) else {}
@@ -232,6 +327,10 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
             rel = info.args[0]
         off, ln = st.get("offset", 0), st.get("length", 0)
         if isinstance(rel, str):
+            if not shard_path_is_confined(rel):
+                if rel not in outside and len(outside) < MAX_LISTED:
+                    outside.append(rel)
+                continue
             end = (off if isinstance(off, int) else 0) + (ln if isinstance(ln, int) else 0)
             files[rel] = max(files.get(rel, 0), end)
     return {
@@ -242,8 +341,22 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
         "key_groups": dict(sorted(groups.items())),
         "dtypes": dict(sorted(dtypes.items())),
         "files": dict(sorted(files.items())),
+        "outside": outside,
+        "unsafe": [],
         "version": state.get("version") if isinstance(state.get("version"), str) else None,
     }, None
+
+
+def shard_path_is_confined(rel: str) -> bool:
+    """True when a shard path named by .metadata stays inside its iteration folder.
+
+    DCP's FileSystemReader opens ``checkpoint_dir / relative_path``; an absolute path, a ``..`` component, a
+    drive or a NUL would make the load read (and this tool vouch for) a file outside the checkpoint.
+    """
+    if not rel or "\x00" in rel or rel.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", rel):
+        return False
+    parts = re.split(r"[/\\]", rel)
+    return ".." not in parts
 
 
 _TWO_PART_GROUPS = ("model", "optimizer")  # "model.module" vs "model"; "optimizer.state" vs "optimizer.param_..."
@@ -268,7 +381,7 @@ def _scan_dcp_names(path: str, size: int) -> tuple[dict | None, str | None]:
             tail = buf[-64:]
     if not seen_class:
         return None, "not a torch.distributed.checkpoint Metadata pickle"
-    files = {n.decode("ascii"): 0 for n in sorted(names)}
+    files = {n.decode("ascii"): 0 for n in sorted(names)}  # the name pattern admits no path separators
     return {
         "entries": None,
         "tensors": None,
@@ -278,6 +391,9 @@ def _scan_dcp_names(path: str, size: int) -> tuple[dict | None, str | None]:
         "dtypes": {},
         "files": files,
         "version": None,
+        "outside": [],
+        "unsafe": [],
+        "unchecked": True,  # too large to walk: what it would import when unpickled was not checked
         "mode": f"names only ({size} bytes)",
     }, None
 
@@ -317,22 +433,20 @@ def _numel(size) -> int | None:
 def read_run_config(path: str) -> tuple[dict | None, str | None]:
     """The ``run_config.yaml`` Bridge wrote (``ConfigContainer.to_yaml()``); plain YAML, safe loader."""
     try:
-        import yaml
+        import yaml  # noqa: F401  (only to say so in one line when it is missing)
     except ImportError:
         return None, "PyYAML is not installed (pip install pyyaml)"
     try:
         text = _read_small(path).decode("utf-8", "replace")
     except OSError as exc:
         return None, f"cannot read: {exc.strerror or exc}"
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is ~10x faster on the 26 kB file
-    from ..config_io import MAX_YAML_DEPTH, yaml_depth
+    from ..config_io import safe_yaml
+    from ..findings import InputError
 
-    try:
-        if yaml_depth(text, loader) > MAX_YAML_DEPTH:  # deeper crashes libyaml's composer (a segfault)
-            return None, f"nested more than {MAX_YAML_DEPTH} levels deep; not a Bridge run config"
-        data = yaml.load(text, Loader=loader)
-    except yaml.YAMLError as exc:
-        return None, f"not valid YAML ({str(exc).splitlines()[0]})"
+    try:  # bounded and strict: depth, aliases, duplicate keys (config_io.safe_yaml)
+        data = safe_yaml(text, RUN_CONFIG)
+    except InputError as exc:
+        return None, str(exc).removeprefix(f"{RUN_CONFIG}: ")
     if not isinstance(data, dict):
         return None, "does not hold a mapping"
     return data, None

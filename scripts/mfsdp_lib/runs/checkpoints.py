@@ -63,6 +63,7 @@ from .checkpoint_files import (
     TRACKER_TRAIN_STATE,
     TRACKER_TXT,
     TRAIN_STATE,
+    UNSAFE_PICKLE_TEXT,
     _read_small,
     read_dcp_metadata,
     read_run_config,
@@ -92,6 +93,10 @@ class IterationInfo:
     train_state: dict | None = None
     problems: list[str] = field(default_factory=list)
     has_hf_export: bool = False
+    dcp_problems: list[str] = field(default_factory=list)  # .metadata damaged/empty/not DCP: the load would fail
+    unsafe: list[str] = field(default_factory=list)  # code a pickle would run when loaded ("file: module.name")
+    outside_shards: list[str] = field(default_factory=list)  # shard paths leaving the folder
+    unchecked: bool = False  # .metadata too large to walk: its content was not checked for code
 
     def to_dict(self) -> dict:
         d: dict[str, object] = {
@@ -117,6 +122,9 @@ class IterationInfo:
             d["hf_export"] = True
         if self.problems:
             d["problems"] = self.problems
+        for key in ("dcp_problems", "unsafe", "outside_shards"):
+            if getattr(self, key):
+                d[key] = getattr(self, key)
         return d
 
 
@@ -201,15 +209,22 @@ def _read_iteration_metadata(info: IterationInfo) -> None:
         info.run_config = cfg
     if TRAIN_STATE in entries:
         ts, err = read_train_state(os.path.join(info.path, TRAIN_STATE))
-        if err:
+        if err and UNSAFE_PICKLE_TEXT in err:
+            info.unsafe.append(f"{TRAIN_STATE}: {err}")
+        elif err:
             info.problems.append(f"{TRAIN_STATE}: {err}")
         info.train_state = ts
     if DCP_METADATA in entries and info.format in ("fsdp_dtensor", "torch_dist"):
         dcp, err = read_dcp_metadata(os.path.join(info.path, DCP_METADATA))
         if err:
-            info.problems.append(f"{DCP_METADATA}: {err}")
+            info.dcp_problems.append(f"{DCP_METADATA} {err}")
+        if dcp and dcp.get("unsafe"):
+            info.unsafe.append(f"{DCP_METADATA} names {', '.join(dcp['unsafe'][:4])}")
+            dcp = None
         info.dcp = dcp
         if dcp:
+            info.outside_shards = list(dcp.get("outside") or [])
+            info.unchecked = bool(dcp.get("unchecked"))
             for rel, need in dcp["files"].items():
                 p = os.path.join(info.path, rel)
                 try:
@@ -220,6 +235,8 @@ def _read_iteration_metadata(info: IterationInfo) -> None:
                 if have < need:
                     info.short_shards.append(f"{rel} ({have} of {need} bytes)")
             if dcp["files"] and len(info.missing_shards) == len(dcp["files"]):
+                info.payload = False
+            if not dcp["files"] and info.outside_shards:
                 info.payload = False
 
 
@@ -306,14 +323,14 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
             iterations = [inspected.iteration]
             latest = inspected.iteration
     else:
+        # Every iteration folder is listed (names only: cheap), so the newest and the tracked one are never
+        # missed however many there are; only the newest MAX_ITER_SCAN are opened below.
         iter_dirs: dict[int | str, str] = {}
         for n in entries:
             m = ITER_DIR_RE.match(n)
             full = os.path.join(path, n)
             if (m or n == RELEASE_DIR) and _isdir(full):
                 iter_dirs[int(m.group(1)) if m else RELEASE_DIR] = full
-                if len(iter_dirs) >= MAX_ITER_SCAN:
-                    break
         iterations = sorted(iter_dirs, key=lambda k: (isinstance(k, str), k if isinstance(k, int) else 0))
         tracker, tracked = _read_trackers(path, entries, findings)
         if not tracker:
@@ -362,7 +379,13 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
         if latest is None and iterations:
             ints = [i for i in iterations if isinstance(i, int)]
             latest = max(ints) if ints else iterations[-1]
+        newest_first = sorted(
+            iterations, key=lambda k: (k == latest, isinstance(k, int), k if isinstance(k, int) else 0)
+        )
+        opened = set(newest_first[-MAX_ITER_SCAN:])
         for key in iterations:
+            if key not in opened:
+                continue
             full = iter_dirs[key]
             deep = key == latest
             try:
@@ -528,6 +551,49 @@ def _judge_iteration(info: IterationInfo, findings: list[Finding], fallback: int
                 name,
                 "metadata.json names sharded_backend 'zarr', a backend Megatron-Core 0.19 no longer loads",
                 "convert it with an older Megatron-Core to torch_dist first, then to fsdp_dtensor (see below)",
+            )
+        )
+    for p in info.unsafe:
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-UNSAFE-PICKLE",
+                "error",
+                name,
+                f"{p}: loading this checkpoint unpickles it on every rank, which would import and run that code",
+                "do not load this checkpoint; get it again from a source you trust (this tool never unpickled it)",
+            )
+        )
+    if info.outside_shards:
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-SHARD-OUTSIDE",
+                "error",
+                name,
+                f"{DCP_METADATA} names shard files outside the checkpoint folder: {_names(info.outside_shards, 4)}; "
+                "DCP would read them from there",
+                "do not load this checkpoint; a saved checkpoint names only files inside its own folder",
+                {"outside": info.outside_shards[:MAX_LISTED]},
+            )
+        )
+    for p in info.dcp_problems:
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-DCP-METADATA-BAD",
+                "error",
+                name,
+                f"{p}; Bridge's load reads this file first and would fail",
+                f"the save was interrupted or the file was damaged in the copy: copy it again, or {earlier}",
+            )
+        )
+    if info.unchecked:
+        findings.append(
+            Finding(
+                "MFSDP-CKPT-METADATA-UNCHECKED",
+                "warning",
+                name,
+                f"{DCP_METADATA} is too large to walk in full: only its shard names were read, so what it would "
+                "import when Bridge unpickles it was not checked",
+                "load only checkpoints you trust; 'mfsdp.py ckpt DIR --trust-pickle' reads it with torch",
             )
         )
     for p in info.problems:

@@ -62,6 +62,14 @@ TRAINING_MARKERS = (
     "ERROR:megatron.",
 )  # line starts Megatron/Bridge print during start-up (str.startswith: fast)
 EXCEPTION_RE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt)): (.*)$")
+TRACEBACK_HEAD = "Traceback (most recent call last):"  # CPython's header of an uncaught exception's report
+TRACEBACK_WINDOW = 2000  # lines within which a traceback's exception line is expected (frames, chained causes)
+# torch.distributed.elastic (torch 2.x): the agent's line when a worker dies, and its end-of-run summary
+# (torch/distributed/elastic/multiprocessing/api.py "failed (exitcode: ...)"; errors/__init__.py ChildFailedError).
+AGENT_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: \d+\) of binary")
+CHILD_FAILED = "ChildFailedError"
+CHILD_FIELD_RE = re.compile(r"^(rank|exitcode|traceback|error_file)\s*:\s*(.*)$")
+SIGNAL_NAMES = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM", 7: "SIGBUS", 4: "SIGILL"}
 SMOKE_RESULT_PREFIX = "SMOKE_RESULT "  # printed by the skill's smoke runner with a JSON object
 
 PYTEST_COUNT_RE = re.compile(r"(\d+) (failed|passed|skipped|deselected|xfailed|xpassed|warnings?|errors?|rerun)\b")
@@ -322,6 +330,22 @@ class LogReport:
     last_exception: str | None = None
     training_markers: int = 0
     smoke_result: dict | None = None
+    failures: list = field(default_factory=list)  # {"rank", "why", "line"}: ranks that failed, first MAX_KEPT
+    failures_total: int = 0
+    recovered: int = 0  # tracebacks after which the same rank went on logging iterations
+    launcher_failed: bool = False  # torchrun reported a failed child (ChildFailedError / "failed (exitcode")
+    error_after_last_iteration: str | None = None  # the log ends in an error: the exception after the last iteration
+    current_rank: int | None = None  # rank prefix of the line being read (None: no prefix)
+    _open_tracebacks: dict = field(default_factory=dict)  # rank -> line of its unfinished "Traceback" header
+    _child: dict = field(default_factory=dict)  # the ChildFailedError summary entry being read
+    _in_child_summary: bool = False
+
+    def add_failure(self, rank, why: str, line: int) -> None:
+        self.failures_total += 1
+        if len(self.failures) < MAX_KEPT and not any(
+            f["rank"] == rank and f["why"] == why[:400] for f in self.failures
+        ):
+            self.failures.append({"rank": rank, "why": why[:400], "line": line})
 
     # --- derived -------------------------------------------------------------------------------------
     def loss_key(self) -> str | None:
@@ -380,6 +404,9 @@ class LogReport:
             "ranks": sorted(self.ranks_seen),
             "truncated_last_line": self.truncated_last_line,
             "smoke_result": self.smoke_result,
+            "failures": self.failures,
+            "launcher_failed": self.launcher_failed,
+            "error_after_last_iteration": self.error_after_last_iteration,
         }
 
     def is_training_log(self) -> bool:
@@ -391,6 +418,8 @@ class LogReport:
             or self.training_markers
             or self.saves_total
             or self.loads_total
+            or self.failures_total
+            or self.launcher_failed
         )
 
 
@@ -485,10 +514,13 @@ def clean(line: str, report: LogReport | None = None) -> str:
     if "\x1b" in line:
         line = ANSI_RE.sub("", line)
     m = RANK_PREFIX_RE.match(line)
+    if report is not None:
+        report.current_rank = None
     if m:
         if report is not None:
             for r in re.findall(r"\[(?:rank|default)(\d+)\]:|^(\d{1,5}): ", m.group(0)):
                 report.ranks_seen.add(int(r[0] or r[1]))
+                report.current_rank = int(r[0] or r[1])
         line = line[m.end() :]
     return line.strip()
 
@@ -548,6 +580,14 @@ def _iteration(rep: LogReport, m: re.Match) -> None:
     if rep.last_iteration is not None and it < rep.last_iteration:
         rep.restarts += 1  # a resumed or re-run job appended to the same log
     rep.iterations += 1
+    rep.error_after_last_iteration = None
+    if rep.failures and not rep.launcher_failed:
+        # The rank that printed this line is alive: a traceback it printed earlier was caught and logged
+        # (a retried download, say), not the end of that rank.
+        kept = [f for f in rep.failures if f["rank"] != rep.current_rank]
+        rep.recovered += len(rep.failures) - len(kept)
+        rep.failures_total -= len(rep.failures) - len(kept)
+        rep.failures = kept
     if rep.first_iteration is None:
         rep.first_iteration = it
     rep.last_iteration = it
@@ -660,9 +700,66 @@ def _events(rep: LogReport, line: str, lineno: int) -> None:
         except (ValueError, RecursionError):  # RecursionError: nested too deep for json
             pass
         return
+    _failures(rep, line, lineno)
+
+
+def _failures(rep: LogReport, line: str, lineno: int) -> None:
+    """Which rank failed and why: uncaught tracebacks, torchrun's failed children, an error at the end."""
+    rank = rep.current_rank
+    if line == TRACEBACK_HEAD:
+        rep._open_tracebacks[rank] = lineno
+        return
+    if "exitcode" in line:
+        m = AGENT_FAILED_RE.search(line)
+        if m:
+            rep.launcher_failed = True
+            rep.add_failure(int(m.group(2)), f"local rank {m.group(2)} {_exit_words(int(m.group(1)))}", lineno)
+            return
+    if CHILD_FAILED in line and line.rstrip(": ").endswith(CHILD_FAILED):
+        rep.launcher_failed = True
+        rep._in_child_summary = True
+        rep._child = {}
+        rep.last_exception = line[:400]
+        rep.error_after_last_iteration = line[:400]
+        return
+    if rep._in_child_summary:
+        m = CHILD_FIELD_RE.match(line)
+        if m:
+            key, val = m.group(1), m.group(2).strip()
+            rep._child[key] = val
+            if key == "traceback" or (key == "error_file" and "exitcode" in rep._child):
+                _flush_child(rep, lineno)
+            return
+        if line.startswith("=") and rep._child:
+            _flush_child(rep, lineno)
     m = EXCEPTION_RE.match(line) if ("Error: " in line or "Exception: " in line or "Interrupt: " in line) else None
     if m:
         rep.last_exception = line[:400]
+        rep.error_after_last_iteration = line[:400]
+        start = rep._open_tracebacks.pop(rank, None)
+        if start is not None and lineno - start <= TRACEBACK_WINDOW:
+            rep.add_failure(rank, line, lineno)
+
+
+def _flush_child(rep: LogReport, lineno: int) -> None:
+    child, rep._child = rep._child, {}
+    code = child.get("exitcode", "")
+    m = re.match(r"(-?\d+)", code)
+    why = _exit_words(int(m.group(1))) if m else f"failed (exitcode {code or '?'})"
+    tb = child.get("traceback", "")
+    if tb and not tb.startswith(("<N/A>", "To enable traceback")):
+        why += f": {tb}"
+    r = re.match(r"(\d+)", child.get("rank", ""))
+    rep.add_failure(int(r.group(1)) if r else None, f"rank {r.group(1) if r else '?'} {why}", lineno)
+
+
+def _exit_words(code: int) -> str:
+    """torchrun's exit code in words: negative codes are the signal that killed the process."""
+    if code < 0:
+        name = SIGNAL_NAMES.get(-code, f"signal {-code}")
+        extra = " (the kernel's out-of-memory killer or the scheduler, most often)" if -code == 9 else ""
+        return f"was killed by {name}{extra} (exitcode {code})"
+    return f"exited with code {code}"
 
 
 def judge(rep: LogReport) -> list[Finding]:
@@ -690,6 +787,8 @@ def judge(rep: LogReport) -> list[Finding]:
                 {"count": hit.count, "line": hit.first_line, "source": f"{sig.source[1]}"},
             )
         )
+    if rep.failures_total or rep.launcher_failed or rep.error_after_last_iteration:
+        findings.append(_failure_finding(rep))
     if rep.iterations == 0:
         tail = f"; last exception: {rep.last_exception}" if rep.last_exception else ""
         findings.append(
@@ -752,14 +851,22 @@ def judge(rep: LogReport) -> list[Finding]:
                     "a few early skips are normal with fp16 loss scaling; with bf16 they point at bad gradients",
                 )
             )
-        if rep.train_iters and rep.last_iteration is not None and rep.last_iteration < rep.train_iters and not rep.hits:
+        if (
+            rep.train_iters
+            and rep.last_iteration is not None
+            and rep.last_iteration < rep.train_iters
+            and not rep.hits
+            and not rep.failures_total
+            and not rep.launcher_failed
+            and not rep.error_after_last_iteration
+        ):
             findings.append(
                 Finding(
                     "MFSDP-LOG-INCOMPLETE-RUN",
                     "warning",
                     src,
-                    f"the last iteration logged is {rep.last_iteration} of train.train_iters={rep.train_iters}: the run "
-                    "is still going, was stopped, or died without a known error",
+                    f"the last iteration logged is {rep.last_iteration} of train.train_iters={rep.train_iters}: "
+                    "the run is still going, was stopped, or died without a known error",
                     "check the end of the log (and the scheduler's job record) for why it stopped",
                 )
             )
@@ -813,3 +920,32 @@ def judge(rep: LogReport) -> list[Finding]:
             )
         )
     return findings
+
+
+def _failure_finding(rep: LogReport) -> Finding:
+    """One error naming the first failed rank and why; the others are counted (and listed in the JSON)."""
+    first = rep.failures[0] if rep.failures else None
+    if first is not None:
+        who = "the launcher" if first["rank"] is None else f"rank {first['rank']}"
+        msg = f"{who} failed at line {first['line']}: {first['why']}"
+        others = sorted({str(f["rank"]) for f in rep.failures[1:] if f["rank"] != first["rank"]})
+        if others:
+            msg += f"; also failed: rank(s) {', '.join(others[:8])}"
+    elif rep.launcher_failed:
+        msg = "torchrun reported a failed child process (ChildFailedError)"
+    else:
+        msg = f"the log ends in an error after the last iteration: {rep.error_after_last_iteration}"
+    if rep.launcher_failed and first is not None:
+        msg += "; torchrun reported the job as failed"
+    if rep.iterations and rep.train_iters:
+        msg += f" (after iteration {rep.last_iteration} of {rep.train_iters})"
+    return Finding(
+        "MFSDP-LOG-RANK-FAILED",
+        "error",
+        f"{rep.source}:{first['line']}" if first else rep.source,
+        msg,
+        "a run with a failed rank is a failed run, however healthy the other ranks look: read that rank's "
+        "traceback (the first failure is usually the cause; a killed rank with no traceback was most often "
+        "out of host memory or stopped by the scheduler)",
+        {"failures": rep.failures, "failure_count": rep.failures_total, "launcher_failed": rep.launcher_failed},
+    )

@@ -17,8 +17,18 @@ from dataclasses import dataclass
 # ----------------------------------------------------------------------------------------------------------
 
 
+# Bounds on what a hostile pickle can cost. A real DCP .metadata is ~14,000 opcodes per 80 KB and nests
+# about 8 levels; the walk runs at ~1 million opcodes a second.
+MAX_OPS = 2_000_000
+MAX_DEPTH = 100
+
+
 class PickleUnreadable(Exception):
     """The opcode stream uses something we do not model, or is damaged."""
+
+
+class PickleTooLarge(PickleUnreadable):
+    """More opcodes than ``MAX_OPS``: the caller may fall back to a cheaper scan."""
 
 
 @dataclass(eq=False)
@@ -53,16 +63,21 @@ class PersistentRef:
     pid: object
 
 
-def read_pickle_tree(data: bytes, persistent: bool = False):
+def read_pickle_tree(data: bytes, persistent: bool = False, globals_out: list | None = None):
     """Rebuild the value a pickle describes, without executing anything.
 
     Walks ``pickletools.genops`` and keeps our own stack and memo; GLOBAL/STACK_GLOBAL become ``Global``
     placeholders, REDUCE/NEWOBJ/INST/OBJ become ``Call`` records, BUILD stores the state on the record.
-    Raises ``PickleUnreadable`` for damaged streams or opcodes a data file has no reason to use.
+    Raises ``PickleUnreadable`` for damaged streams or opcodes a data file has no reason to use, for more
+    than ``MAX_OPS`` opcodes (``PickleTooLarge``), and for values nested deeper than ``MAX_DEPTH`` or
+    containing themselves (checked after the walk, iteratively: such values crash a recursive consumer).
+    Every class or function the pickle names is appended to ``globals_out`` when given, so the caller can
+    judge what unpickling it for real would import and call.
     """
     stack: list = []
     marks: list[int] = []
     memo: dict = {}
+    ops = 0
 
     def pop_mark() -> list:
         if not marks:
@@ -74,12 +89,16 @@ def read_pickle_tree(data: bytes, persistent: bool = False):
 
     try:
         for op, arg, _pos in pickletools.genops(data):
+            ops += 1
+            if ops > MAX_OPS:
+                raise PickleTooLarge(f"more than {MAX_OPS} opcodes")
             name = op.name
             if name in ("PROTO", "FRAME"):
                 continue
             if name == "STOP":
                 if len(stack) != 1:
                     raise PickleUnreadable("unbalanced stack at STOP")
+                check_depth(stack[0])
                 return stack[0]
             if name == "MARK":
                 marks.append(len(stack))
@@ -171,11 +190,11 @@ def read_pickle_tree(data: bytes, persistent: bool = False):
                 stack.append(memo[arg])
             elif name == "GLOBAL":
                 module, _, qual = str(arg).partition(" ")
-                stack.append(Global(module, qual))
+                stack.append(_named(Global(module, qual), globals_out))
             elif name == "STACK_GLOBAL":
                 qual = stack.pop()
                 module = stack.pop()
-                stack.append(Global(str(module), str(qual)))
+                stack.append(_named(Global(str(module), str(qual)), globals_out))
             elif name == "REDUCE":
                 args = stack.pop()
                 func = stack.pop()
@@ -198,7 +217,7 @@ def read_pickle_tree(data: bytes, persistent: bool = False):
                     raise PickleUnreadable("BUILD on a non-object")
             elif name == "INST":
                 module, _, qual = str(arg).partition(" ")
-                stack.append(Call(Global(module, qual), tuple(pop_mark())))
+                stack.append(Call(_named(Global(module, qual), globals_out), tuple(pop_mark())))
             elif name == "OBJ":
                 items = pop_mark()
                 if not items:
@@ -218,12 +237,87 @@ def read_pickle_tree(data: bytes, persistent: bool = False):
     raise PickleUnreadable("no STOP opcode (truncated)")
 
 
+def _named(g: Global, out: list | None) -> Global:
+    if out is not None:
+        out.append(g)
+    return g
+
+
+_SCALARS = (str, bytes, int, float, bool, type(None), Global, Call, PersistentRef)
+
+
+class _Unhashable:
+    """Stands for a dict key or set member that is not a plain value (a list, a nested tuple ...)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unhashable key>"
+
+
 def _hashable(k):
-    try:
-        hash(k)
+    """``k`` when hashing it is cheap and safe, else a placeholder.
+
+    Only scalars and flat tuples of scalars are hashed: ``hash()`` of a tuple nested thousands deep recurses
+    in C without a depth check and kills the interpreter (a segfault, no exception)."""
+    if isinstance(k, _SCALARS):
         return k
-    except TypeError:
-        return repr(k)
+    if isinstance(k, tuple) and all(isinstance(x, _SCALARS) for x in k):
+        return k
+    return _Unhashable()
+
+
+def _children(v):
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return v
+    if isinstance(v, dict):
+        return [*v.keys(), *v.values()]
+    if isinstance(v, Call):
+        return (v.func, v.args, v.state)
+    if isinstance(v, PersistentRef):
+        return (v.pid,)
+    return ()
+
+
+_CONTAINERS = (list, tuple, set, frozenset, dict, Call, PersistentRef)
+
+
+def check_depth(root, limit: int = MAX_DEPTH) -> int:
+    """The nesting depth of ``root``, computed iteratively (memoised per object, so shared values cost once).
+
+    Raises PickleUnreadable past ``limit`` or for a value that contains itself: code that walks such a value
+    recursively (hash, repr, ==, json) crashes or never ends.
+    """
+    depth: dict[int, int] = {}
+    active: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        v, done = stack.pop()
+        if not isinstance(v, _CONTAINERS):
+            continue
+        key = id(v)
+        if done:
+            active.discard(key)
+            d = 1 + max((depth.get(id(c), 0) for c in _children(v) if isinstance(c, _CONTAINERS)), default=0)
+            if d > limit:
+                raise PickleUnreadable(f"values nested more than {limit} levels deep")
+            depth[key] = d
+            continue
+        if key in depth:
+            continue
+        if key in active:
+            raise PickleUnreadable("a value that contains itself")
+        active.add(key)
+        stack.append((v, True))
+        if len(active) > limit:
+            raise PickleUnreadable(f"values nested more than {limit} levels deep")
+        for c in _children(v):
+            if isinstance(c, _CONTAINERS):
+                if id(c) in active:
+                    raise PickleUnreadable("a value that contains itself")
+                if id(c) not in depth:
+                    stack.append((c, False))
+    return depth.get(id(root), 0)
 
 
 def _as(obj, typ):

@@ -15,6 +15,13 @@ into ``train.log``, and merges the per-rank ``rank<R>.json`` records that
 Multi-node: torchrun's own flags (``--nnodes --node-rank --master-addr --master-port``)
 on every node, or under Slurm ``srun`` once per node with a c10d rendezvous, so no
 per-node rank needs shell expansion.
+
+The command is an argument list and is run without a shell, so nothing the user passes
+(``--out 'o;touch M'``, ``--master-addr '$(...)'``) is ever interpreted. The one place a
+shell is needed, finding the rendezvous host under srun when ``--master-addr`` is not
+given, runs a constant script (``SLURM_FIRST_HOST_SCRIPT``) through ``bash -c`` with the
+real command as its positional arguments (``"$@"``), which bash never re-parses.
+``--dry-run`` prints the list with ``shlex.join``: pasting it runs exactly this list.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -37,6 +45,13 @@ MFSDP = SCRIPTS_DIR / "mfsdp.py"
 BAD_MAX_CONNECTIONS = "1"
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
 RDZV_ID = "mfsdp-smoke"
+# Under srun without --master-addr: every node computes the same first host of the allocation and hands it to
+# torchrun through PET_RDZV_ENDPOINT (torchrun reads each option from PET_<NAME> when it is not on the command
+# line). Constant text: the port arrives as $0 and the command as "$@", neither is ever parsed by the shell.
+SLURM_FIRST_HOST_SCRIPT = (
+    'PET_RDZV_ENDPOINT="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1):$0" && '
+    'export PET_RDZV_ENDPOINT && exec "$@"'
+)
 
 
 def build_command(opts, python: str | None = None) -> list[str]:
@@ -44,14 +59,13 @@ def build_command(opts, python: str | None = None) -> list[str]:
     python = python or sys.executable
     torchrun = [python, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc_per_node}"]
     if opts.launcher == "srun":
-        master = opts.master_addr or "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)"
-        torchrun += [
-            f"--nnodes={opts.nnodes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={master}:{opts.master_port}",
-            f"--rdzv-id={RDZV_ID}",
-        ]
+        torchrun += [f"--nnodes={opts.nnodes}", "--rdzv-backend=c10d"]
+        if opts.master_addr:
+            torchrun.append(f"--rdzv-endpoint={opts.master_addr}:{int(opts.master_port)}")
+        torchrun.append(f"--rdzv-id={RDZV_ID}")
         prefix = ["srun", f"--nodes={opts.nnodes}", "--ntasks-per-node=1"]
+        if not opts.master_addr:
+            prefix += ["bash", "-c", SLURM_FIRST_HOST_SCRIPT, str(int(opts.master_port))]
     else:
         prefix = []
         if opts.nnodes > 1:
@@ -102,6 +116,13 @@ def preflight(opts, env: Mapping[str, str] | None = None) -> str | None:
         return (
             "torch is not installed in this Python; run the smoke on a GPU machine with PyTorch and "
             "Megatron-Bridge (tests/gpu/setup_device.sh installs them from a wheel folder)"
+        )
+    from ..integrity.installed import module_outside_skill
+
+    if not module_outside_skill("megatron") or not module_outside_skill("torch"):
+        return (
+            "a 'megatron' or 'torch' package inside the skill folder would be imported instead of the installed "
+            "one; remove it"
         )
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.bridge") is None:
         return "Megatron-Bridge is not installed in this Python (pip install megatron-bridge==0.6.2)"
@@ -181,12 +202,16 @@ def _run_cli_json(*args: str) -> dict | None:
 
 def launch(cmd: list[str], log_path: Path, env: dict | None = None) -> int:
     """Run ``cmd``, echoing its output and keeping it in ``log_path``."""
+    from .. import config_io
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    shell = cmd[0] == "srun" and any("$(" in c for c in cmd)
-    with open(log_path, "w") as log:
+    # Only a regular file (or a new one) is written, never through a symbolic link: a FIFO would hang the
+    # launch and a link would send the log over another file.
+    real, _ = config_io.writable_target(str(log_path), follow_links=False)
+    fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w") as log:
         proc = subprocess.Popen(
-            " ".join(cmd) if shell else cmd,
-            shell=shell,
+            list(cmd),  # an argument list, never a shell: see the module docstring
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -215,7 +240,7 @@ def summarise(out: Path, exit_code: int, cmd: list[str], save_resume: bool) -> d
     ckpt = checkpoint_format(r0.get("ckpt_dir")) if save_resume else None
     sr = r0.get("save_resume") if save_resume else None
     summary = {
-        "command": " ".join(cmd),
+        "command": shlex.join(cmd),
         "exit_code": exit_code,
         "strategy": r0.get("strategy"),
         "world_size": r0.get("world_size"),
