@@ -125,6 +125,7 @@ from .shapes import (
     builtin_names,
     builtin_shape,
     count_parameters,
+    pipeline_stages,
     shape_from_config,
 )
 from .strategies import (
@@ -155,6 +156,7 @@ __all__ = [
     "load_hf_config",
     "lora_from_config",
     "model_section_from_hf",
+    "pipeline_stages",
     "ADAM_STATES",
     "ActivationSettings",
     "BUILTIN_SHAPES",

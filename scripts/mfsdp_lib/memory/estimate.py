@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import hf as hf_mod
 from .common import FP32, GIB, ModelError, _bool, _first, _get, _int, _positive
-from .shapes import Counts, Lora, Shape, builtin_shape, count_parameters, shape_from_config
+from .shapes import Counts, Lora, Shape, builtin_shape, count_parameters, pipeline_stages, shape_from_config
 from .strategies import FSDP_STRATEGIES, MAX_DP_SEARCH, STRATEGIES, StrategyMemory, strategy_memory
 from .terms import (
     ActivationSettings,
@@ -104,7 +104,7 @@ def _resolve_strategies(strategies: Iterable[str] | str) -> list[str]:
     return chosen
 
 
-def check_layout(shape: Shape | None, par: Parallel) -> None:
+def check_layout(shape: Shape | None, par: Parallel, model: Mapping | None = None) -> None:
     """Refuse a layout that cannot be built, quoting the rule that refuses it."""
     etp = par.etp or par.tp
     if (par.dp * par.cp * par.tp) % (par.ep * etp):
@@ -125,10 +125,22 @@ def check_layout(shape: Shape | None, par: Parallel) -> None:
         raise ModelError(
             f"num_query_groups ({groups}) must be a multiple or divisor of TP ({par.tp}) (transformer_config.py:1338)"
         )
-    if par.pp > 1 and shape.num_layers % par.pp:
+    model = model or {}
+    uneven = any(
+        model.get(k)
+        for k in (
+            "num_layers_in_first_pipeline_stage",
+            "num_layers_in_last_pipeline_stage",
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
+            "pipeline_model_parallel_layout",
+        )
+    )
+    if par.pp > 1 and not uneven and shape.num_layers % par.pp:
         raise ModelError(
-            f"num_layers ({shape.num_layers}) must be divisible by PP ({par.pp}) (transformer_config.py:2089; "
-            "uneven stages need num_layers_in_first/last_pipeline_stage, which this estimate does not model)"
+            f"num_layers ({shape.num_layers}) must be divisible by PP ({par.pp}): the model build asserts it "
+            "(transformer/transformer_block.py:150 get_num_layers_to_build); uneven stages need "
+            "num_layers_in_first/last_pipeline_stage, account_for_*_in_pipeline_split or pipeline_model_parallel_layout"
         )
     experts = shape.num_moe_experts or 0
     if experts and experts % par.ep:
@@ -349,13 +361,15 @@ def estimate(
         shape, source = shape_from_config(model_section), "config model section"
     else:
         raise ModelError("nothing to size: give a CONFIG with a model section, --model NAME or --params N")
-    check_layout(shape, par)
+    model_cfg_section = _get(cfg, "model") if isinstance(_get(cfg, "model"), Mapping) else {}
+    check_layout(shape, par, model_cfg_section)
+    stages = pipeline_stages(model_cfg_section, shape.num_layers, par.pp) if shape is not None else None
     lora, lora_notes = lora_from_config(cfg)
     notes += lora_notes
     if shape is not None:
         if shape.num_layers < par.pp:
             raise ModelError(f"pipeline size {par.pp} exceeds num_layers {shape.num_layers}")
-        counts = count_parameters(shape, par.tp, par.pp, par.ep, par.etp, lora=lora)
+        counts = count_parameters(shape, par.tp, par.pp, par.ep, par.etp, lora=lora, stages=stages)
     else:
         if lora is not None:
             raise ModelError(

@@ -309,7 +309,8 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
     missing = [f"model.{k}" for k in _REQUIRED if model.get(k) in (None, 0)]
     if missing:
         raise ModelError(
-            f"config lacks {', '.join(missing)}: cannot count parameters (pass --model NAME or --params N instead)"
+            f"config lacks {', '.join(missing)}: cannot count parameters (set it, e.g. model.vocab_size=N for "
+            "the tokenizer's size, or pass --hf-config PATH, --model NAME or --params N)"
         )
     kwargs: dict[str, Any] = {}
     for key in _SHAPE_FIELDS:
@@ -573,7 +574,13 @@ class Counts:
 
 
 def count_parameters(
-    shape: Shape, tp: int = 1, pp: int = 1, ep: int = 1, etp: int | None = None, lora: Lora | None = None
+    shape: Shape,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    lora: Lora | None = None,
+    stages: tuple[int, int] | None = None,
 ) -> Counts:
     """Exact parameter count of a Megatron GPT, MLA, MoE or hybrid model, and the most-loaded GPU's share.
 
@@ -642,14 +649,18 @@ def count_parameters(
     total = embedding + output + final_norm + sum(layer_dense) + sum(layer_experts) + mtp_total + vision
 
     n = shape.num_layers
-    per_stage = math.ceil(n / pp)
-    if per_stage * (pp - 1) >= n:
-        raise ModelError(
-            f"pipeline size {pp} leaves a stage without layers ({n} layers, {per_stage} per stage): "
-            "use a PP that divides num_layers"
-        )
-    first_idx = list(range(0, min(per_stage, n)))
-    last_idx = list(range((pp - 1) * per_stage, n))
+    if stages is not None and pp > 1:
+        first_idx = list(range(0, stages[0]))
+        last_idx = list(range(n - stages[1], n))
+    else:
+        per_stage = math.ceil(n / pp)
+        if per_stage * (pp - 1) >= n:
+            raise ModelError(
+                f"pipeline size {pp} leaves a stage without layers ({n} layers, {per_stage} per stage): "
+                "use a PP that divides num_layers"
+            )
+        first_idx = list(range(0, min(per_stage, n)))
+        last_idx = list(range((pp - 1) * per_stage, n))
 
     def stage(idx: list[int], first: bool, last: bool) -> dict:
         chosen = [layers[i] for i in idx] + (mtp_layers if last else [])
@@ -707,7 +718,7 @@ def count_parameters(
         gpu_unit=unit,
         gpu_unit_experts=biggest[3],
         gpu_first_grads=chosen["first_grads"],
-        layers_on_gpu=chosen["layers"],
+        layers_on_gpu=max(first["layers"], chosen["layers"]),
         padded_vocab=vocab,
         mtp=mtp_total,
         terms={
@@ -731,3 +742,60 @@ def count_parameters(
         gpu_largest_matrix=largest,
         first_stage_total=first["dense"] + first["experts"],
     )
+
+
+def pipeline_stages(model: Mapping, num_layers: int, pp: int) -> tuple[int, int] | None:
+    """(layers on the first stage, layers on the last) for an uneven split, None for an even one.
+
+    Megatron-Core's rules (transformer/transformer_config.py:1990-2095): explicit
+    ``num_layers_in_first/last_pipeline_stage``, the rest even over the middle stages; or
+    ``account_for_embedding/loss_in_pipeline_split``, which count the embedding and the loss as a
+    layer of the first and last stage. Raises ``ModelError`` quoting the rule a layout breaks.
+    """
+    if pp <= 1:
+        return None
+    layout = model.get("pipeline_model_parallel_layout")
+    if layout:
+        return _stages_from_layout(layout, pp, num_layers)
+    first = model.get("num_layers_in_first_pipeline_stage")
+    last = model.get("num_layers_in_last_pipeline_stage")
+    if first is not None or last is not None:
+        middle_layers = num_layers - (first or 0) - (last or 0)
+        middle_stages = pp - (first is not None) - (last is not None)
+        if bool(middle_layers) != bool(middle_stages) or (middle_stages and middle_layers % middle_stages):
+            raise ModelError(
+                f"{middle_layers} middle layers do not split evenly over {middle_stages} middle pipeline stages "
+                "(transformer_config.py:2034-2046)"
+            )
+        even = middle_layers // middle_stages if middle_stages else 0
+        return (first if first is not None else even), (last if last is not None else even)
+    emb = bool(model.get("account_for_embedding_in_pipeline_split"))
+    loss = bool(model.get("account_for_loss_in_pipeline_split"))
+    if emb or loss:
+        total = num_layers + emb + loss
+        if total % pp:
+            raise ModelError(
+                f"num_layers ({num_layers}) plus the embedding/loss stages ({emb + loss}) must be divisible by PP "
+                f"({pp}) (transformer_config.py:2082-2095)"
+            )
+        per = total // pp
+        return per - emb, per - loss
+    return None
+
+
+def _stages_from_layout(layout, pp: int, num_layers: int) -> tuple[int, int]:
+    """Decoder layers of the first and last pipeline rank from ``pipeline_model_parallel_layout``
+    (a list of stages of names, or a string with ``|`` between stages and ``t`` per decoder layer,
+    transformer/pipeline_parallel_layer_layout.py); with virtual stages a rank holds every PP-th one.
+    A layout this cannot read (repetition syntax) falls back to the even split, rounded up."""
+    stages: list[int] | None = None
+    if isinstance(layout, (list, tuple)) and all(isinstance(st, (list, tuple)) for st in layout):
+        stages = [sum(1 for x in st if str(x) == "decoder") for st in layout]
+    elif isinstance(layout, str) and not any(c in layout for c in "()*"):
+        stages = [st.count("t") for st in layout.split("|")]
+    if not stages or len(stages) % pp:
+        even = math.ceil(num_layers / pp)
+        return even, even
+    first = sum(n for i, n in enumerate(stages) if i % pp == 0)
+    last = sum(n for i, n in enumerate(stages) if i % pp == pp - 1)
+    return first, last
