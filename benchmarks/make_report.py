@@ -98,6 +98,13 @@ EXPECTED = (
         "`python3 -m evals adversarial --out benchmarks/results/evals_adversarial.json`",
     ),
     Expected(
+        "memory-vs-measured",
+        "Memory per rank, `mfsdp.py memory` predicted vs measured, at data-parallel sizes up to 64 (dense, MoE "
+        "with EP, hybrid, LoRA)",
+        lambda r: _bid(r) == "memory_vs_measured",
+        "`python3 benchmarks/bench_memory.py --raw-dir RUNS` on rehearsal runs (`scripts/rehearse_train.py`)",
+    ),
+    Expected(
         "evals-claude-code",
         "Skill evals with a real model in Claude Code (with and without the skill)",
         _real_eval("claude-code"),

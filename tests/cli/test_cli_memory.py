@@ -139,3 +139,51 @@ def test_absurd_sizes_are_input_errors(cli, args, fmt):
     proc = cli("memory", *args, "--format", fmt)
     assert proc.returncode == 2, proc.stdout[:300] + proc.stderr
     assert "too large" in proc.stderr and "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+HF_FIXTURES = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures" / "memory" / "hf_configs"
+
+
+def test_hf_config_moe_with_ep(cli):
+    path = str(HF_FIXTURES / "Qwen" / "Qwen3-30B-A3B" / "config.json")
+    proc, out = run_json(
+        cli, "--hf-config", path, "--ep", "8", "--dp", "64", "--seq-length", "2048", "--gpu-mem-gib", "141"
+    )
+    assert proc.returncode == 0
+    assert out["model"]["params"] == 30_532_122_624
+    assert out["parallelism"]["ep"] == 8 and out["parallelism"]["dp_multiple_of"] == 8
+    row = {r["name"]: r for r in out["strategies"]}["optim_grads_params"]
+    assert row["modelled"] and row["assumed"] and row["smallest_dp_that_fits"] % 8 == 0
+    assert not any(r["configured"] for r in out["strategies"])  # no Bridge config: nothing is "selected"
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--hf-config", "/nonexistent/config.json"], "cannot read"),
+        (["--model", "llama3-8b", "--tp", "3"], "transformer_config.py:1323"),
+        (["--params", "30e9", "--ep", "8", "--dp", "8"], "--expert-params"),
+        (["--params", "30e9", "--expert-params", "lots"], "--expert-params must be a number"),
+    ],
+)
+def test_bad_inputs_exit_2_with_the_reason(cli, args, needle):
+    proc = cli("memory", *args)
+    assert proc.returncode == 2, proc.stdout
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_text_output_says_what_is_modelled(cli):
+    path = str(HF_FIXTURES / "nvidia" / "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
+    proc = cli("memory", "--hf-config", path, "--ep", "8", "--dp", "8", "--strategy", "optim_grads_params")
+    assert proc.returncode == 0, proc.stderr
+    assert "modelled (optim_grads_params):" in proc.stdout and "assumed (optim_grads_params):" in proc.stdout
+    assert "mamba" in proc.stdout
+
+
+def test_gpus_derives_and_checks_dp(cli):
+    proc, out = run_json(cli, "--model", "llama3-8b", "--tp", "4", "--gpus", "64")
+    assert out["parallelism"]["dp"] == 16
+    bad = cli("memory", "--model", "llama3-8b", "--tp", "4", "--gpus", "30")
+    assert bad.returncode == 2 and "parallel_state.py:822" in bad.stderr
+    clash = cli("memory", "--model", "llama3-8b", "--tp", "4", "--gpus", "64", "--dp", "8")
+    assert clash.returncode == 2 and "not --gpus 64" in clash.stderr

@@ -15,7 +15,6 @@ References used below:
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -75,8 +74,11 @@ def test_count_shards_with_tp_and_pp():
     replicated = 32 * 2 * 4096 + 4096
     assert tp2.gpu_dense == pytest.approx((one.gpu_dense - replicated) / 2 + replicated)
     pp4 = m.count_parameters(shape, pp=4)
-    # First stage: 8 layers plus the embedding, no output layer (Megatron-LM's most-loaded shard).
-    assert pp4.gpu_dense == pytest.approx(8 * 218_112_000 + 128256 * 4096)
+    # Each stage holds 8 layers; the first adds the embedding, the last the output layer and the
+    # final norm, so the last is the most loaded by the final norm's 4096 weights.
+    assert pp4.gpu_dense == pytest.approx(8 * 218_112_000 + 128256 * 4096 + 4096)
+    assert pp4.stage == "last"
+    assert pp4.layers_on_gpu == 8
 
 
 def test_moe_experts_sharded_over_ep():
@@ -288,15 +290,17 @@ def test_optimizer_cpu_offload_fraction():
 
 
 def test_fsdp_buffers_for_llama3_8b_by_hand():
-    """optim_grads_params, DP=8, defaults: embedding + output stay gathered (2 x 525M bf16); the
-    all-gather window is 1 layer + prefetch up to 500M elements = 4 layers of 218M."""
+    """optim_grads_params, DP=8, defaults: embedding + output stay gathered (2 x 525M bf16); prefetch
+    up to 500M elements = 2 whole layers of 218M (the measured rule); at the activation peak the
+    window is the current layer + half the prefetch = 2 layers, plus the output layer's and one
+    layer's unsharded gradients."""
     est = m.estimate(None, model="llama3-8b", dp=8)
     row = est.rows["optim_grads_params"]
     vocab_h = 128256 * 4096
     assert row.buffers_persistent == pytest.approx(2 * (2 * vocab_h + 4096))
     layer = 218_112_000
-    assert math.ceil(500_000_000 / layer) == 3
-    assert row.buffers_at_peak == pytest.approx(2 * 4 * layer + 2 * (vocab_h + layer))
+    assert 500_000_000 // layer == 2
+    assert row.buffers_at_peak == pytest.approx(2 * 2 * layer + 2 * (vocab_h + layer))
 
 
 def test_double_buffer_replaces_windows():
@@ -390,10 +394,15 @@ def test_output_layer_terms():
     a = replace(PAPER, hidden_dropout=0.0)
     one = replace(GPT, num_layers=1)
     no_layers = m.activation_bytes(one, a) - _per_layer(GPT, a)
-    # token ids (8 sb) + final norm in/out (4 sbh) + fp32 softmax (4 sbV) + bf16 logits grad (2 sbV)
-    assert no_layers == pytest.approx(8 * s * b + 4 * s * b * h + 6 * s * b * V)
+    # token ids (8 sb) + final norm in/out (4 sbh) + the loss forward's logits: bf16, fp32 copy,
+    # fp32 exp buffer (10 sbV), more than the start of backward (fp32 softmax + bf16 grad, 6 sbV)
+    assert no_layers == pytest.approx(8 * s * b + 4 * s * b * h + 10 * s * b * V)
+    # Without gradient-accumulation fusion the start of backward adds the output weight's bf16
+    # gradient (2 V h): the larger of the two moments counts.
     unfused_wgrad = m.activation_bytes(one, replace(a, gradient_accumulation_fusion=False))
-    assert unfused_wgrad - m.activation_bytes(one, a) == pytest.approx(2 * V * h)
+    assert unfused_wgrad - m.activation_bytes(one, a) == pytest.approx(
+        max(0, 6 * s * b * V + 2 * V * h - 10 * s * b * V)
+    )
 
 
 def test_activations_cp_recompute_pipeline_offload():
@@ -414,8 +423,11 @@ def test_activations_cp_recompute_pipeline_offload():
     offloaded = m.activation_bytes(GPT, replace(a, offload_layers=1))
     assert base - offloaded == pytest.approx(per_layer)
     two_stages = m.activation_bytes(GPT, replace(a, num_microbatches=8), pp=2)
-    # first stage: 2 of 4 layers, 2 microbatches in flight, embedding, no output layer
-    assert two_stages == pytest.approx(2 * (2 * per_layer + 8 * s * b))
+    # the larger of: the first stage (2 of 4 layers, 2 microbatches in flight, embedding) and the
+    # last (2 layers, one microbatch, the output layer and the loss's logits)
+    first = 2 * (2 * per_layer + 8 * s * b)
+    last = 2 * per_layer + (m.activation_bytes(replace(GPT, num_layers=1), a) - per_layer - 8 * s * b)
+    assert two_stages == pytest.approx(max(first, last))
 
 
 def test_unfused_attention_stores_scores():
@@ -444,6 +456,9 @@ ROW_KEYS = {
     "smallest_dp_that_fits",
     "configured",
     "notes",
+    "calibration_gib",
+    "modelled",
+    "assumed",
 }
 
 
@@ -525,7 +540,7 @@ def test_model_state_api_matches_report():
         ({"model": "gpt-17"}, "unknown model"),
         ({"params": -5}, "positive"),
         ({"params": "lots"}, "number"),
-        ({"params": 1e9, "model": "llama3-8b"}, "not both"),
+        ({"params": 1e9, "model": "llama3-8b"}, "give one of"),
         ({"model": "llama3-8b", "dp": 0}, ">= 1"),
         ({"model": "llama3-8b", "strategies": ("zero3",)}, "unknown strategy"),
         ({"model": "llama3-8b", "gpu_mem_gib": -1}, "positive"),
@@ -616,7 +631,9 @@ def test_model_construction_peak():
     """Without meta-device init the model is built whole on each GPU before megatron_fsdp shards it."""
     report = m.report(None, model="llama3-8b", dp=512, seq_length=512, strategies=("optim_grads_params",))
     row = report["strategies"][0]
-    assert row["init_peak_gib"] == row["total_gib"] > row["model_state_gib"] + row["activations_gib"]
+    # the construction peak decides the total (plus the measured framework workspace)
+    assert row["total_gib"] == pytest.approx(row["init_peak_gib"] + row["calibration_gib"], abs=0.002)
+    assert row["init_peak_gib"] > row["model_state_gib"] + row["activations_gib"]
     assert any("init_model_with_meta_device" in n for n in row["notes"])
     meta = m.report(
         {"model": {"init_model_with_meta_device": True}},
@@ -663,7 +680,7 @@ def test_layers_gathered_after_the_step(mcore_src):
     assert "model_chunk.start_param_sync()" in opt_src
     row = rows_for(None, model="llama3-8b", dp=8)["optim_grads_params"]
     layer = 218_112_000
-    assert row.gathered_after_step == pytest.approx(2 * 3 * layer)  # 500M elements of prefetch: 3 layers
+    assert row.gathered_after_step == pytest.approx(2 * 2 * layer)  # 500M elements of prefetch: 2 whole layers
     assert row.after_step == pytest.approx(row.model_state + row.step_transient + row.gathered_after_step)
     off = rows_for({"ddp": {"fsdp_all_gather_in_start_param_sync": False}}, model="llama3-8b", dp=8)[
         "optim_grads_params"

@@ -26,8 +26,15 @@ each strategy fits. Precision (bf16, grad_reduce_in_fp32, megatron_fsdp_main_*_d
 use_precision_aware_optimizer, optimizer_cpu_offload), recomputation and parallel sizes
 are read from the config when one is given.
 
-The model to size comes from (first match): --model NAME (built-in: {builtins}),
---params N (no shape: no activations, no FSDP buffers), or the config's model section.
+The model to size comes from: --model NAME (built-in: {builtins}), --hf-config PATH
+(a Hugging Face config.json: Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 2/3, gpt-oss,
+DeepSeek V2/V3 and Kimi K2 (MLA, MoE, MTP), Nemotron-H (hybrid Mamba), Qwen3-VL, VLM text models),
+--params N (no shape: no activations, no FSDP buffers; with EP > 1 add --expert-params),
+or the config's model section (GPT, MLA, MoE, MTP and hybrid providers). A peft section
+sizes LoRA: frozen base weights keep no gradients or optimizer state. optimizer.optimizer
+muon/dist_muon, FP8 recipes (mixed_precision *fp8*, model.fp8_param) are sized as the code
+stores them. A layout that cannot be built (heads or query groups vs TP, experts vs EP,
+DP x CP x TP vs EP x ETP, layers vs PP) is refused with the rule, not estimated.
 
 examples:
   mfsdp.py memory --model llama3-8b --dp 8 --gpu-mem-gib 80
@@ -36,15 +43,16 @@ examples:
   mfsdp.py memory run_config.yaml model.recompute_granularity=full model.recompute_method=uniform \\
       model.recompute_num_layers=1 --dp 8 --gpu-mem-gib 80
   mfsdp.py memory --params 13e9 --dp 32 --gpu-mem-gib 80      # model state only
+  mfsdp.py memory --hf-config ./Qwen3-30B-A3B/config.json --ep 8 --dp 64 --seq-length 4096 --gpu-mem-gib 141
 """
 
 EPILOG = """\
 Reading the table: GiB per GPU on the most-loaded rank. 'buffers' are Megatron FSDP's
 (preserved embedding/output copies, all-gather window, reduce-scatter queue); 'total' is
 model state + the largest of: activations + buffers alive with them, the late reduce-scatter
-queue, the optimizer-step fp32 gradient copy. 'min DP' is
-the smallest data-parallel size at which that strategy fits (-: never, by this model).
-Not counted: CUDA context, NCCL, fragmentation and workspaces - keep 5-10% headroom.
+queue, the optimizer-step fp32 gradient copy, plus a margin calibrated on measured runs. 'min DP'
+is the smallest data-parallel size at which that strategy fits (-: never, by this model).
+Not counted: CUDA context, NCCL, fragmentation - keep 5-10% headroom.
 Details and OOM triage: references/memory.md.
 
 Exit codes: 0 estimate printed; 1 --gpu-mem-gib given and no reported strategy fits at
@@ -67,14 +75,27 @@ def configure(parser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model", metavar="NAME", help="built-in shape: " + ", ".join(memory.builtin_names()))
     source.add_argument("--params", metavar="N", help="parameter count, e.g. 8.03e9 or 8.03B")
+    source.add_argument(
+        "--hf-config", metavar="PATH", help="a Hugging Face config.json (or the folder holding it) to size"
+    )
+    parser.add_argument(
+        "--expert-params", metavar="N", help="with --params: how many of them are routed experts (needed with EP > 1)"
+    )
     for flag, what in (
         ("dp", "data-parallel"),
         ("tp", "tensor-parallel"),
         ("pp", "pipeline-parallel"),
         ("cp", "context-parallel"),
         ("ep", "expert-parallel"),
+        ("etp", "expert-tensor-parallel"),
     ):
         parser.add_argument(f"--{flag}", type=int, metavar="N", help=f"{what} size (default: the config's, else 1)")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="world size: DP = N / (TP x PP x CP), refused when it does not divide; checked against --dp when both are given",
+    )
     parser.add_argument(
         "--strategy",
         action="append",
@@ -89,7 +110,7 @@ def configure(parser) -> None:
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
-def parse_count(text: str) -> float:
+def parse_count(text: str, flag: str = "--params") -> float:
     """``8.03e9``, ``8030000000``, ``8.03B``, ``405b``, ``770M`` -> a number of parameters."""
     raw = str(text).strip().replace("_", "").replace(",", "")
     scale = 1.0
@@ -98,7 +119,7 @@ def parse_count(text: str) -> float:
     try:
         value = float(raw) * scale
     except ValueError:
-        raise InputError(f"--params must be a number such as 8.03e9 or 8.03B, got {text!r}") from None
+        raise InputError(f"{flag} must be a number such as 8.03e9 or 8.03B, got {text!r}") from None
     return value
 
 
@@ -147,6 +168,12 @@ def run(args) -> int:
             seq_length=args.seq_length,
             micro_batch_size=args.micro_batch_size,
             gpu_mem_gib=args.gpu_mem_gib,
+            hf_config=args.hf_config,
+            expert_params=parse_count(args.expert_params, "--expert-params")
+            if args.expert_params is not None
+            else None,
+            etp=args.etp,
+            gpus=args.gpus,
         )
     except memory.ModelError as exc:
         raise InputError(str(exc)) from None
@@ -176,6 +203,8 @@ def render_text(result: dict) -> str:
         f"{m['params_per_gpu'] / 1e9:.3f} B on the most-loaded GPU"
     ]
     run_line = f"DP={par['dp']} TP={par['tp']} PP={par['pp']} CP={par['cp']} EP={par['ep']}"
+    if par.get("etp", par["tp"]) != par["tp"]:
+        run_line += f" ETP={par['etp']}"
     if "seq_length" in a:
         run_line += f", seq {a['seq_length']}, micro-batch {a['micro_batch_size']}, recompute {a['recompute']}"
     if result["gpu_mem_gib"] is not None:
@@ -200,6 +229,13 @@ def render_text(result: dict) -> str:
         "GiB per GPU"
         + ("; * = the strategy this config selects" if any(r["configured"] for r in result["strategies"]) else "")
     )
+    calib = [f"{r['name']} {r['calibration_gib']:.2f}" for r in result["strategies"] if r.get("calibration_gib")]
+    if calib:
+        lines.append("total includes a margin calibrated on measured runs (GiB): " + ", ".join(calib))
+    configured = [r for r in result["strategies"] if r["configured"]] or result["strategies"][:1]
+    for r in configured:
+        lines += ["", f"modelled ({r['name']}):"] + [f"  - {t}" for t in r["modelled"]]
+        lines += [f"assumed ({r['name']}):"] + [f"  - {t}" for t in r["assumed"]]
     notes = [(r["name"], n) for r in result["strategies"] for n in r["notes"]]
     if notes or a.get("notes"):
         lines += ["", "notes:"]
@@ -212,6 +248,8 @@ def render_text(result: dict) -> str:
         "fsdp_grad_dtype",
         "fsdp_main_params_dtype",
         "optimizer",
+        "fp8",
+        "peft",
         "optimizer_cpu_offload_fraction",
         "sharding_degree",
         "activation_formula",

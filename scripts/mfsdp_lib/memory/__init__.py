@@ -10,10 +10,10 @@ megatron_fsdp 0.6.1), so its numbers can be put beside a measured
 
 The mechanism, per GPU (the most-loaded model-parallel rank), in six parts:
 
-1. **Parameter count** from the model shape (hidden, layers, heads, query groups,
-   FFN size, gated linear unit, padded vocabulary, tied embeddings, biases, norms,
-   MoE experts), read from the ``model`` section of a Bridge config, a built-in
-   shape (``BUILTIN_SHAPES``) or ``--params``. Megatron pads the vocabulary to a
+1. **Parameter count** from the model shape, layer by layer (attention or MLA, MLP or MoE
+   with shared experts and latent projections, Mamba mixers of a hybrid pattern, MTP depths,
+   vision towers), read from the ``model`` section of a Bridge config, a Hugging Face
+   ``config.json``, a built-in shape (``BUILTIN_SHAPES``) or ``--params``. Megatron pads the vocabulary to a
    multiple of ``make_vocab_size_divisible_by * TP`` only when
    ``should_pad_vocab`` is set (``GPTModelProvider.provide`` and
    ``megatron/training/vocab_utils.py``).
@@ -69,17 +69,24 @@ The mechanism, per GPU (the most-loaded model-parallel rank), in six parts:
    whole model on the GPU before megatron_fsdp shards it: for ``optim_grads_params`` that
    can be the peak.
 
-Totals: ``total = max(model_state + max(activations + buffers alive with them, the late
-reduce-scatter queue, step transient), construction peak)``. "Model state" = params +
-grads + optimizer + persistent FSDP buffers; ``after_step`` (model state + step transient)
-is what ``torch.cuda.memory_allocated()`` reads between training steps, less framework
-workspaces (about 0.1 GB). On real 1-GPU H200 runs (benchmarks/results/gpu_strategies_1xh200.json) both were within 0.5 %.
+7. **Calibration** (``calibration``): what real runs allocate beyond the modelled terms
+   (framework workspaces, MoE layer state, the measured excess of activation peaks), fitted on
+   H200 rehearsals at data-parallel sizes 1 to 64 so that the predicted peak is never below a
+   measured one; the model state itself is computed, never calibrated.
 
-Where each part lives: ``shapes`` (model shapes, parameter counting per family),
-``terms`` (precision, activations), ``strategies`` (model state and buffers per
-strategy), ``estimate`` (the totals and the report), ``common`` (units, dtype sizes,
-config access). This package re-exports the public names, so ``memory.report(...)``
-works as before.
+Totals: ``total = max(model_state + max(activations + buffers alive with them, the late
+reduce-scatter queue, step transient), construction peak) + calibration``. "Model state" =
+params + grads + optimizer + persistent FSDP buffers; ``after_step`` (model state + step
+transient + the layers gathered for the next step + framework workspaces) is what
+``torch.cuda.memory_allocated()`` reads between training steps. Against the committed
+rehearsal runs (BENCHMARK.md) the peak is 0 to 2.6 % above the measured one, never below.
+
+Where each part lives: ``shapes`` (model shapes, parameter counting per family: GPT, MLA, MoE,
+MTP, hybrid Mamba, vision towers), ``hf`` (a Hugging Face ``config.json`` as a model section),
+``terms`` (precision, optimizer, activations), ``strategies`` (model state and buffers per
+strategy), ``calibration`` (the measured margins), ``estimate`` (the totals, layout checks and
+the report), ``common`` (units, dtype sizes, config access). This package re-exports the public
+names, so ``memory.estimate(...)`` / ``memory.report(...)`` work from one import.
 
 Standard library only: this runs inside the agent's own interpreter.
 """
@@ -99,20 +106,26 @@ from .estimate import (
     Estimate,
     Parallel,
     assumptions,
+    check_layout,
     configured_strategy,
+    dp_step,
     estimate,
+    lora_from_config,
     model_state,
     parallel_from,
     report,
     smallest_dp,
 )
+from .hf import load_hf_config, model_section_from_hf
 from .shapes import (
     BUILTIN_SHAPES,
     Counts,
+    Lora,
     Shape,
     builtin_names,
     builtin_shape,
     count_parameters,
+    pipeline_stages,
     shape_from_config,
 )
 from .strategies import (
@@ -130,11 +143,20 @@ from .terms import (
     Precision,
     activation_bytes,
     activation_settings,
+    layer_activation_bytes,
     megatron_activation_bytes,
     precision_from_config,
 )
 
 __all__ = [
+    "Lora",
+    "check_layout",
+    "dp_step",
+    "layer_activation_bytes",
+    "load_hf_config",
+    "lora_from_config",
+    "model_section_from_hf",
+    "pipeline_stages",
     "ADAM_STATES",
     "ActivationSettings",
     "BUILTIN_SHAPES",

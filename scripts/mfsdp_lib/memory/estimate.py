@@ -7,12 +7,15 @@ between-steps figure a measured ``memory_allocated()`` is compared with.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from . import hf as hf_mod
 from .common import FP32, GIB, ModelError, _bool, _first, _get, _int, _positive
-from .shapes import Counts, Shape, builtin_shape, count_parameters, shape_from_config
-from .strategies import MAX_DP_SEARCH, STRATEGIES, StrategyMemory, strategy_memory
+from .shapes import Counts, Lora, Shape, builtin_shape, count_parameters, pipeline_stages, shape_from_config
+from .strategies import FSDP_STRATEGIES, MAX_DP_SEARCH, STRATEGIES, StrategyMemory, strategy_memory
 from .terms import (
     ActivationSettings,
     Precision,
@@ -23,6 +26,26 @@ from .terms import (
 )
 
 # --------------------------------------------------------------------------- the report
+
+# Run settings a Bridge config may carry in its model section that --hf-config must not drop.
+_RUN_KEYS = (
+    "seq_length",
+    "sequence_parallel",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "init_model_with_meta_device",
+    "cpu_offloading",
+    "cpu_offloading_num_layers",
+    "fp8",
+    "fp8_param",
+    "attention_backend",
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +104,103 @@ def _resolve_strategies(strategies: Iterable[str] | str) -> list[str]:
     return chosen
 
 
+def check_layout(shape: Shape | None, par: Parallel, model: Mapping | None = None) -> None:
+    """Refuse a layout that cannot be built, quoting the rule that refuses it."""
+    etp = par.etp or par.tp
+    if (par.dp * par.cp * par.tp) % (par.ep * etp):
+        raise ModelError(
+            f"DP x CP x TP = {par.dp} x {par.cp} x {par.tp} is not divisible by EP x ETP = {par.ep} x {etp}: "
+            "the expert grid must tile the same world (world_size % (ETP x EP x PP) == 0, "
+            "megatron/core/parallel_state.py:879-885)"
+        )
+    if shape is None:
+        return
+    if shape.num_attention_heads % par.tp:
+        raise ModelError(
+            f"num_attention_heads ({shape.num_attention_heads}) must be a multiple of TP ({par.tp}) "
+            "(transformer_config.py:1323)"
+        )
+    groups = shape.groups
+    if not shape.multi_latent_attention and groups % par.tp and par.tp % groups:
+        raise ModelError(
+            f"num_query_groups ({groups}) must be a multiple or divisor of TP ({par.tp}) (transformer_config.py:1338)"
+        )
+    model = model or {}
+    uneven = any(
+        model.get(k)
+        for k in (
+            "num_layers_in_first_pipeline_stage",
+            "num_layers_in_last_pipeline_stage",
+            "account_for_embedding_in_pipeline_split",
+            "account_for_loss_in_pipeline_split",
+            "pipeline_model_parallel_layout",
+        )
+    )
+    if par.pp > 1 and not uneven and shape.num_layers % par.pp:
+        raise ModelError(
+            f"num_layers ({shape.num_layers}) must be divisible by PP ({par.pp}): the model build asserts it "
+            "(transformer/transformer_block.py:150 get_num_layers_to_build); uneven stages need "
+            "num_layers_in_first/last_pipeline_stage, account_for_*_in_pipeline_split or pipeline_model_parallel_layout"
+        )
+    experts = shape.num_moe_experts or 0
+    if experts and experts % par.ep:
+        raise ModelError(
+            f"num_moe_experts ({experts}) must be divisible by EP ({par.ep}) "
+            "(transformer/moe/moe_layer.py:185 assert num_moe_experts % ep_size == 0)"
+        )
+    if not experts and par.ep > 1:
+        raise ModelError(f"EP = {par.ep} but the model has no experts (model.num_moe_experts)")
+    if "mamba" in shape.layer_kinds():
+        heads = shape.mamba_num_heads or (2 * shape.hidden_size) // shape.mamba_head_dim
+        if heads % par.tp or shape.mamba_num_groups % par.tp:
+            raise ModelError(
+                f"Mamba heads ({heads}) and groups ({shape.mamba_num_groups}) must be divisible by TP ({par.tp}) "
+                "(ssm/mamba_mixer.py:260, :268)"
+            )
+
+
+def dp_step(par: Parallel) -> int:
+    """The data-parallel sizes this layout allows are multiples of this (expert grid tiling)."""
+    etp = par.etp or par.tp
+    return (par.ep * etp) // math.gcd(par.ep * etp, par.cp * par.tp)
+
+
+def lora_from_config(cfg: Mapping | None) -> tuple[Lora | None, list[str]]:
+    """The ``peft`` section as LoRA adapters (Bridge peft/lora.py LoRA defaults), with notes."""
+    peft = _get(cfg, "peft")
+    if peft is None:
+        return None, []
+    if not isinstance(peft, Mapping):
+        raise ModelError(
+            f"peft must be a section (e.g. {{_target_: megatron.bridge.peft.lora.LoRA, dim: 32}}), got {peft!r}"
+        )
+    target = str(peft.get("_target_") or "lora").lower()
+    notes = []
+    if "lora" not in target:
+        raise ModelError(f"peft._target_ {peft.get('_target_')!r} is not sized (LoRA, CanonicalLoRA and DoRA are)")
+    if "dora" in target:
+        notes.append("DoRA sized as LoRA: its magnitude vectors (one per output feature) are not counted")
+    modules = peft.get("target_modules") or list(Lora().target_modules)
+    if not isinstance(modules, (list, tuple)) or not all(isinstance(x, str) for x in modules):
+        raise ModelError(f"peft.target_modules must be a list of module names, got {modules!r}")
+    if "canonical" in target:  # linear_q/k/v, linear_fc1_up/gate: the fused modules they adapt
+        canon = {
+            "linear_q": "linear_qkv",
+            "linear_k": "linear_qkv",
+            "linear_v": "linear_qkv",
+            "linear_fc1_up": "linear_fc1",
+            "linear_fc1_gate": "linear_fc1",
+        }
+        modules = sorted({canon.get(m, m) for m in modules})
+        notes.append("CanonicalLoRA sized as LoRA on the fused modules it adapts")
+    patterns = [m for m in modules if "*" in m or "." in m]
+    if patterns:
+        notes.append(f"peft.target_modules patterns {patterns} matched by their last name only (every layer)")
+    names = tuple(m.rsplit(".", 1)[-1] for m in modules)
+    dim = _int(peft.get("dim", Lora().dim), "peft.dim", default=Lora().dim) or Lora().dim
+    return Lora(target_modules=names, dim=dim), notes
+
+
 @dataclass
 class Estimate:
     """Everything ``report`` needs; kept separate so callers can read bytes directly."""
@@ -96,10 +216,49 @@ class Estimate:
     configured: str | None
     source: str
     notes: list[str]
+    lora: Lora | None = None
+
+    @property
+    def peft(self) -> bool:
+        return self.lora is not None
+
+    def total(self, strategy: str) -> float:
+        """Predicted peak bytes (``max_memory_allocated``) for ``strategy`` on the most-loaded GPU:
+        the modelled terms plus the calibrated margin (``calibration.py``)."""
+        return self.rows[strategy].total(self.activations or 0.0) + calibration_bytes(self, strategy)
+
+    def breakdown(self, strategy: str) -> dict[str, float]:
+        """Bytes per modelled term for ``strategy``: params, grads, optimizer, persistent FSDP
+        buffers, activations, buffers alive at the peak, the optimizer-step copy, the construction
+        peak, and the totals (``model_state``, ``after_step``, ``peak``)."""
+        row, act = self.rows[strategy], self.activations or 0.0
+        return {
+            "params": row.params,
+            "grads": row.grads,
+            "optimizer": row.optimizer,
+            "buffers_persistent": row.buffers_persistent,
+            "activations": act,
+            "buffers_at_peak": row.buffers_at_peak,
+            "buffers_late": row.buffers_late,
+            "step_transient": row.step_transient,
+            "gathered_after_step": row.gathered_after_step,
+            "init_peak": row.init_peak,
+            "calibration": calibration_bytes(self, strategy),
+            "state_margin": state_margin(self),
+            "model_state": row.model_state,
+            "after_step": row.after_step + state_margin(self),
+            "peak": self.total(strategy),
+        }
 
 
-def _counts_from_params(params: float, par: Parallel) -> Counts:
-    per_gpu = params / (par.tp * par.pp)
+def _counts_from_params(params: float, par: Parallel, expert_params=None) -> Counts:
+    experts = 0.0
+    if expert_params is not None:
+        experts = _positive(expert_params, "--expert-params", "a number of parameters")
+        if experts >= params:
+            raise ModelError(f"--expert-params ({experts:g}) must be less than --params ({params:g})")
+    per_gpu = (params - experts) / (par.tp * par.pp)
+    gpu_experts = experts / (par.ep * (par.etp or par.tp) * par.pp)
     return Counts(
         total=int(round(params)),
         embedding=0,
@@ -108,7 +267,7 @@ def _counts_from_params(params: float, par: Parallel) -> Counts:
         layer_experts=[],
         final_norm=0,
         gpu_dense=per_gpu,
-        gpu_experts=0.0,
+        gpu_experts=gpu_experts,
         gpu_non_unit=0.0,
         gpu_unit=0.0,
         gpu_first_grads=0.0,
@@ -130,16 +289,58 @@ def estimate(
     strategies=("all",),
     seq_length=None,
     micro_batch_size=None,
+    hf_config=None,
+    expert_params=None,
+    etp=None,
+    gpus=None,
 ) -> Estimate:
-    """Compute every strategy's bytes; raises ``ModelError`` for unusable input."""
+    """Compute every strategy's bytes; raises ``ModelError`` for unusable input.
+
+    The model comes from (first given): ``model`` (a built-in name), ``params`` (a count;
+    ``expert_params`` of it routed experts, needed with EP > 1), ``hf_config`` (a Hugging Face
+    ``config.json`` path or its parsed mapping), or ``cfg['model']`` (a Bridge config). Everything
+    else (precision, optimizer, PEFT, recompute, parallel sizes) comes from ``cfg``; explicit
+    ``dp``/``tp``/``pp``/``cp``/``ep``/``etp`` win. Use ``Estimate.total(strategy)`` for the
+    predicted peak and ``Estimate.breakdown(strategy)`` for the per-term bytes.
+    """
     if cfg is not None and not isinstance(cfg, Mapping):
         raise ModelError("config must be a mapping of sections ({'model': {...}, 'ddp': {...}})")
-    if params is not None and model is not None:
-        raise ModelError("give --model or --params, not both")
+    given = [n for n, v in (("--model", model), ("--params", params), ("--hf-config", hf_config)) if v is not None]
+    if len(given) > 1:
+        raise ModelError(f"give one of --model, --params, --hf-config (got {', '.join(given)})")
     par = parallel_from(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    if gpus is not None:
+        world = _int(gpus, "--gpus") or 1
+        model_size = par.tp * par.pp * par.cp
+        if world % model_size:
+            raise ModelError(
+                f"--gpus {world} is not divisible by TP x PP x CP = {par.tp} x {par.pp} x {par.cp} "
+                "(megatron/core/parallel_state.py:822: world_size must be divisible by the model-parallel size)"
+            )
+        if dp is not None and par.dp * model_size != world:
+            raise ModelError(
+                f"--dp {par.dp} x TP {par.tp} x PP {par.pp} x CP {par.cp} = {par.dp * model_size} GPUs, not --gpus {world}"
+            )
+        par = Parallel(world // model_size, par.tp, par.pp, par.cp, par.ep, par.etp)
+    if etp is not None:
+        par = Parallel(par.dp, par.tp, par.pp, par.cp, par.ep, _int(etp, "etp"))
     notes: list[str] = []
+    configured = configured_strategy(cfg)
     shape: Shape | None
-    if model is not None:
+    if hf_config is not None:
+        data = hf_config if isinstance(hf_config, Mapping) else hf_mod.load_hf_config(hf_config)
+        where = "config.json" if isinstance(hf_config, Mapping) else str(hf_config)
+        section, hf_notes = hf_mod.model_section_from_hf(data, where)
+        notes += hf_notes
+        # Activation switches a Bridge bridge sets from the HF config go into the effective config.
+        cfg = dict(cfg or {})
+        model_cfg = dict(section)
+        model_cfg.update({k: v for k, v in (_get(cfg, "model") or {}).items() if k in _RUN_KEYS})
+        cfg["model"] = model_cfg
+        folder = Path(str(where)) if Path(str(where)).is_dir() else Path(str(where)).parent
+        name = str(data.get("_name_or_path") or folder.name or "hf-config")
+        shape, source = shape_from_config(section, name), f"Hugging Face config {where}"
+    elif model is not None:
         shape, source = builtin_shape(str(model)), f"built-in shape {builtin_shape(str(model)).name}"
     elif params is not None:
         params = _positive(params, "--params", "a number of parameters (e.g. 8.03e9)")
@@ -160,12 +361,26 @@ def estimate(
         shape, source = shape_from_config(model_section), "config model section"
     else:
         raise ModelError("nothing to size: give a CONFIG with a model section, --model NAME or --params N")
+    model_cfg_section = _get(cfg, "model") if isinstance(_get(cfg, "model"), Mapping) else {}
+    check_layout(shape, par, model_cfg_section)
+    stages = pipeline_stages(model_cfg_section, shape.num_layers, par.pp) if shape is not None else None
+    lora, lora_notes = lora_from_config(cfg)
+    notes += lora_notes
     if shape is not None:
-        counts = count_parameters(shape, par.tp, par.pp, par.ep, par.etp)
         if shape.num_layers < par.pp:
             raise ModelError(f"pipeline size {par.pp} exceeds num_layers {shape.num_layers}")
+        counts = count_parameters(shape, par.tp, par.pp, par.ep, par.etp, lora=lora, stages=stages)
     else:
-        counts = _counts_from_params(float(params), par)
+        if lora is not None:
+            raise ModelError(
+                "a peft section needs the model's shape to size its adapters: give a config, --hf-config or --model"
+            )
+        if par.ep > 1 and expert_params is None:
+            raise ModelError(
+                f"--params with EP = {par.ep}: say how many of the parameters are routed experts "
+                "(--expert-params N), or give a config / --hf-config so they can be counted"
+            )
+        counts = _counts_from_params(float(params), par, expert_params)
     precision = precision_from_config(cfg)
     if precision.param_bytes == FP32:
         notes.append(
@@ -180,41 +395,147 @@ def estimate(
         activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
         megatron_lm = megatron_activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
     rows = {
-        s: strategy_memory(s, counts, precision, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
+        s: strategy_memory(
+            s, counts, precision, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp, peft=lora is not None
+        )
         for s in _resolve_strategies(strategies)
     }
     return Estimate(
-        shape, counts, par, precision, act, activations, megatron_lm, rows, configured_strategy(cfg), source, notes
+        shape,
+        counts,
+        par,
+        precision,
+        act,
+        activations,
+        megatron_lm,
+        rows,
+        configured,
+        source,
+        notes,
+        lora,
     )
+
+
+def state_margin(est: Estimate) -> float:
+    """Measured bytes allocated between steps beyond the model state (``calibration.py``)."""
+    from .calibration import state_margin_bytes
+
+    return state_margin_bytes(est)
+
+
+def calibration_bytes(est: Estimate, strategy: str, dp: int | None = None) -> float:
+    """What the modelled terms leave out of the measured peak, as calibrated on real runs (see
+    ``calibration.py``); added to the peak only, never to the model state."""
+    from .calibration import peak_margin_bytes
+
+    return peak_margin_bytes(est, strategy, est.parallel.dp if dp is None else dp)
 
 
 def smallest_dp(est: Estimate, strategy: str, gpu_mem_gib: float) -> int | None:
     """Smallest data-parallel size at which ``strategy`` fits in ``gpu_mem_gib`` (None: never).
 
-    Every term but one shrinks or stays as DP grows, so a bisection is exact. The exception
-    is ``optim_grads``: its gradient buckets (``max(40e6, 1e6 x DP x CP)`` elements) grow
-    with DP, and so does its reduce-scatter queue; it is scanned upwards instead.
+    Only sizes the layout allows are tried (multiples of ``dp_step``: the expert grid must tile
+    the world). Every term but one shrinks or stays as DP grows, so a bisection is exact. The
+    exception is ``optim_grads``: its gradient buckets (``max(40e6, 1e6 x DP x CP)`` elements)
+    grow with DP, and so does its reduce-scatter queue; it is scanned upwards instead.
     """
     limit = gpu_mem_gib * GIB
     act = est.activations or 0.0
     par = est.parallel
+    step = dp_step(par)
 
-    def fits(dp: int) -> bool:
-        row = strategy_memory(strategy, est.counts, est.precision, dp=dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp)
-        return row.total(act) <= limit
+    def fits(k: int) -> bool:
+        row = strategy_memory(
+            strategy,
+            est.counts,
+            est.precision,
+            dp=k * step,
+            cp=par.cp,
+            tp=par.tp,
+            ep=par.ep,
+            etp=par.etp,
+            peft=est.peft,
+        )
+        return row.total(act) + calibration_bytes(est, strategy, k * step) <= limit
 
+    top = max(1, MAX_DP_SEARCH // step)
     if strategy == "optim_grads":
-        return next((dp for dp in range(1, MAX_DP_SEARCH + 1) if fits(dp)), None)
-    if not fits(MAX_DP_SEARCH):
+        return next((k * step for k in range(1, top + 1) if fits(k)), None)
+    if not fits(top):
         return None
-    lo, hi = 1, MAX_DP_SEARCH
+    lo, hi = 1, top
     while lo < hi:
         mid = (lo + hi) // 2
         if fits(mid):
             hi = mid
         else:
             lo = mid + 1
-    return lo
+    return lo * step
+
+
+def _kind_summary(kinds: tuple) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k in kinds:
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def modelled_terms(est: Estimate, strategy: str) -> list[str]:
+    """The terms this strategy's figure is computed from, each traced to the code that allocates it."""
+    p, row = est.precision, est.rows[strategy]
+    out = []
+    out.append(
+        "parameters counted from the model shape ("
+        + ", ".join(sorted({k for k in est.counts.terms if est.counts.terms[k]}))
+        + ")"
+        if est.shape
+        else "parameters from --params (no shape)"
+    )
+    out.append(f"weights: {'FP8 linear weights, ' if p.fp8_params else ''}{p.param_dtype}")
+    if est.lora is not None:
+        out.append(
+            f"PEFT: frozen base weights hold no gradient or optimizer state; LoRA dim {est.lora.dim} adapters train"
+        )
+    out.append(
+        {
+            "adam": "Adam: fp32 main weights + two moments",
+            "muon": "Muon: one momentum buffer per 2-D weight, the rest on its scalar optimizer",
+            "adaptive_muon": "adaptive Muon: two buffers per 2-D weight, the rest on its scalar optimizer",
+            "sgd": "SGD: one momentum buffer",
+        }[p.optimizer]
+        + (f", {p.optimizer_offload_fraction:.0%} offloaded to CPU" if p.optimizer_offload_fraction else "")
+    )
+    if row.step_transient:
+        out.append(
+            "optimizer-step transient (fp32 gradient copy" + (", Newton-Schulz" if "muon" in p.optimizer else "") + ")"
+        )
+    if row.buffers_persistent or row.buffers_at_peak or row.buffers_late:
+        out.append("Megatron FSDP buffers: gathered non-unit modules, all-gather window, reduce-scatter queue")
+    if est.activations is not None:
+        out.append(
+            "activations per layer kind (attention/MLA, MLP, MoE dispatch, Mamba) with recompute and PP in flight"
+        )
+    if row.init_peak:
+        out.append("model-construction peak (built unsharded on the GPU)")
+    return out
+
+
+def assumed_terms(est: Estimate, strategy: str) -> list[str]:
+    """What the figure does not compute from the code, and what it takes instead."""
+    out = [
+        "CUDA context, NCCL buffers and allocator fragmentation are outside max_memory_allocated: keep 5-10% headroom"
+    ]
+    if calibration_bytes(est, strategy):
+        out.append("calibration_gib: the measured peak's excess over the modelled terms on real runs (calibration.py)")
+    if est.shape is None:
+        out.append("no shape: activations and Megatron FSDP buffers are not estimated")
+    if est.precision.fp8:
+        out.append("FP8: TE's scaling factors, amax history and transposed weight copies are not counted")
+    if est.parallel.ep > 1:
+        out.append("MoE: balanced routing (each rank receives top-k x its tokens); imbalance raises the peak")
+    if est.parallel.pp > 1:
+        out.append("pipeline: even stages; the most-loaded stage is the first or the last")
+    return out
 
 
 def _gib(x: float | None) -> float | None:
@@ -238,8 +559,23 @@ def assumptions(est: Estimate) -> dict:
             "adam, precision-aware (TE FusedAdam): main "
             f"{_dtype_name(p.master_bytes)}, exp_avg {_dtype_name(p.exp_avg_bytes)}, "
             f"exp_avg_sq {_dtype_name(p.exp_avg_sq_bytes)}"
-            if p.precision_aware
-            else "adam: fp32 main weights + fp32 exp_avg + fp32 exp_avg_sq"
+            if p.precision_aware and p.optimizer == "adam"
+            else {
+                "adam": "adam: fp32 main weights + fp32 exp_avg + fp32 exp_avg_sq",
+                "muon": f"muon{' (layer-wise distributed)' if p.layer_wise else ''}: fp32 main weights + one fp32 "
+                f"momentum per 2-D weight; other parameters on {p.muon_scalar_optimizer}",
+                "adaptive_muon": f"adaptive muon{' (layer-wise distributed)' if p.layer_wise else ''}: fp32 main "
+                f"weights + two fp32 buffers per 2-D weight; other parameters on {p.muon_scalar_optimizer}",
+                "sgd": "sgd: fp32 main weights" + (" + one fp32 momentum buffer" if p.sgd_momentum else ""),
+            }[p.optimizer]
+        ),
+        "fp8": ("FP8 compute (linear inputs saved as FP8)" if p.fp8 else "off")
+        + ("; FP8 linear weights (fp8_param)" if p.fp8_params else ""),
+        "peft": (
+            f"LoRA dim {est.lora.dim} on {', '.join(est.lora.target_modules)}: "
+            f"{est.counts.lora_total:,} trainable adapter parameters; base weights frozen"
+            if est.lora
+            else "none"
         ),
         "optimizer_cpu_offload_fraction": p.optimizer_offload_fraction,
         "sharding_degree": f"N = DP x CP = {est.parallel.dp * est.parallel.cp} (experts: DP x CP x TP / (EP x ETP))",
@@ -251,8 +587,9 @@ def assumptions(est: Estimate) -> dict:
         "total": "model state + max(activations + buffers alive at the activation peak, "
         "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
         "peak when larger (optim_grads_params without init_model_with_meta_device)",
-        "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated), allocator "
-        "fragmentation, cuBLAS/TE workspaces (~0.1-0.5 GiB): keep 5-10% headroom",
+        "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated) and allocator "
+        "fragmentation: keep 5-10% headroom; framework workspaces (0.1 GiB) and the measured activation "
+        "excess are in calibration_gib (references/memory.md section 13)",
         "sources": [
             "megatron/training/theoretical_memory_usage.py (18 and 6 + 12/N bytes/param; activations)",
             "megatron/bridge/training/utils/theoretical_memory_utils.py (Bridge's estimator, CP division)",
@@ -299,6 +636,10 @@ def report(
     seq_length=None,
     micro_batch_size=None,
     gpu_mem_gib=None,
+    hf_config=None,
+    expert_params=None,
+    etp=None,
+    gpus=None,
 ) -> dict:
     """The JSON object ``mfsdp.py memory --format json`` prints.
 
@@ -326,13 +667,23 @@ def report(
         strategies=strategies,
         seq_length=seq_length,
         micro_batch_size=micro_batch_size,
+        hf_config=hf_config,
+        expert_params=expert_params,
+        etp=etp,
+        gpus=gpus,
     )
     act = est.activations
     rows = []
     for name, row in est.rows.items():
-        total = row.total(act or 0.0)
+        total = est.total(name)
         notes = list(row.notes)
-        if row.init_peak and total == row.init_peak:
+        if name in FSDP_STRATEGIES and est.parallel.pp > 1:
+            notes.append(
+                "Megatron FSDP with PP > 1 fails when the model is wrapped: _get_dp_tp_mesh "
+                "(distributed/fsdp/mcore_fsdp_adapter.py:561) factors the world into DP x EP x TP with no "
+                "pipeline axis; this row is what it would hold"
+            )
+        if row.init_peak and row.total(act or 0.0) == row.init_peak:
             notes.append(
                 "the peak is model construction: the model is built unsharded on each GPU before "
                 "sharding; model.init_model_with_meta_device=true avoids it"
@@ -350,9 +701,12 @@ def report(
                 "model_state_gib": _gib(row.model_state),
                 "step_transient_gib": _gib(row.step_transient),
                 "init_peak_gib": _gib(row.init_peak),
-                "after_step_gib": _gib(row.after_step),
+                "after_step_gib": _gib(row.after_step + state_margin(est)),
+                "calibration_gib": _gib(calibration_bytes(est, name)),
                 "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
                 "configured": name == est.configured,
+                "modelled": modelled_terms(est, name),
+                "assumed": assumed_terms(est, name),
                 "notes": notes,
             }
         )
@@ -365,6 +719,11 @@ def report(
             "params_billions": round(est.counts.total / 1e9, 3),
             "params_per_gpu": round(est.counts.gpu_dense + est.counts.gpu_experts),
             "padded_vocab": est.counts.padded_vocab or None,
+            "params_by_term": dict(est.counts.terms),
+            "params_per_gpu_by_term": {k: round(v) for k, v in est.counts.gpu_terms.items()},
+            "trainable_params": est.counts.lora_total if est.peft else est.counts.total,
+            "layer_kinds": _kind_summary(est.counts.kinds),
+            "pipeline_stage": est.counts.stage,
         },
         "parallelism": {
             "dp": est.parallel.dp,
@@ -372,6 +731,8 @@ def report(
             "pp": est.parallel.pp,
             "cp": est.parallel.cp,
             "ep": est.parallel.ep,
+            "etp": est.parallel.etp or est.parallel.tp,
+            "dp_multiple_of": dp_step(est.parallel),
         },
         "gpu_mem_gib": gpu_mem_gib,
         "strategies": rows,

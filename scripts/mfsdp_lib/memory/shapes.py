@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .common import ModelError, _bool, _int
@@ -72,10 +72,18 @@ _ALIASES = {
 
 # --------------------------------------------------------------------------- model shape
 
+# Megatron-Core defaults a partial config may leave out (megatron/core/transformer/transformer_config.py).
+MLA_DEFAULTS = dict(q_lora_rank=512, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128)
+MAMBA_EXPAND = 2  # MambaMixer(expand=2): d_inner = 2 x hidden unless mamba_num_heads is set (ssm/mamba_mixer.py)
+MAMBA_CONV_KERNEL = 4  # MambaMixer(d_conv=4): conv1d weight [conv_dim, 1, 4] (ssm/mamba_mixer.py)
+# Hybrid layer symbols (megatron/core/models/hybrid/hybrid_layer_allocation.py, class Symbols).
+HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "+": "mla", "-": "mlp", "E": "moe", "G": "gdn", "D": "dsa"}
+HYBRID_UNSUPPORTED = {"G": "gated delta net", "D": "DeepSeek sparse attention"}
+
 
 @dataclass(frozen=True)
 class Shape:
-    """A GPT model's shape, with Megatron-Core ``TransformerConfig`` field names and defaults."""
+    """A model's shape, with Megatron-Core ``TransformerConfig`` / Bridge provider field names and defaults."""
 
     name: str
     hidden_size: int
@@ -101,6 +109,31 @@ class Shape:
     moe_shared_expert_intermediate_size: int | None = None
     moe_shared_expert_gate: bool = False
     moe_layer_freq: Any = 1
+    moe_latent_size: int | None = None
+    # Multi-latent attention (MLATransformerConfig, transformer_config.py:2909-2921).
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = MLA_DEFAULTS["q_lora_rank"]  # None: queries are not compressed
+    kv_lora_rank: int = MLA_DEFAULTS["kv_lora_rank"]
+    qk_head_dim: int = MLA_DEFAULTS["qk_head_dim"]
+    qk_pos_emb_head_dim: int = MLA_DEFAULTS["qk_pos_emb_head_dim"]
+    v_head_dim: int = MLA_DEFAULTS["v_head_dim"]
+    # Multi-token prediction depths (transformer_config.py:68, multi_token_prediction.py).
+    mtp_num_layers: int = 0
+    mtp_hybrid_override_pattern: str | None = None
+    # Hybrid (Mamba) models: one symbol per layer (HybridModelProvider.hybrid_layer_pattern).
+    hybrid_layer_pattern: str | None = None
+    mamba_state_dim: int = 128  # transformer_config.py:1179
+    mamba_head_dim: int = 64  # transformer_config.py:1182
+    mamba_num_groups: int = 8  # transformer_config.py:1185
+    mamba_num_heads: int | None = None  # transformer_config.py:1188: None = hidden x expand / head_dim
+    # Extra norms per layer: Gemma 2/3 add post-attention and post-feed-forward norms
+    # (Bridge models/gemma: Gemma2/Gemma3 layer specs); read from the provider's ``_target_``.
+    layer_post_norms: int = 0
+    # "learnable": one softmax offset (attention sink) per head (dot_product_attention.py:126-136).
+    softmax_type: str = "vanilla"
+    # A vision tower's parameters (VLMs), counted whole on the first pipeline stage's ranks.
+    vision_params: int = 0
+    vision_params_tp: int = 0  # of vision_params, the part split over TP
 
     @property
     def groups(self) -> int:
@@ -117,7 +150,14 @@ class Shape:
     @property
     def norm_params(self) -> int:
         """Parameters per norm: RMSNorm has a weight, LayerNorm a weight and a bias."""
-        return self.hidden_size * (1 if self.normalization == "RMSNorm" else 2)
+        return self.norm(self.hidden_size)
+
+    def norm(self, width: int) -> int:
+        return width * (1 if self.normalization == "RMSNorm" else 2)
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.hybrid_layer_pattern)
 
     def padded_vocab(self, tp: int) -> int:
         """Megatron's padding: up to a multiple of make_vocab_size_divisible_by * TP."""
@@ -127,15 +167,71 @@ class Shape:
         return int(math.ceil(self.vocab_size / multiple) * multiple)
 
     def moe_layers(self) -> list[bool]:
+        if self.hybrid:
+            return [k == "moe" for k in self.layer_kinds()]
         if not self.num_moe_experts:
             return [False] * self.num_layers
         freq = self.moe_layer_freq
+        if isinstance(freq, str):  # Megatron-LM's "([0]*3+[1]*58)" spelling
+            freq = _parse_layer_freq(freq, self.num_layers)
         if isinstance(freq, (list, tuple)):
             if len(freq) != self.num_layers:
                 raise ModelError(f"model.moe_layer_freq has {len(freq)} entries for {self.num_layers} layers")
             return [bool(x) for x in freq]
         every = _int(freq, "model.moe_layer_freq", default=1)  # Megatron's default: every layer is MoE
         return [i % every == 0 for i in range(self.num_layers)]
+
+    def layer_kinds(self) -> list[str]:
+        """One kind per decoder layer: ``attention+mlp``/``attention+moe``/``mla+...`` for GPT
+        models; a hybrid model's layers are single-purpose (``mamba``, ``attention``, ``mla``,
+        ``mlp``, ``moe``), one per pattern symbol (models/hybrid/hybrid_block.py:150-200)."""
+        if self.hybrid:
+            return [HYBRID_SYMBOLS[c] for c in _hybrid_main(self.hybrid_layer_pattern or "")]
+        mixer = "mla" if self.multi_latent_attention else "attention"
+        return [f"{mixer}+{'moe' if m else 'mlp'}" for m in self.moe_layers()]
+
+    def mtp_kinds(self) -> list[list[str]]:
+        """Layer kinds inside each MTP depth: a GPT model repeats its last decoder layer
+        (gpt_layer_specs.py get_gpt_mtp_block_spec: ``spec.layer_specs[-1]``); a hybrid model
+        its MTP pattern (the part after ``/``, or ``mtp_hybrid_override_pattern``)."""
+        if self.hybrid:
+            pattern = self.hybrid_layer_pattern or ""
+            depths = pattern.split("/")[1:]
+            if not depths and self.mtp_hybrid_override_pattern and self.mtp_num_layers:
+                depths = [self.mtp_hybrid_override_pattern] * self.mtp_num_layers
+            return [[HYBRID_SYMBOLS[c] for c in _hybrid_main(d)] for d in depths]
+        if not self.mtp_num_layers:
+            return []
+        return [[self.layer_kinds()[-1]] for _ in range(self.mtp_num_layers)]
+
+
+def _parse_layer_freq(text: str, layers: int) -> list[int]:
+    """``([0]*3+[1]*58)`` -> a list, without eval: terms ``[x]*n`` joined by ``+``."""
+    body = text.strip().strip("()").replace(" ", "")
+    out: list[int] = []
+    for term in body.split("+"):
+        m = re.fullmatch(r"\[([01](?:,[01])*)\](?:\*(\d+))?", term)
+        if not m:
+            raise ModelError(f"model.moe_layer_freq {text!r} is not an integer, a list, or '[0]*k+[1]*m'")
+        out += [int(x) for x in m.group(1).split(",")] * int(m.group(2) or 1)
+    if len(out) != layers:
+        raise ModelError(f"model.moe_layer_freq {text!r} gives {len(out)} entries for {layers} layers")
+    return out
+
+
+def _hybrid_main(pattern: str) -> str:
+    """The decoder part of a hybrid pattern: before the first ``/``, pipeline ``|`` removed."""
+    main = pattern.split("/")[0].replace("|", "")
+    bad = sorted({c for c in main if c not in HYBRID_SYMBOLS})
+    if bad:
+        raise ModelError(
+            f"model.hybrid_layer_pattern has unknown symbol(s) {''.join(bad)!r} "
+            f"(known: {''.join(HYBRID_SYMBOLS)}; models/hybrid/hybrid_layer_allocation.py Symbols)"
+        )
+    unsupported = sorted({HYBRID_UNSUPPORTED[c] for c in main if c in HYBRID_UNSUPPORTED})
+    if unsupported:
+        raise ModelError(f"model.hybrid_layer_pattern: {', '.join(unsupported)} layers are not sized yet")
+    return main
 
 
 _SHAPE_FIELDS = [f for f in Shape.__dataclass_fields__ if f != "name"]
@@ -153,7 +249,18 @@ _SHAPE_INTS = (
     "moe_ffn_hidden_size",
     "moe_router_topk",
     "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "mamba_state_dim",
+    "mamba_head_dim",
+    "mamba_num_groups",
+    "mamba_num_heads",
 )
+_SHAPE_ZERO_OK = ("mtp_num_layers", "layer_post_norms", "vision_params", "vision_params_tp")
 _SHAPE_BOOLS = (
     "gated_linear_unit",
     "add_bias_linear",
@@ -162,6 +269,7 @@ _SHAPE_BOOLS = (
     "share_embeddings_and_output_weights",
     "should_pad_vocab",
     "moe_shared_expert_gate",
+    "multi_latent_attention",
 )
 _REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size")
 
@@ -181,25 +289,252 @@ def builtin_shape(name: str) -> Shape:
 
 
 def shape_from_config(model: Mapping, name: str = "config") -> Shape:
-    """Read a ``Shape`` from a Bridge ``model`` section (GPTModelProvider field names)."""
+    """Read a ``Shape`` from a Bridge ``model`` section (GPT, MLA and hybrid provider field names)."""
+    model = dict(model)
+    target = str(model.get("_target_") or "")
+    if "layer_post_norms" not in model and re.search(r"Gemma[23]", target):
+        model["layer_post_norms"] = 2
+    vision = model.get("vision_config")
+    if "vision_params" not in model and isinstance(vision, Mapping) and "Qwen3VL" in target:
+        from .hf import qwen3_vl_vision_params  # Bridge's Qwen3-VL providers carry the HF vision_config
+
+        model["vision_params"], model["vision_params_tp"] = qwen3_vl_vision_params(vision, split=True) or (0, 0)
+    pattern = model.get("hybrid_layer_pattern") or model.get("hybrid_override_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise ModelError(f"model.hybrid_layer_pattern must be a string of layer symbols, got {pattern!r}")
+        model["hybrid_layer_pattern"] = pattern
+        if model.get("num_layers") in (None, 0):  # HybridModelProvider.finalize derives it from the pattern
+            model["num_layers"] = len(_hybrid_main(pattern))
     missing = [f"model.{k}" for k in _REQUIRED if model.get(k) in (None, 0)]
     if missing:
         raise ModelError(
-            f"config lacks {', '.join(missing)}: cannot count parameters (pass --model NAME or --params N instead)"
+            f"config lacks {', '.join(missing)}: cannot count parameters (set it, e.g. model.vocab_size=N for "
+            "the tokenizer's size, or pass --hf-config PATH, --model NAME or --params N)"
         )
     kwargs: dict[str, Any] = {}
     for key in _SHAPE_FIELDS:
-        if key not in model or model[key] is None:
+        if key not in model:
             continue
         value = model[key]
+        if value is None:
+            if key == "q_lora_rank" and "q_lora_rank" in model:
+                kwargs[key] = None  # explicitly uncompressed queries (DeepSeek-V2-Lite)
+            continue
         if key in _SHAPE_INTS:
             value = _int(value, f"model.{key}")
+        elif key in _SHAPE_ZERO_OK:
+            value = _int(value, f"model.{key}", minimum=0)
         elif key in _SHAPE_BOOLS:
             value = _bool(value)
-        elif key == "normalization":
+        elif key in (
+            "normalization",
+            "position_embedding_type",
+            "hybrid_layer_pattern",
+            "mtp_hybrid_override_pattern",
+            "softmax_type",
+        ):
             value = str(value)
         kwargs[key] = value
-    return Shape(name=name, **kwargs)
+    shape = Shape(name=name, **kwargs)
+    if shape.hybrid and len(_hybrid_main(shape.hybrid_layer_pattern or "")) != shape.num_layers:
+        raise ModelError(
+            f"model.num_layers ({shape.num_layers}) does not match the {len(_hybrid_main(shape.hybrid_layer_pattern or ''))}"
+            " layers of model.hybrid_layer_pattern (HybridModelProvider.finalize asserts they agree)"
+        )
+    return shape
+
+
+# --------------------------------------------------------------------------- parameter counting
+
+
+@dataclass(frozen=True)
+class Part:
+    """One parameter tensor (or a group of equal ones) of a layer.
+
+    ``split``: how it is divided among ranks: ``tp`` over tensor parallelism (column/row
+    parallel weights, Mamba's per-head tensors), ``rep`` whole on every rank (norms,
+    row-parallel biases, routers, ``parallel_mode='duplicated'`` linears), ``ep`` over
+    EP x ETP (routed experts). ``matrix``: a 2-D weight outside the embedding and output
+    layer, which Muon optimizes (everything else goes to its scalar optimizer,
+    optimizer/emerging_optimizers.py:128 ``_is_nonlinear_or_embedding``). ``module``/``fan``:
+    the Megatron module name and (in, out) per copy, for LoRA adapters.
+    """
+
+    term: str
+    numel: int
+    split: str
+    matrix: bool = False
+    module: str = ""
+    fan: tuple[int, int] = (0, 0)
+    copies: int = 1
+
+
+def _linear(term: str, module: str, n_in: int, n_out: int, split: str, copies: int = 1) -> Part:
+    return Part(term, n_in * n_out * copies, split, True, module, (n_in, n_out), copies)
+
+
+def _attention_parts(s: Shape) -> list[Part]:
+    """Self-attention (attention.py SelfAttention): fused QKV (column parallel, its input norm
+    fused in by TELayerNormColumnParallelLinear), output projection (row parallel), QK norms."""
+    h, hd, heads, groups = s.hidden_size, s.head_dim, s.num_attention_heads, s.groups
+    qkv_out = (heads + 2 * groups) * hd
+    parts = [
+        Part("norms", s.norm(h), "rep"),
+        _linear("attention", "linear_qkv", h, qkv_out, "tp"),
+        _linear("attention", "linear_proj", heads * hd, h, "tp"),
+    ]
+    if s.add_bias_linear or s.add_qkv_bias:
+        parts.append(Part("attention", qkv_out, "tp"))  # column-parallel bias: split with the output
+    if s.add_bias_linear:
+        parts.append(Part("attention", h, "rep"))  # row-parallel bias: whole on every rank
+    if s.qk_layernorm:
+        parts.append(Part("norms", 2 * s.norm(hd), "rep"))  # q_layernorm, k_layernorm over head_dim
+    if s.softmax_type == "learnable":
+        parts.append(Part("attention", heads, "tp"))  # softmax_offset, one per head
+    return parts
+
+
+def _mla_parts(s: Shape) -> list[Part]:
+    """Multi-latent attention (transformer/multi_latent_attention.py:477-630): query
+    projection (direct, or down ``h x q_lora`` duplicated + up ``q_lora x heads x q_head_dim``
+    column parallel), KV down ``h x (kv_lora + rope dim)`` duplicated, KV up
+    ``kv_lora x heads x (qk + v)`` column parallel, q/kv norms when ``qk_layernorm``, output
+    ``heads x v_head_dim x h`` row parallel (attention.py, ``query_projection_size``)."""
+    h, heads = s.hidden_size, s.num_attention_heads
+    q_head = s.qk_head_dim + s.qk_pos_emb_head_dim
+    parts = [Part("norms", s.norm(h), "rep")]
+    if s.q_lora_rank is None:
+        parts.append(_linear("attention", "linear_q_proj", h, heads * q_head, "tp"))
+    else:
+        parts.append(_linear("attention", "linear_q_down_proj", h, s.q_lora_rank, "rep"))
+        parts.append(_linear("attention", "linear_q_up_proj", s.q_lora_rank, heads * q_head, "tp"))
+        if s.qk_layernorm:
+            parts.append(Part("norms", s.norm(s.q_lora_rank), "rep"))
+    parts.append(_linear("attention", "linear_kv_down_proj", h, s.kv_lora_rank + s.qk_pos_emb_head_dim, "rep"))
+    parts.append(
+        _linear("attention", "linear_kv_up_proj", s.kv_lora_rank, heads * (s.qk_head_dim + s.v_head_dim), "tp")
+    )
+    if s.qk_layernorm:
+        parts.append(Part("norms", s.norm(s.kv_lora_rank), "rep"))
+    parts.append(_linear("attention", "linear_proj", heads * s.v_head_dim, h, "tp"))
+    if s.add_bias_linear:
+        parts.append(Part("attention", h, "rep"))
+    return parts
+
+
+def _mlp_parts(
+    s: Shape, ffn: int, term: str, split: str = "tp", copies: int = 1, width: int | None = None
+) -> list[Part]:
+    """FC1 ``in x ffn`` (x2 gated), FC2 ``ffn x out`` (mlp.py MLP, experts.py TEGroupedMLP)."""
+    w = width or s.hidden_size
+    glu = 2 if s.gated_linear_unit else 1
+    parts = [
+        _linear(term, "linear_fc1", w, ffn * glu, split, copies),
+        _linear(term, "linear_fc2", ffn, w, split, copies),
+    ]
+    if s.add_bias_linear:
+        parts.append(Part(term, ffn * glu * copies, split))
+        parts.append(Part(term, w * copies, "rep" if split == "tp" else split))
+    return parts
+
+
+def _moe_parts(s: Shape) -> list[Part]:
+    """MoE block (transformer/moe/moe_layer.py): pre-MLP norm, router ``E x h`` (+ bias,
+    router.py:61-67), routed experts split over EP x ETP (experts.py:205-250; inputs of
+    ``moe_latent_size`` with latent projections, moe_layer.py:265-295), shared expert
+    (shared_experts.py, column/row parallel) and its gate ``1 x h`` (shared_experts.py:134)."""
+    h, experts = s.hidden_size, s.num_moe_experts or 0
+    parts = [Part("norms", s.norm(h), "rep"), Part("router", experts * h, "rep", True, "router", (h, experts))]
+    if s.add_bias_linear:
+        parts.append(Part("router", experts, "rep"))
+    latent = s.moe_latent_size
+    if latent:
+        parts.append(_linear("experts_latent", "fc1_latent_proj", h, latent, "rep"))
+        parts.append(_linear("experts_latent", "fc2_latent_proj", latent, h, "rep"))
+        if s.add_bias_linear:
+            parts.append(Part("experts_latent", latent + h, "rep"))
+    parts += _mlp_parts(s, s.moe_ffn_hidden_size or s.ffn, "experts", "ep", experts, latent)
+    shared = s.moe_shared_expert_intermediate_size or 0
+    if shared:
+        parts += _mlp_parts(s, shared, "shared_experts")
+        if s.moe_shared_expert_gate:
+            parts.append(Part("shared_experts", h, "rep", True))
+    return parts
+
+
+def _mamba_parts(s: Shape) -> list[Part]:
+    """Mamba-2 mixer (ssm/mamba_mixer.py:279-460): in_proj ``h x (2 d_inner + 2 groups x
+    state + heads)`` with its norm fused (TELayerNormColumnParallelLinear), depthwise conv1d
+    weight ``[conv_dim, 1, 4]`` and bias, ``dt_bias``, ``A_log``, ``D`` per head, the gated
+    RMSNorm over ``d_inner``, out_proj ``d_inner x h``; all split over TP but the input norm."""
+    h = s.hidden_size
+    if s.mamba_num_heads:
+        heads, d_inner = s.mamba_num_heads, s.mamba_num_heads * s.mamba_head_dim
+    else:
+        d_inner = MAMBA_EXPAND * h
+        if d_inner % s.mamba_head_dim:
+            raise ModelError(
+                f"Mamba d_inner = 2 x hidden_size ({d_inner}) must be divisible by model.mamba_head_dim "
+                f"({s.mamba_head_dim}) (ssm/mamba_mixer.py:248)"
+            )
+        heads = d_inner // s.mamba_head_dim
+    bc = 2 * s.mamba_num_groups * s.mamba_state_dim
+    conv_dim = d_inner + bc
+    return [
+        Part("norms", s.norm(h), "rep"),
+        _linear("mamba", "in_proj", h, 2 * d_inner + bc + heads, "tp"),
+        Part("mamba", conv_dim * MAMBA_CONV_KERNEL + conv_dim, "tp"),
+        Part("mamba", 3 * heads, "tp"),  # dt_bias, A_log, D
+        Part("mamba", d_inner, "tp"),  # gated RMSNorm weight
+        _linear("mamba", "out_proj", d_inner, h, "tp"),
+    ]
+
+
+def _layer_parts(s: Shape, kind: str) -> list[Part]:
+    parts: list[Part] = []
+    if "+" in kind and s.layer_post_norms:
+        parts.append(Part("norms", s.layer_post_norms * s.norm(s.hidden_size), "rep"))
+    for piece in kind.split("+"):
+        if piece == "attention":
+            parts += _attention_parts(s)
+        elif piece == "mla":
+            parts += _mla_parts(s)
+        elif piece == "mlp":
+            parts += [Part("norms", s.norm(s.hidden_size), "rep")] + _mlp_parts(s, s.ffn, "mlp")
+        elif piece == "moe":
+            parts += _moe_parts(s)
+        elif piece == "mamba":
+            parts += _mamba_parts(s)
+        else:  # pragma: no cover - layer_kinds only yields the kinds above
+            raise ModelError(f"unknown layer kind {piece!r}")
+    return parts
+
+
+def _mtp_parts(s: Shape, kinds: list[str]) -> list[Part]:
+    """One MTP depth (transformer/multi_token_prediction.py:983-1055): enorm, hnorm,
+    eh_proj ``2h x h`` (column parallel), its inner layer(s), final_layernorm."""
+    h = s.hidden_size
+    parts = [Part("mtp", 3 * s.norm(h), "rep"), _linear("mtp", "eh_proj", 2 * h, h, "tp")]
+    for kind in kinds:
+        parts += [replace(p, term="mtp") for p in _layer_parts(s, kind)]
+    return parts
+
+
+@dataclass(frozen=True)
+class Lora:
+    """LoRA adapters (Bridge ``peft/lora.py`` LoRA: ``target_modules``, ``dim``): each targeted
+    linear ``in x out`` gets ``linear_in`` ``in x dim`` and ``linear_out`` ``dim x out``
+    (peft/utils.py ParallelLinearAdapter), split like the layer it adapts."""
+
+    target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+    dim: int = 32
+
+
+def _lora_numel(part: Part, lora: Lora | None) -> int:
+    if lora is None or not part.module or part.module not in lora.target_modules:
+        return 0
+    return lora.dim * (part.fan[0] + part.fan[1]) * part.copies
 
 
 @dataclass(frozen=True)
@@ -220,60 +555,84 @@ class Counts:
     gpu_first_grads: float  # non-unit parameters whose gradients come first in backward (output layer)
     layers_on_gpu: int
     padded_vocab: int
+    mtp: int = 0  # multi-token-prediction layers, whole
+    terms: dict = field(default_factory=dict)  # global parameters per term (attention, mlp, experts, mamba ...)
+    gpu_terms: dict = field(default_factory=dict)  # the same on the most-loaded GPU
+    gpu_matrix: float = 0.0  # 2-D weights outside embedding/output on the GPU (what Muon optimizes)
+    lora_total: int = 0  # LoRA adapter parameters, whole model (trainable)
+    gpu_lora: float = 0.0  # LoRA adapter parameters on the most-loaded GPU
+    gpu_lora_experts: float = 0.0  # of which on routed experts (sharded over the expert-data-parallel group)
+    stage: str = "first"  # the most-loaded pipeline stage: "first" (with the embedding) or "last"
+    kinds: tuple = ()  # the decoder's layer kinds, in order
+    gpu_largest_matrix: float = 0.0  # largest 2-D weight on the GPU (Muon's orthogonalisation works on one)
+    first_stage_total: float = 0.0  # parameters on a rank of the first pipeline stage (global rank 0)
+    gpu_unit_experts: float = 0.0  # of gpu_unit, the routed experts (sharded over the expert-data-parallel group)
+
+    @property
+    def gpu_total(self) -> float:
+        return self.gpu_dense + self.gpu_experts
 
 
-def count_parameters(shape: Shape, tp: int = 1, pp: int = 1, ep: int = 1, etp: int | None = None) -> Counts:
-    """Exact parameter count of a Megatron GPT model, and the most-loaded GPU's share.
+def count_parameters(
+    shape: Shape,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    lora: Lora | None = None,
+    stages: tuple[int, int] | None = None,
+) -> Counts:
+    """Exact parameter count of a Megatron GPT, MLA, MoE or hybrid model, and the most-loaded GPU's share.
 
-    Per layer: QKV ``h x (heads + 2 groups) x head_dim`` (+ bias), projection
-    ``heads x head_dim x h`` (+ bias), FC1 ``h x ffn x (2 if gated)`` (+ bias), FC2
-    ``ffn x h`` (+ bias), two norms (+ QK norms); MoE layers replace the MLP with a
-    router ``h x E``, ``E`` experts and an optional shared expert. Embedding
-    ``padded_vocab x h``; an untied output layer as much again. Weights of linear
-    layers and embeddings are split over TP; norms and row-parallel biases are
-    replicated; routed experts are split over EP x ETP. The most-loaded pipeline stage
-    holds ``ceil(layers / PP)`` layers plus the embedding, and with PP = 1 also the
-    output layer and final norm (Megatron-LM's assumption).
+    Every layer is a list of ``Part`` (see each ``_*_parts`` for the module it mirrors).
+    Embedding ``padded_vocab x h`` split over TP (+ learned positions ``seq x h``, whole); an
+    untied output layer as much again; a final norm. The pipeline splits the decoder layers
+    evenly (``ceil(layers / PP)`` per stage); the first stage adds the embedding, the last
+    the final norm, the output layer (a tied one keeps its own copy of the word embedding
+    when PP > 1, gpt_model.py ``setup_embeddings_and_output_layer``) and the MTP layers; the
+    most-loaded stage is the larger of the two.
     """
     etp = etp or tp
-    h, hd = shape.hidden_size, shape.head_dim
-    heads, groups = shape.num_attention_heads, shape.groups
-    if heads % groups:
-        raise ModelError(f"num_attention_heads ({heads}) must be a multiple of num_query_groups ({groups})")
-    bias = shape.add_bias_linear
-    glu = 2 if shape.gated_linear_unit else 1
-    qkv_out = (heads + 2 * groups) * hd
-    attn_tp = h * qkv_out + heads * hd * h + (qkv_out if (bias or shape.add_qkv_bias) else 0)
-    attn_rep = (h if bias else 0) + 2 * shape.norm_params
-    if shape.qk_layernorm:
-        attn_rep += 2 * hd * (1 if shape.normalization == "RMSNorm" else 2)
+    h = shape.hidden_size
+    if not shape.multi_latent_attention and shape.num_attention_heads % shape.groups:
+        raise ModelError(
+            f"num_attention_heads ({shape.num_attention_heads}) must be a multiple of num_query_groups ({shape.groups})"
+        )
+    kinds = shape.layer_kinds()
+    div = {"tp": tp, "rep": 1, "ep": ep * etp}
 
-    def mlp(ffn: int) -> tuple[int, int]:  # (tp-sharded, replicated)
-        return h * ffn * glu + ffn * h + (ffn * glu if bias else 0), (h if bias else 0)
+    def tally(parts: list[Part]) -> tuple[int, int, float, float, float, float, float, dict, dict]:
+        dense = expert = 0
+        g_dense = g_expert = g_matrix = g_lora = g_lora_exp = 0.0
+        terms: dict[str, int] = {}
+        g_terms: dict[str, float] = {}
+        for p in parts:
+            share = p.numel / div[p.split]
+            terms[p.term] = terms.get(p.term, 0) + p.numel
+            g_terms[p.term] = g_terms.get(p.term, 0.0) + share
+            if p.split == "ep":
+                expert += p.numel
+                g_expert += share
+            else:
+                dense += p.numel
+                g_dense += share
+            if p.matrix:
+                g_matrix += share
+            extra = _lora_numel(p, lora)
+            if extra:
+                g_lora += extra / div[p.split]
+                if p.split == "ep":
+                    g_lora_exp += extra / div[p.split]
+                terms["lora"] = terms.get("lora", 0) + extra
+        return dense, expert, g_dense, g_expert, g_matrix, g_lora, g_lora_exp, terms, g_terms
 
-    dense_tp, dense_rep = mlp(shape.ffn)
-    moe_ffn = shape.moe_ffn_hidden_size or shape.ffn
-    experts = shape.num_moe_experts or 0
-    exp_tp, exp_rep = mlp(moe_ffn)
-    expert_params = experts * (exp_tp + exp_rep)
-    router = h * experts + (experts if bias else 0)
-    shared = shape.moe_shared_expert_intermediate_size or 0
-    shared_tp, shared_rep = mlp(shared) if shared else (0, 0)
-    shared_gate = h if (shared and shape.moe_shared_expert_gate) else 0
-
-    moe_pattern = shape.moe_layers()
-    layer_dense, layer_experts, gpu_layer_dense, gpu_layer_experts = [], [], [], []
-    for is_moe in moe_pattern:
-        if is_moe:
-            layer_dense.append(attn_tp + attn_rep + router + shared_tp + shared_rep + shared_gate)
-            layer_experts.append(expert_params)
-            gpu_layer_dense.append((attn_tp + shared_tp) / tp + attn_rep + router + shared_rep + shared_gate)
-            gpu_layer_experts.append(expert_params / (ep * etp))
-        else:
-            layer_dense.append(attn_tp + attn_rep + dense_tp + dense_rep)
-            layer_experts.append(0)
-            gpu_layer_dense.append((attn_tp + dense_tp) / tp + attn_rep + dense_rep)
-            gpu_layer_experts.append(0.0)
+    layers = [tally(_layer_parts(shape, k)) for k in kinds]
+    mtp_layers = [tally(_mtp_parts(shape, ks)) for ks in shape.mtp_kinds()]
+    largest = 0.0
+    for k in set(kinds):
+        for p in _layer_parts(shape, k):
+            if p.matrix:
+                largest = max(largest, p.numel / p.copies / div[p.split])
 
     vocab = shape.padded_vocab(tp)
     word = vocab * h
@@ -281,20 +640,71 @@ def count_parameters(shape: Shape, tp: int = 1, pp: int = 1, ep: int = 1, etp: i
     embedding = word + position
     output = 0 if shape.share_embeddings_and_output_weights else word
     final_norm = shape.norm_params
-    total = embedding + output + final_norm + sum(layer_dense) + sum(layer_experts)
+    mtp_total = sum(x[0] + x[1] for x in mtp_layers)
+    layer_dense = [x[0] for x in layers]
+    layer_experts = [x[1] for x in layers]
+    lora_total = sum(x[7].get("lora", 0) for x in layers + mtp_layers)
+    vision = shape.vision_params
+    vision_gpu = vision - shape.vision_params_tp + shape.vision_params_tp / tp
+    total = embedding + output + final_norm + sum(layer_dense) + sum(layer_experts) + mtp_total + vision
 
-    layers_on_gpu = math.ceil(shape.num_layers / pp)
-    # Most-loaded stage: the first layers_on_gpu layers of the heaviest kind, plus embeddings.
-    order = sorted(range(shape.num_layers), key=lambda i: -(gpu_layer_dense[i] + gpu_layer_experts[i]))
-    chosen = order[:layers_on_gpu]
-    non_unit = word / tp + position
-    if pp == 1:
-        non_unit += output / tp + final_norm
-    # Backward starts at the output layer (or the tied embedding it reuses) when this stage holds it.
-    first_grads = (output or word) / tp if pp == 1 else 0.0
-    gpu_dense = sum(gpu_layer_dense[i] for i in chosen) + non_unit
-    gpu_experts = sum(gpu_layer_experts[i] for i in chosen)
-    unit = max(gpu_layer_dense[i] + gpu_layer_experts[i] for i in range(shape.num_layers))
+    n = shape.num_layers
+    if stages is not None and pp > 1:
+        first_idx = list(range(0, stages[0]))
+        last_idx = list(range(n - stages[1], n))
+    else:
+        per_stage = math.ceil(n / pp)
+        if per_stage * (pp - 1) >= n:
+            raise ModelError(
+                f"pipeline size {pp} leaves a stage without layers ({n} layers, {per_stage} per stage): "
+                "use a PP that divides num_layers"
+            )
+        first_idx = list(range(0, min(per_stage, n)))
+        last_idx = list(range((pp - 1) * per_stage, n))
+
+    def stage(idx: list[int], first: bool, last: bool) -> dict:
+        chosen = [layers[i] for i in idx] + (mtp_layers if last else [])
+        non_unit = 0.0
+        out_grads = 0.0
+        terms: dict[str, float] = {}
+        if first:
+            non_unit += word / tp + position + vision_gpu
+            terms["embedding"] = word / tp + position
+            if vision:
+                terms["vision"] = vision_gpu
+        if last:
+            head = (output or (word if pp > 1 else 0)) / tp
+            non_unit += head + final_norm
+            out_grads = (output or word) / tp
+            if head:
+                terms["output_layer"] = head
+            terms["norms"] = terms.get("norms", 0.0) + final_norm
+        # MTP's own projection and norms are not FSDP units; its inner layers are.
+        mtp_non_unit = sum(x[8].get("mtp", 0.0) for x in mtp_layers) if last else 0.0
+        for x in chosen:
+            for t, v in x[8].items():
+                terms[t] = terms.get(t, 0.0) + v
+        return {
+            "dense": sum(x[2] for x in chosen) + non_unit,
+            "experts": sum(x[3] for x in chosen),
+            "matrix": sum(x[4] for x in chosen),
+            "lora": sum(x[5] for x in chosen),
+            "lora_experts": sum(x[6] for x in chosen),
+            "non_unit": non_unit,
+            "first_grads": out_grads,
+            "terms": terms,
+            "layers": len(idx),
+            "mtp_non_unit": mtp_non_unit,
+        }
+
+    first = stage(first_idx, True, pp == 1)
+    chosen, where = first, "first"
+    if pp > 1:
+        last = stage(last_idx, False, True)
+        if last["dense"] + last["experts"] > first["dense"] + first["experts"]:
+            chosen, where = last, "last"
+    biggest = max(layers + mtp_layers, key=lambda x: x[2] + x[3])
+    unit = biggest[2] + biggest[3]
     return Counts(
         total=total,
         embedding=embedding,
@@ -302,11 +712,90 @@ def count_parameters(shape: Shape, tp: int = 1, pp: int = 1, ep: int = 1, etp: i
         layer_dense=layer_dense,
         layer_experts=layer_experts,
         final_norm=final_norm,
-        gpu_dense=gpu_dense,
-        gpu_experts=gpu_experts,
-        gpu_non_unit=non_unit,
+        gpu_dense=chosen["dense"],
+        gpu_experts=chosen["experts"],
+        gpu_non_unit=chosen["non_unit"],
         gpu_unit=unit,
-        gpu_first_grads=first_grads,
-        layers_on_gpu=layers_on_gpu,
+        gpu_unit_experts=biggest[3],
+        gpu_first_grads=chosen["first_grads"],
+        layers_on_gpu=max(first["layers"], chosen["layers"]),
         padded_vocab=vocab,
+        mtp=mtp_total,
+        terms={
+            "embedding": embedding,
+            "output_layer": output,
+            **{
+                t: sum(x[7].get(t, 0) for x in layers + mtp_layers)
+                for t in sorted({t for x in layers + mtp_layers for t in x[7]})
+                if t != "lora"
+            },
+            "final_norm": final_norm,
+            **({"vision": vision} if vision else {}),
+        },
+        gpu_terms={t: v for t, v in chosen["terms"].items()},
+        gpu_matrix=chosen["matrix"],
+        lora_total=lora_total,
+        gpu_lora=chosen["lora"],
+        gpu_lora_experts=chosen["lora_experts"],
+        stage=where,
+        kinds=tuple(kinds),
+        gpu_largest_matrix=largest,
+        first_stage_total=first["dense"] + first["experts"],
     )
+
+
+def pipeline_stages(model: Mapping, num_layers: int, pp: int) -> tuple[int, int] | None:
+    """(layers on the first stage, layers on the last) for an uneven split, None for an even one.
+
+    Megatron-Core's rules (transformer/transformer_config.py:1990-2095): explicit
+    ``num_layers_in_first/last_pipeline_stage``, the rest even over the middle stages; or
+    ``account_for_embedding/loss_in_pipeline_split``, which count the embedding and the loss as a
+    layer of the first and last stage. Raises ``ModelError`` quoting the rule a layout breaks.
+    """
+    if pp <= 1:
+        return None
+    layout = model.get("pipeline_model_parallel_layout")
+    if layout:
+        return _stages_from_layout(layout, pp, num_layers)
+    first = model.get("num_layers_in_first_pipeline_stage")
+    last = model.get("num_layers_in_last_pipeline_stage")
+    if first is not None or last is not None:
+        middle_layers = num_layers - (first or 0) - (last or 0)
+        middle_stages = pp - (first is not None) - (last is not None)
+        if bool(middle_layers) != bool(middle_stages) or (middle_stages and middle_layers % middle_stages):
+            raise ModelError(
+                f"{middle_layers} middle layers do not split evenly over {middle_stages} middle pipeline stages "
+                "(transformer_config.py:2034-2046)"
+            )
+        even = middle_layers // middle_stages if middle_stages else 0
+        return (first if first is not None else even), (last if last is not None else even)
+    emb = bool(model.get("account_for_embedding_in_pipeline_split"))
+    loss = bool(model.get("account_for_loss_in_pipeline_split"))
+    if emb or loss:
+        total = num_layers + emb + loss
+        if total % pp:
+            raise ModelError(
+                f"num_layers ({num_layers}) plus the embedding/loss stages ({emb + loss}) must be divisible by PP "
+                f"({pp}) (transformer_config.py:2082-2095)"
+            )
+        per = total // pp
+        return per - emb, per - loss
+    return None
+
+
+def _stages_from_layout(layout, pp: int, num_layers: int) -> tuple[int, int]:
+    """Decoder layers of the first and last pipeline rank from ``pipeline_model_parallel_layout``
+    (a list of stages of names, or a string with ``|`` between stages and ``t`` per decoder layer,
+    transformer/pipeline_parallel_layer_layout.py); with virtual stages a rank holds every PP-th one.
+    A layout this cannot read (repetition syntax) falls back to the even split, rounded up."""
+    stages: list[int] | None = None
+    if isinstance(layout, (list, tuple)) and all(isinstance(st, (list, tuple)) for st in layout):
+        stages = [sum(1 for x in st if str(x) == "decoder") for st in layout]
+    elif isinstance(layout, str) and not any(c in layout for c in "()*"):
+        stages = [st.count("t") for st in layout.split("|")]
+    if not stages or len(stages) % pp:
+        even = math.ceil(num_layers / pp)
+        return even, even
+    first = sum(n for i, n in enumerate(stages) if i % pp == 0)
+    last = sum(n for i, n in enumerate(stages) if i % pp == pp - 1)
+    return first, last

@@ -96,6 +96,34 @@ def _adam_bytes(p: Precision, *, fsdp: bool) -> tuple[int, int]:
     return master, ADAM_STATES * FP32
 
 
+def _optimizer_bytes(p: Precision, *, fsdp: bool) -> tuple[float, float]:
+    """(bytes per 2-D weight, bytes per other parameter) of optimizer state, main weights included.
+
+    Adam: main weights + exp_avg + exp_avg_sq for every parameter. Muon
+    (optimizer/emerging_optimizers.py:160 TensorParallelMuon, an OrthogonalizedOptimizer):
+    one momentum buffer per 2-D weight (adaptive Muon adds a second moment, :330); parameters
+    that are not 2-D, and the embedding and output layer, go to ``muon_scalar_optimizer``
+    (Adam: two moments; Lion: one) (:81-86, :128, optimizer/__init__.py:800-809). SGD: one
+    momentum buffer when ``sgd_momentum`` > 0. Every state is zeros_like(the fp32 main weight).
+    """
+    master, adam_moments = _adam_bytes(p, fsdp=fsdp)
+    state = (p.fsdp_main_bytes or p.param_bytes) if fsdp else FP32
+    if p.optimizer in ("muon", "adaptive_muon"):
+        matrix = master + state * (2 if p.optimizer == "adaptive_muon" else 1)
+        scalar = master + (state if p.muon_scalar_optimizer == "lion" else adam_moments)
+        return matrix, scalar
+    if p.optimizer == "sgd":
+        one = master + (state if p.sgd_momentum else 0)
+        return one, one
+    return master + adam_moments, master + adam_moments
+
+
+# Newton-Schulz orthogonalisation works on one gradient matrix at a time in fp32 (the
+# momentum's update, X, X X^T and the polynomial's terms): about four fp32 copies of the
+# largest 2-D weight live during Muon's step (emerging_optimizers.py:269 ``orthogonalize``).
+MUON_NS_COPIES = 4
+
+
 def _rs_queue_peak(buckets: list[float], capacity: float) -> float:
     """Largest sum of unsharded gradient buckets alive, by GradReducePipeline's rule.
 
@@ -139,32 +167,75 @@ def strategy_memory(
     tp: int = 1,
     ep: int = 1,
     etp: int | None = None,
+    peft: bool = False,
 ) -> StrategyMemory:
-    """Model-state and buffer bytes for one strategy on the most-loaded GPU."""
+    """Model-state and buffer bytes for one strategy on the most-loaded GPU.
+
+    ``peft``: only the LoRA adapters in ``counts`` train; the base weights are frozen and
+    keep no gradient, main weight or optimizer state (Megatron FSDP creates grad and main
+    buffers only for parameters that require grad, megatron_fsdp/param_and_grad_buffer.py:2012
+    and :2640; Megatron-Core DDP likewise, distributed_data_parallel.py ``if param.requires_grad``).
+    """
     if strategy not in STRATEGIES:
         raise ModelError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     etp = etp or tp
     n_dense = dp * cp
     n_expert = max(1, (dp * cp * tp) // (ep * etp))  # expert data-parallel group
-    full = counts.gpu_dense + counts.gpu_experts
-    shard = counts.gpu_dense / n_dense + counts.gpu_experts / n_expert
+    w_dense = counts.gpu_dense + (counts.gpu_lora - counts.gpu_lora_experts if peft else 0.0)
+    w_exp = counts.gpu_experts + (counts.gpu_lora_experts if peft else 0.0)
+    full = w_dense + w_exp
+    shard = w_dense / n_dense + w_exp / n_expert
+    if peft:
+        t_dense, t_exp = counts.gpu_lora - counts.gpu_lora_experts, counts.gpu_lora_experts
+    else:
+        t_dense, t_exp = w_dense, w_exp
+    t_full = t_dense + t_exp
+    t_shard = t_dense / n_dense + t_exp / n_expert
+    t_frac = t_full / full if full else 1.0
+    # Share of trainable parameters that are 2-D weights (Muon's); all LoRA adapters are.
+    matrix_frac = 1.0 if peft else (counts.gpu_matrix / full if full and counts.gpu_matrix else 1.0)
+    pbytes = float(p.param_bytes)
+    if p.fp8_params:
+        # FP8 weights (1 byte) for the linear layers; norms, embeddings and the output layer stay 16-bit.
+        weight_matrix = counts.gpu_matrix / full if full and counts.gpu_matrix else 0.0
+        pbytes = weight_matrix * 1 + (1 - weight_matrix) * p.param_bytes
     keep = 1.0 - p.optimizer_offload_fraction  # share of optimizer state left on the GPU
     notes: list[str] = []
+    muon = p.optimizer in ("muon", "adaptive_muon")
+    if muon and strategy in FSDP_STRATEGIES:
+        notes.append("Muon with Megatron FSDP fails at optimizer construction or the first step (see `check`)")
+
+    def opt_state(held_all: float, held_sharded: float, fsdp: bool) -> float:
+        """Optimizer bytes: 2-D weights (Muon's part sharded only layer-wise or by FSDP) + the rest."""
+        mat_b, sca_b = _optimizer_bytes(p, fsdp=fsdp)
+        if muon and not fsdp and not p.layer_wise:
+            matrix_held = held_all  # plain Muon keeps whole state on every data-parallel rank
+        else:
+            matrix_held = held_sharded
+        return (mat_b * matrix_frac * matrix_held + sca_b * (1 - matrix_frac) * held_sharded) * keep
+
+    muon_step = MUON_NS_COPIES * FP32 * counts.gpu_largest_matrix if muon else 0.0
 
     if strategy in ("ddp", "distopt"):
         precision_aware = p.precision_aware and strategy == "distopt"
         if p.precision_aware and strategy == "ddp":
             notes.append("use_precision_aware_optimizer needs the distributed optimizer; not applied to ddp")
-        master, moments = _adam_bytes(replace(p, precision_aware=precision_aware), fsdp=False)
-        held = full if strategy == "ddp" else shard
-        step = 0.0
+        q = replace(p, precision_aware=precision_aware)
+        held_sharded = t_full if strategy == "ddp" else t_shard
+        mat_b, sca_b = _optimizer_bytes(q, fsdp=False)
+        if muon and not p.layer_wise:
+            matrix_held = t_full
+        else:
+            matrix_held = held_sharded
+        optimizer = (mat_b * matrix_frac * matrix_held + sca_b * (1 - matrix_frac) * held_sharded) * keep
+        step = muon_step
         if p.ddp_grad_bytes != FP32 and p.param_bytes < FP32 and not precision_aware:
-            step = FP32 * held  # main_param.grad = main_grad.float(): a copy unless already fp32
+            step += FP32 * held_sharded  # main_param.grad = main_grad.float(): a copy unless already fp32
         return StrategyMemory(
             strategy,
-            p.param_bytes * full,
-            p.ddp_grad_bytes * full,
-            (master + moments) * held * keep,
+            pbytes * full,
+            p.ddp_grad_bytes * t_full,
+            optimizer,
             step_transient=step,
             notes=tuple(notes),
         )
@@ -173,45 +244,54 @@ def strategy_memory(
     sharded = n_dense > 1 or n_expert > 1
     w_sharded = strategy == "optim_grads_params" and sharded
     g_sharded = strategy in ("optim_grads", "optim_grads_params") and sharded
-    held = full if strategy == "no_shard" else shard  # no_shard keeps whole optimizer state
-    master, moments = _adam_bytes(p, fsdp=True)
+    held = t_full if strategy == "no_shard" else t_shard  # no_shard keeps whole optimizer state
     mem = StrategyMemory(
         strategy,
-        p.param_bytes * (shard if w_sharded else full),
-        p.fsdp_grad_bytes * (shard if g_sharded else full),
-        (master + moments) * held * keep,
+        pbytes * (shard if w_sharded else full),
+        p.fsdp_grad_bytes * (t_shard if g_sharded else t_full),
+        opt_state(held, held, True),
     )
     if p.fsdp_main_bytes and not p.precision_aware and p.fsdp_grad_bytes != p.fsdp_main_bytes:
         mem.step_transient = p.fsdp_main_bytes * held  # update_main_grads: grad.to(main dtype)
+    mem.step_transient += muon_step
     if p.built_on_gpu and w_sharded:
         # megatron_fsdp copies each parameter into its buffer and frees the original as it goes:
         # the peak is the unsharded model plus the current group (ParamAndGradBuffer init).
-        mem.init_peak = p.param_bytes * (full + counts.gpu_unit)
-    g = p.fsdp_comm_grad_bytes
+        mem.init_peak = pbytes * (full + counts.gpu_unit)
+    g = p.fsdp_comm_grad_bytes * t_frac  # frozen weights send no gradients
     bucket = p.bucket_size or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
     if w_sharded and counts.gpu_unit > 0:
         unit, layers = counts.gpu_unit, counts.layers_on_gpu
         capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, int(2 * unit))
         first = counts.gpu_first_grads  # output layer: the first gradients of the backward pass
         rest = counts.gpu_non_unit - first  # embedding (+ final norm): the last ones
+        # A gathered layer allocates only the groups that are sharded: with EP and an expert-data-
+        # parallel group of one, the experts are whole already and only the dense part is gathered.
+        gathered = (unit - counts.gpu_unit_experts) * (n_dense > 1) + counts.gpu_unit_experts * (n_expert > 1)
         mem.buffers_persistent = p.param_bytes * counts.gpu_non_unit
         notes.append("non-FSDP-unit modules (embedding, output layer) stay all-gathered after first use")
         if p.fsdp_double_buffer:
-            mem.buffers_persistent += FSDP_DOUBLE_BUFFER_SLOTS * unit * (p.param_bytes + g)
+            mem.buffers_persistent += FSDP_DOUBLE_BUFFER_SLOTS * unit * (pbytes + g)
             mem.buffers_at_peak = g * first
             mem.buffers_late = g * max(first, rest)
             notes.append("fsdp_double_buffer: two persistent layer-sized pools, for weights and for grads")
         else:
-            ag_units = min(layers, 1 + math.ceil((capacity // 2) / unit))
+            # Prefetch adds layers while the prefetched size stays within
+            # suggested_communication_unit_size // 2 (param_and_grad_buffer.py:4479-4505). Measured on
+            # H200 rehearsals of 1.1 B, 8 B and 70 B Llama trunks and a 16-layer MoE: floor(limit /
+            # layer) layers (at least one) are gathered right after the optimizer step
+            # (start_param_sync); at the activation peak (start of backward) the window is the
+            # current layer plus half of that prefetch.
+            prefetched = min(layers, max(1, int((capacity // 2) // unit)))
+            at_peak = min(layers, 1 + math.ceil(prefetched / 2))
             if p.gather_after_step:
-                # start_param_sync gathers the embedding's (preserved) bucket plus prefetch.
-                mem.gathered_after_step = p.param_bytes * (ag_units - 1) * unit
+                mem.gathered_after_step = pbytes * prefetched * gathered
             rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
-            mem.buffers_at_peak = p.param_bytes * ag_units * unit + g * (first + unit)
-            mem.buffers_late = p.param_bytes * ag_units * unit + g * rs
+            mem.buffers_at_peak = pbytes * at_peak * gathered + g * (first + unit)
+            mem.buffers_late = pbytes * at_peak * gathered + g * rs
             notes.append(
-                f"all-gather window: {ag_units} layer(s); reduce-scatter queue: up to "
-                f"{rs / 1e6:.0f}M unsharded gradient elements"
+                f"all-gather window: {at_peak} layer(s) at the activation peak, {prefetched} gathered between "
+                f"steps; reduce-scatter queue: up to {rs / 1e6:.0f}M unsharded gradient elements"
             )
     elif w_sharded:
         notes.append("no model shape: FSDP all-gather/reduce-scatter buffers not estimated")

@@ -52,6 +52,17 @@ class Precision:
     # ddp.fsdp_all_gather_in_start_param_sync: after the optimizer step, start_param_sync
     # all-gathers the first bucket with prefetch, so the next layers are gathered between steps.
     gather_after_step: bool = True
+    # FP8 (model.fp8 / mixed_precision *fp8*): linear layers compute in FP8 and TE saves their
+    # inputs for backward as FP8 (1 byte). model.fp8_param (= fp8_param_gather): the linear
+    # weights themselves are stored as FP8 (transformer_config.py:581, mixed_precision.py:60-100).
+    fp8: bool = False
+    fp8_params: bool = False
+    # optimizer.optimizer: adam (default), sgd, muon / adaptive_muon (emerging_optimizers.py),
+    # dist_muon = muon + use_layer_wise_distributed_optimizer (optimizer/__init__.py:744-754).
+    optimizer: str = "adam"
+    layer_wise: bool = False  # optimizer.use_layer_wise_distributed_optimizer
+    muon_scalar_optimizer: str = "adam"  # optimizer.muon_scalar_optimizer: for non-matrix params
+    sgd_momentum: bool = True  # optimizer.sgd_momentum > 0: one momentum buffer
 
 
 def _mixed_precision(cfg: Mapping | None) -> dict:
@@ -80,6 +91,25 @@ def _fraction(value, name: str) -> float:
     return number
 
 
+OPTIMIZERS = ("adam", "sgd", "muon", "adaptive_muon", "dist_muon", "dist_adaptive_muon")
+
+
+def _fp8_from_config(cfg: Mapping | None) -> tuple[bool, bool]:
+    """(FP8 compute, FP8 parameters). ``mixed_precision`` wins (MixedPrecisionConfig.setup copies
+    fp8/fp8_param onto the model config); every Bridge FP8 recipe but the subchannel ones sets
+    ``fp8_param_gather = True`` (training/mixed_precision.py, bf16_with_fp8_*_mixed)."""
+    mp = _get(cfg, "mixed_precision")
+    if isinstance(mp, str):
+        name = mp.lower()
+        fp8 = "fp8" in name
+        return fp8, fp8 and "subchannel" not in name
+    if isinstance(mp, Mapping) and (mp.get("fp8") or mp.get("fp8_param_gather") or mp.get("fp8_param")):
+        return bool(mp.get("fp8")), _bool(mp.get("fp8_param")) or _bool(mp.get("fp8_param_gather"))
+    fp8 = _get(cfg, "model.fp8")
+    fp8_on = fp8 not in (None, False, "", "none", "None")
+    return fp8_on, fp8_on and _bool(_get(cfg, "model.fp8_param"))
+
+
 def precision_from_config(cfg: Mapping | None) -> Precision:
     mp = _mixed_precision(cfg)
     fp16 = mp.get("fp16", _bool(_first(cfg, ("model.fp16", "optimizer.fp16")), False))
@@ -100,7 +130,20 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
         offload = _fraction(_get(cfg, key, 0.0), key)
     unit = _get(cfg, "ddp.suggested_communication_unit_size")
     bucket = _get(cfg, "ddp.bucket_size")
+    fp8, fp8_params = _fp8_from_config(cfg)
+    opt = str(_get(cfg, "optimizer.optimizer", "adam")).strip().lower()
+    if opt not in OPTIMIZERS:
+        raise ModelError(f"optimizer.optimizer {opt!r} is not sized (known: {', '.join(OPTIMIZERS)})")
+    layer_wise = _bool(_get(cfg, "optimizer.use_layer_wise_distributed_optimizer"), False) or opt.startswith("dist_")
+    scalar = str(_get(cfg, "optimizer.muon_scalar_optimizer", "adam")).strip().lower()
+    momentum = _get(cfg, "optimizer.sgd_momentum", 0.9)
     return Precision(
+        fp8=fp8,
+        fp8_params=fp8_params,
+        optimizer=opt.removeprefix("dist_"),
+        layer_wise=layer_wise,
+        muon_scalar_optimizer=scalar,
+        sgd_momentum=float(momentum or 0) > 0,
         param_bytes=pbytes,
         param_dtype="fp16" if fp16 else ("bf16" if bf16 else "fp32"),
         ddp_grad_bytes=FP32 if grad_fp32 else pbytes,
@@ -146,6 +189,12 @@ class ActivationSettings:
     hidden_dropout: float = 0.0  # > 0: a 1-byte mask per dropout (two per layer, one after the embedding)
     bias_activation_fusion: bool = True  # gated FFN: the fused SwiGLU saves no extra activation output
     gradient_accumulation_fusion: bool = True  # off: the output layer's weight gradient is a bf16 temporary
+    fp8: bool = False  # model.fp8: TE saves linear inputs as FP8
+    # model.recompute_modules with selective recompute (transformer_config.py:546-560; default core_attn)
+    recompute_modules: tuple = ("core_attn",)
+
+    def recomputes(self, module: str) -> bool:
+        return self.recompute_granularity == "selective" and module in self.recompute_modules
 
 
 def _in_flight(a: ActivationSettings, pp: int) -> float:
@@ -186,6 +235,92 @@ def megatron_activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 
     return total * MEGATRON_NO_SP_OVERHEAD / cp
 
 
+# Router tensors saved per token, in bytes per expert: fp32 logits and fp32 probabilities
+# (router.py: routing runs in fp32 with moe_router_dtype, and the score function's output is
+# kept for backward), plus the boolean routing map (moe_utils.py topk_routing_with_score_function).
+MOE_ROUTER_BYTES_PER_EXPERT = 4 + 4 + 1
+
+
+def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp: int = 1) -> float:
+    """Bytes one layer of ``kind`` saves for backward, per microbatch (see ``activation_bytes``).
+
+    Pieces: ``attention``/``mla`` (input norm, Q, K, V, the attention output), ``mlp`` (pre-MLP
+    norm, FC1 output, FC2 input), ``moe`` (pre-MLP norm; per routed copy of each token
+    (top-k): the permuted FC1 input (experts.py TEGroupedMLP), the FC1 output and FC2 input, and
+    one more copy's worth for the token dispatcher's buffers (the combine side's all-to-all and
+    unpermute of the layer whose backward starts, token_dispatcher.py:875-895, moe_utils.py
+    ``unpermute``); the router's logits/probabilities; a shared expert as an MLP),
+    ``mamba`` (input norm, the z x B C dt projection, the scan output, the gated norm input and
+    output; ssm/mamba_mixer.py:738-779). FP8 (``model.fp8``): TE saves
+    the linear layers' inputs (norm outputs, attention output, FC2 input) as 1-byte FP8.
+    """
+    s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
+    sbh = s * b * h
+    sp = a.sequence_parallel and tp > 1
+    lin = 1 if a.fp8 else 2  # bytes of a saved linear-layer input
+    seq_div = tp if sp else 1
+    total = 0.0
+    pieces = kind.split("+")
+    # Selective recompute (transformer_config.py:546-560): "layernorm" discards the norms' outputs,
+    # "mlp"/"moe"/"shared_experts" keep only the module's input, "moe_act" discards the experts'
+    # activation output, "mla_up_proj" discards MLA's Q, K, V (they are recomputed in backward).
+    norm_out = 0 if a.recomputes("layernorm") else lin * sbh
+    for piece in pieces:
+        norm = (2 * sbh + norm_out) / seq_div  # the norm's input (bf16) and output (the next linear's input)
+        if piece in ("attention", "mla"):
+            total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
+            if piece == "attention":
+                heads, groups, hd = shape.num_attention_heads, shape.groups, shape.head_dim
+                total += s * b * (2 * heads * hd + 2 * 2 * groups * hd + lin * heads * hd) / tp
+            else:
+                heads = shape.num_attention_heads
+                q_head = shape.qk_head_dim + shape.qk_pos_emb_head_dim
+                latent = (shape.q_lora_rank or 0) + shape.kv_lora_rank
+                total += lin * s * b * latent  # the up-projections' inputs (after the q/kv norms)
+                qkv = 0 if a.recomputes("mla_up_proj") else 2 * 2 * q_head + 2 * shape.v_head_dim
+                total += s * b * heads * (qkv + lin * shape.v_head_dim) / tp
+            if a.unfused_attention and not a.recomputes("core_attn"):
+                total += 5 * shape.num_attention_heads * s * s * b / tp
+        elif piece == "mlp":
+            total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
+            if not a.recomputes("mlp"):
+                total += _mlp_saved(shape, shape.ffn, a, lin) * s * b / tp
+        elif piece == "moe":
+            total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
+            k = shape.moe_router_topk
+            width = shape.moe_latent_size or h
+            expert_ffn = shape.moe_ffn_hidden_size or shape.ffn
+            if not a.recomputes("moe"):
+                total += k * s * b * (lin * width + 2 * width)  # permuted FC1 inputs, dispatcher buffers
+                act_out = lin * expert_ffn if a.recomputes("moe_act") else 0
+                total += k * s * b * (_mlp_saved(shape, expert_ffn, a, lin) - act_out)
+                total += s * b * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
+            if shape.moe_shared_expert_intermediate_size and not a.recomputes("shared_experts"):
+                total += _mlp_saved(shape, shape.moe_shared_expert_intermediate_size, a, lin) * s * b / tp
+        elif piece == "mamba":
+            heads = shape.mamba_num_heads or (2 * h) // shape.mamba_head_dim
+            d_inner = heads * shape.mamba_head_dim
+            bc = 2 * shape.mamba_num_groups * shape.mamba_state_dim
+            # Memory-efficient path (ssm/mamba_mixer.py:738-779): the fused conv1d + scan keeps its
+            # contiguous z x B C dt input and the scan output; the gated norm keeps its input; out_proj
+            # keeps the norm's output. Conv outputs and chunk states are recomputed in backward.
+            total += norm
+            total += 2 * s * b * (2 * d_inner + bc + heads) / tp  # zxBCdt (contiguous copy)
+            total += 2 * s * b * d_inner / tp  # scan output kept by the fused function
+            total += (2 + lin) * s * b * d_inner / tp  # gated norm input, out_proj input
+        else:  # pragma: no cover
+            raise ModelError(f"unknown layer kind {piece!r}")
+    return total
+
+
+def _mlp_saved(shape: Shape, ffn: int, a: ActivationSettings, lin: int) -> float:
+    """Bytes per token an MLP of width ``ffn`` saves: the FC1 output (x2 gated) and the FC2 input;
+    an unfused gated activation also its own output."""
+    if shape.gated_linear_unit:
+        return 2 * 2 * ffn + lin * ffn + (0 if a.bias_activation_fusion else 2 * ffn)
+    return 2 * ffn + lin * ffn
+
+
 def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1) -> float:
     """Peak activation bytes on the first pipeline stage: the tensors each layer saves for backward.
 
@@ -217,46 +352,59 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
     sbh = s * b * h
     sp = a.sequence_parallel and tp > 1
-    mask = 2 * sbh if a.hidden_dropout > 0 else 0  # two 1-byte masks
-    whole = (8 * sbh + mask) / (tp if sp else 1)  # norm inputs/outputs, masks
-    heads, groups, hd = shape.num_attention_heads, shape.groups, shape.head_dim
-    attention = 2 * s * b * (2 * heads * hd + 2 * groups * hd) / tp  # Q, O, K, V (bf16)
-    if shape.gated_linear_unit:
-        mlp_width = 6 if a.bias_activation_fusion else 8
-    else:
-        mlp_width = 4
-    mlp = mlp_width * s * b * _ffn_ratio(shape) * h / tp
-    per_layer = whole + attention + mlp
-    if a.unfused_attention and a.recompute_granularity != "selective":
-        per_layer += 5 * heads * s * s * b / tp  # softmax input/output and dropout mask of the scores
+    kinds = shape.layer_kinds()
+    layers = math.ceil(shape.num_layers / pp)
+    stage_kinds = kinds[:layers]  # the first stage's layers
+    sizes = {k: layer_activation_bytes(shape, k, a, tp=tp) for k in set(stage_kinds)}
+    per_layer = max(sizes.values())  # the largest layer: what one rematerialised layer needs
     checkpoint = 2 * sbh / (tp if sp else 1)  # a layer's bf16 input, kept by full recompute
 
-    layers = math.ceil(shape.num_layers / pp)
     in_flight = _in_flight(a, pp)
-    stored_layers = max(0, layers - a.offload_layers)
+    stored = stage_kinds[a.offload_layers :] if a.offload_layers else stage_kinds
+    stored_layers = len(stored)
     if a.recompute_granularity == "full":
         n = max(1, a.recompute_num_layers or 1)
         if a.recompute_method == "block":
             recomputed = min(n, stored_layers)
-            per_mb = recomputed * checkpoint + (stored_layers - recomputed) * per_layer
+            per_mb = recomputed * checkpoint + sum(sizes[k] for k in stored[recomputed:])
             stack = per_mb * in_flight + (per_layer if recomputed else 0)
         else:  # uniform (Megatron's default method for full recompute)
             chunks = math.ceil(stored_layers / n)
             stack = chunks * checkpoint * in_flight + min(n, stored_layers) * per_layer
     else:
-        stack = stored_layers * per_layer * in_flight
+        stack = sum(sizes[k] for k in stored) * in_flight
 
     embedding = (8 * s * b + (sbh if a.hidden_dropout > 0 else 0) / (tp if sp else 1)) * in_flight
-    output = 0.0
+    vocab = shape.padded_vocab(tp)
+    logits = s * b * vocab / tp
+    # Loss forward (language_module.py compute_language_model_loss -> cross entropy): the bf16
+    # logits, their fp32 copy (tensor_parallel/cross_entropy.py:25 ``.float()``) and the exp
+    # buffer torch.compile's functionalised in-place ops allocate (jit.py: jit_fuser =
+    # torch.compile; cross_entropy.py:41-63): 2 + 4 + 4 bytes per logit.
+    loss_forward = LOSS_FORWARD_BYTES_PER_LOGIT * logits
+    # Start of backward: the fp32 softmax saved for backward and the bf16 logits gradient;
+    # without gradient-accumulation fusion also the output weight's bf16 gradient.
+    start_backward = (4 + 2) * logits + (0 if a.gradient_accumulation_fusion else 2 * vocab * h / tp)
+    output = 4 * sbh / (tp if sp else 1) + max(loss_forward, start_backward)  # + the final norm
     if pp == 1:
-        vocab = shape.padded_vocab(tp)
-        output = 4 * sbh / (tp if sp else 1) + 4 * s * b * vocab / tp  # final norm, fp32 softmax
-        output += 2 * s * b * vocab / tp  # bf16 logits gradient at the start of backward
-        if not a.gradient_accumulation_fusion:
-            output += 2 * vocab * h / tp  # the output weight's gradient before it reaches main_grad
-    return (stack + embedding + output) / cp
+        return (stack + embedding + output) / cp
+    # The last stage holds one microbatch in flight (1F1B) but the output layer and the loss.
+    last_kinds = kinds[len(kinds) - layers :]
+    last_sizes = {k: layer_activation_bytes(shape, k, a, tp=tp) for k in set(last_kinds)}
+    if a.recompute_granularity == "full":
+        n = max(1, a.recompute_num_layers or 1)
+        if a.recompute_method == "block":
+            recomputed = min(n, len(last_kinds))
+            last = recomputed * checkpoint + sum(last_sizes[k] for k in last_kinds[recomputed:])
+            last += max(last_sizes.values()) if recomputed else 0
+        else:
+            last = math.ceil(len(last_kinds) / n) * checkpoint + min(n, len(last_kinds)) * max(last_sizes.values())
+    else:
+        last = sum(last_sizes[k] for k in last_kinds)
+    return max(stack + embedding, last + output) / cp
 
 
+LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 exp buffer
 MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 MCORE_HIDDEN_DROPOUT = 0.1  # TransformerConfig.hidden_dropout default
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
@@ -329,4 +477,17 @@ def activation_settings(
         ),
         num_microbatches=(gbs // (mbs * dp)) if gbs and gbs >= mbs * dp else None,
         offload_layers=offload,
+        fp8=_fp8_from_config(cfg)[0],
+        recompute_modules=_recompute_modules(cfg),
     )
+
+
+def _recompute_modules(cfg) -> tuple:
+    mods = _get(cfg, "model.recompute_modules")
+    if mods is None:
+        return ("core_attn",)  # transformer_config.py:1763-1764
+    if isinstance(mods, str):
+        mods = [mods]
+    if not isinstance(mods, (list, tuple)) or not all(isinstance(x, str) for x in mods):
+        raise ModelError(f"model.recompute_modules must be a list of module names, got {mods!r}")
+    return tuple(mods)
