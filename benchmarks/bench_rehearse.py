@@ -689,20 +689,26 @@ def summarize_raw(raw: Path) -> dict:
 
     runs: dict[str, dict] = {}
     summaries: dict[str, dict] = {}
+    harness: dict[str, str] = {}  # run -> the bench_rehearse command whose output folder holds it (a rerun wins)
     for f in sorted(raw.glob("summary_*.json")):
-        summaries.update((_read(f) or {}).get("runs") or {})
+        data = _read(f) or {}
+        summaries.update(data.get("runs") or {})
+        for name in data.get("runs") or {}:
+            harness[name] = str(data.get("command") or "")
     for d in sorted(p for p in raw.iterdir() if p.is_dir()):
         rep = _read(d / "report.json")
         if not isinstance(rep, dict):
             continue
+        command = "python3 scripts/rehearse_train.py " + shlex.join(rep.get("argv") or [])
         if rep.get("mode") == "parity":
-            runs[d.name] = {"kind": "parity", **rh.summarize_parity(rep)}
+            runs[d.name] = {"kind": "parity", "command": command, **rh.summarize_parity(rep)}
             continue
         s = rh.summarize_run(rep, str(d))
         row = {
             "kind": "rank",
             "why": (summaries.get(d.name) or {}).get("why"),
-            "command": "python3 scripts/rehearse_train.py " + shlex.join(rep.get("argv") or []),
+            "command": command,
+            "harness_command": harness.get(d.name),
             **{k: s[k] for k in ("rank", "world_size", "strategy", "source", "result", "memory", "predicted")},
             "failure": s["failure"],
             "nccl": s["nccl"],
@@ -748,6 +754,7 @@ def summarize_raw(raw: Path) -> dict:
         "peak reserved GiB",
         "NCCL allowance GiB",
         "reference between / peak GiB (max diff)",
+        "command (the run; its folder is the --out)",
     ]
     rows = []
     for name, r in runs.items():
@@ -771,6 +778,7 @@ def summarize_raw(raw: Path) -> dict:
                 m["peak_reserved_gib"],
                 (r.get("nccl") or {}).get("allowance_gib"),
                 f"{ref['between_steps_gib']} / {ref['peak_gib']} ({ref['max_rel_diff'] * 100:.1f} %)" if ref else None,
+                f"`{r['command']}`",
             ]
         )
     parity = next((r for r in runs.values() if r.get("kind") == "parity"), None)
@@ -796,8 +804,14 @@ def summarize_raw(raw: Path) -> dict:
             f"parity (a real world of 1, DDP vs Megatron FSDP optim_grads_params, same seed and data): "
             f"{'passed' if parity['passed'] else 'FAILED'}, max |loss diff| {parity['max_abs_loss_diff']:.4f} over "
             f"{parity['steps_compared']} steps (atol {parity['atol']}); fsdp_dtensor save/load round trip equal: "
-            f"{(parity['legs'].get('fsdp') or {}).get('save_load_equal')}"
+            f"{(parity['legs'].get('fsdp') or {}).get('save_load_equal')}; command: `{parity['command']}`"
         )
+    by_harness: dict[str, list[str]] = {}
+    for name in runs:
+        if harness.get(name):
+            by_harness.setdefault(harness[name], []).append(name)
+    for cmd, names in by_harness.items():
+        notes.append(f"`{cmd}` ran (one after another or side by side on the GPU): {', '.join(names)}")
     return {
         "benchmark": "rehearse_1xh200",
         "title": "Rehearsal: one GPU as rank R of a world of N, measured against the memory model",
