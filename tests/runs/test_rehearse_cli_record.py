@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,41 @@ def test_recorded_files_carry_no_machine_paths():
     assert len(files) >= 8
     for p in files:
         assert not MACHINE_PATH.search(p.read_text()), p.relative_to(ROOT)
+
+
+@pytest.mark.parametrize("case", [PASSED, PP2], ids=lambda p: p.name)
+def test_the_stated_command_prints_the_recorded_engine_commands(case, tmp_path):
+    """BENCHMARK.md names the 'mfsdp.py rehearse' command of each row; its --dry-run gives what was run."""
+    import bench_rehearse as br
+
+    assert f"--timeout-s {br.CLI_TIMEOUT_S}" in br.cli_command(case.name, "X")
+    gpu_test = (ROOT / br.CLI_GPU_TEST).read_text()
+    assert f"RANK_TIMEOUT_S = {br.CLI_TIMEOUT_S} " in gpu_test and f'_out("{case.name}")' in gpu_test
+    out = tmp_path / case.name
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "mfsdp.py"), "rehearse", *br.CLI_CASES[case.name]]
+        + ["--out", str(out), "--dry-run", "--python", "python3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    printed = [
+        x.replace(str(ROOT / "scripts") + "/", "scripts/").replace(str(out), f"{RAW.relative_to(ROOT)}/{case.name}")
+        for x in p.stdout.splitlines()
+        if not x.startswith("#")
+    ]
+    assert printed == _summary(case)["command"]
+
+
+def test_benchmark_json_of_the_cli_rehearsal_was_made_from_these_files():
+    import bench_rehearse as br
+
+    committed = json.loads((ROOT / "benchmarks" / "results" / "rehearse_cli_1xh200.json").read_text())
+    assert json.loads(json.dumps(br.summarize_cli(RAW))) == committed
+    assert committed["raw"]["gpu_test"].startswith("2 passed")
+    assert {c: v["exit"] for c, v in committed["raw"]["cases"].items()} == {PASSED.name: 0, PP2.name: 1}
+    rows = committed["rows"]
+    assert [r[3] for r in rows] == ["0 (every rank holds the same shapes)", "0 (first pipeline stage)",
+                                    "4 (last pipeline stage)"]  # fmt: skip
+    assert [r[5] for r in rows[1:]] == ["model_wrap: MFSDP-PIPELINE-PARALLEL"] * 2
