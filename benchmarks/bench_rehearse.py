@@ -648,6 +648,12 @@ def parse_args(argv=None):
         help="run nothing: read the run folders under RAW and write the result JSON to --out",
     )
     p.add_argument(
+        "--summarize-cli",
+        metavar="RAW",
+        default=None,
+        help="run nothing: read the recorded output of the 'mfsdp.py rehearse' GPU test and write the result JSON",
+    )
+    p.add_argument(
         "--budget-s", type=int, default=None, help="seconds for the whole group (default A 360, B 330, C 240)"
     )
     p.add_argument("--gpu-budget-gib", type=float, default=GPU_BUDGET_GIB)
@@ -689,20 +695,26 @@ def summarize_raw(raw: Path) -> dict:
 
     runs: dict[str, dict] = {}
     summaries: dict[str, dict] = {}
+    harness: dict[str, str] = {}  # run -> the bench_rehearse command whose output folder holds it (a rerun wins)
     for f in sorted(raw.glob("summary_*.json")):
-        summaries.update((_read(f) or {}).get("runs") or {})
+        data = _read(f) or {}
+        summaries.update(data.get("runs") or {})
+        for name in data.get("runs") or {}:
+            harness[name] = str(data.get("command") or "")
     for d in sorted(p for p in raw.iterdir() if p.is_dir()):
         rep = _read(d / "report.json")
         if not isinstance(rep, dict):
             continue
+        command = "python3 scripts/rehearse_train.py " + shlex.join(rep.get("argv") or [])
         if rep.get("mode") == "parity":
-            runs[d.name] = {"kind": "parity", **rh.summarize_parity(rep)}
+            runs[d.name] = {"kind": "parity", "command": command, **rh.summarize_parity(rep)}
             continue
         s = rh.summarize_run(rep, str(d))
         row = {
             "kind": "rank",
             "why": (summaries.get(d.name) or {}).get("why"),
-            "command": "python3 scripts/rehearse_train.py " + shlex.join(rep.get("argv") or []),
+            "command": command,
+            "harness_command": harness.get(d.name),
             **{k: s[k] for k in ("rank", "world_size", "strategy", "source", "result", "memory", "predicted")},
             "failure": s["failure"],
             "nccl": s["nccl"],
@@ -748,6 +760,7 @@ def summarize_raw(raw: Path) -> dict:
         "peak reserved GiB",
         "NCCL allowance GiB",
         "reference between / peak GiB (max diff)",
+        "command (the run; its folder is the --out)",
     ]
     rows = []
     for name, r in runs.items():
@@ -771,6 +784,7 @@ def summarize_raw(raw: Path) -> dict:
                 m["peak_reserved_gib"],
                 (r.get("nccl") or {}).get("allowance_gib"),
                 f"{ref['between_steps_gib']} / {ref['peak_gib']} ({ref['max_rel_diff'] * 100:.1f} %)" if ref else None,
+                f"`{r['command']}`",
             ]
         )
     parity = next((r for r in runs.values() if r.get("kind") == "parity"), None)
@@ -796,8 +810,14 @@ def summarize_raw(raw: Path) -> dict:
             f"parity (a real world of 1, DDP vs Megatron FSDP optim_grads_params, same seed and data): "
             f"{'passed' if parity['passed'] else 'FAILED'}, max |loss diff| {parity['max_abs_loss_diff']:.4f} over "
             f"{parity['steps_compared']} steps (atol {parity['atol']}); fsdp_dtensor save/load round trip equal: "
-            f"{(parity['legs'].get('fsdp') or {}).get('save_load_equal')}"
+            f"{(parity['legs'].get('fsdp') or {}).get('save_load_equal')}; command: `{parity['command']}`"
         )
+    by_harness: dict[str, list[str]] = {}
+    for name in runs:
+        if harness.get(name):
+            by_harness.setdefault(harness[name], []).append(name)
+    for cmd, names in by_harness.items():
+        notes.append(f"`{cmd}` ran (one after another or side by side on the GPU): {', '.join(names)}")
     return {
         "benchmark": "rehearse_1xh200",
         "title": "Rehearsal: one GPU as rank R of a world of N, measured against the memory model",
@@ -819,22 +839,131 @@ def summarize_raw(raw: Path) -> dict:
     }
 
 
+# The two ``mfsdp.py rehearse`` invocations of tests/gpu/test_rehearse_gpu.py (its output folder, under
+# MFSDP_REHEARSE_OUT, is the case name). tests/runs/test_rehearse_cli_record.py checks that these arguments,
+# given to ``mfsdp.py rehearse --dry-run``, print the very engine commands the recorded rehearsal.json lists.
+CLI_CASES = {
+    "llama1b_n8_optim_grads_params": [
+        "--model-preset", "llama-1b", "--world-size", "8", "--strategy", "optim_grads_params", "--iters", "2",
+    ],
+    "llama1b_n8_pp2": [
+        "--model-preset", "llama-1b", "--world-size", "8", "--strategy", "optim_grads_params", "--iters", "2",
+        "model.pipeline_model_parallel_size=2",
+    ],
+}  # fmt: skip
+CLI_GPU_TEST = "tests/gpu/test_rehearse_gpu.py"
+CLI_TIMEOUT_S = 400  # the GPU test's RANK_TIMEOUT_S, passed as --timeout-s
+
+
+def cli_command(case: str, out: str) -> str:
+    return shlex.join(
+        ["python3", "scripts/mfsdp.py", "rehearse", *CLI_CASES[case], "--out", out, "--format", "json"]
+        + ["--timeout-s", str(CLI_TIMEOUT_S)]
+    )
+
+
+def summarize_cli(raw: Path) -> dict:
+    """The result JSON of ``mfsdp.py rehearse`` run end to end (the GPU test's recorded output).
+
+    Each case folder holds the ``rehearsal.json`` the command wrote (its verdict as the user got it)
+    and one ``rank_R/report.json`` per rehearsed rank position. One row per rank position.
+    """
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from mfsdp_lib.runs import rehearse as rh
+
+    rel = str(raw.relative_to(ROOT)) if raw.is_relative_to(ROOT) else str(raw)
+    columns = [
+        "case",
+        "command",
+        "exit",
+        "rank (role)",
+        "result",
+        "first failure (phase: rule)",
+        "fix",
+        "between steps GiB (measured)",
+        "between steps GiB (memory)",
+        "peak allocated GiB (measured)",
+        "peak GiB (memory)",
+        "peak reserved GiB",
+        "NCCL allowance GiB",
+    ]
+    rows, cases, reps = [], {}, []
+    for d in sorted(p for p in raw.iterdir() if p.is_dir()):
+        summ = _read(d / "rehearsal.json")
+        if not isinstance(summ, dict) or d.name not in CLI_CASES:
+            continue
+        cmd = cli_command(d.name, f"{rel}/{d.name}")
+        cases[d.name] = {"command": cmd, "result": summ.get("result"), "exit": rh.exit_code(summ)}
+        for r in summ.get("ranks") or []:
+            reps.append(_read(d / f"rank_{r.get('rank')}" / "report.json") or {})
+            m, p, f, n = r.get("memory") or {}, r.get("predicted") or {}, r.get("failure"), r.get("nccl") or {}
+            rows.append(
+                [
+                    d.name,
+                    f"`{cmd}`",
+                    rh.exit_code(summ),
+                    f"{r.get('rank')} ({r.get('role')})",
+                    r.get("result"),
+                    f"{f['phase']}: {f['rule'] or f['category']}" if f else None,
+                    f["fix"] if f else None,
+                    m.get("between_steps_gib"),
+                    p.get("between_steps_gib"),
+                    m.get("peak_allocated_gib"),
+                    p.get("peak_gib"),
+                    m.get("peak_reserved_gib"),
+                    n.get("allowance_gib"),
+                ]
+            )
+    versions = next((r.get("versions") for r in reps if r.get("versions")), None) or {}
+    started = sorted(str(r.get("started_utc")) for r in reps if r.get("started_utc"))
+    machine = "1x " + (next((r.get("device") for r in reps if r.get("device")), None) or "GPU")
+    if versions:
+        machine += " (" + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ")"
+    log = raw / "gpu_test.log"
+    tail = log.read_text().strip().splitlines()[-2:] if log.is_file() else []
+    verdict = next((x.strip("= ") for x in tail if " passed" in x or " failed" in x), "no test log")
+    notes = [
+        f"`MFSDP_REHEARSE_OUT={rel} python3 -m pytest {CLI_GPU_TEST} -v -s` on one GPU ran the command in each row "
+        f"as a user runs it (a subprocess of scripts/mfsdp.py) and kept its output in {rel}/ (pytest: {verdict})",
+        "the rows are what that command printed (rehearsal.json): one row per rank position it rehearsed; with "
+        "pipeline parallelism it rehearses the first rank of the first and of the last stage",
+        "memory: measured on the GPU (torch.cuda.memory_allocated() between steps, max_memory_allocated() and "
+        "max_memory_reserved(); for a failed rank, up to the failure); 'memory' columns: the prediction the command "
+        "printed beside it; NCCL allowance: an allowance the command adds, not a measurement",
+    ]
+    return {
+        "benchmark": "rehearse_cli_1xh200",
+        "title": "mfsdp.py rehearse end to end: the command's own verdict on one GPU",
+        "date": started[0] if started else None,
+        "machine": machine,
+        "command": f"python3 benchmarks/bench_rehearse.py --summarize-cli {rel} --out "
+        "benchmarks/results/rehearse_cli_1xh200.json",
+        "columns": columns,
+        "rows": rows,
+        "notes": notes,
+        "raw": {"folder": rel, "gpu_test": verdict, "cases": cases},
+    }
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if a.summarize:
-        raw = Path(a.summarize).resolve()
+    if a.summarize or a.summarize_cli:
+        raw = Path(a.summarize or a.summarize_cli).resolve()
         if not raw.is_dir():
-            print(f"bench_rehearse: {a.summarize}: no such folder", file=sys.stderr)
+            print(f"bench_rehearse: {a.summarize or a.summarize_cli}: no such folder", file=sys.stderr)
             return 2
-        result = summarize_raw(raw)
+        result = summarize_raw(raw) if a.summarize else summarize_cli(raw)
         dest = Path(a.out)
         tmp = dest.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(result, indent=1) + "\n")
         os.replace(tmp, dest)
-        stamp(f"{result['raw']['passed']}/{result['raw']['total']} runs passed -> {dest}")
+        if a.summarize:
+            stamp(f"{result['raw']['passed']}/{result['raw']['total']} runs passed -> {dest}")
+        else:
+            stamp(f"{len(result['rows'])} rank positions in {len(result['raw']['cases'])} rehearsals -> {dest}")
         return 0
     if not a.group:
-        print("bench_rehearse: --group is required (or --summarize RAW)", file=sys.stderr)
+        print("bench_rehearse: --group is required (or --summarize RAW, --summarize-cli RAW)", file=sys.stderr)
         return 2
     a.budget_s = a.budget_s or GROUP_BUDGET_S[a.group]
     out = Path(a.out).resolve()
