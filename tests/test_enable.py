@@ -306,3 +306,10 @@ def test_set_pp1_on_a_gpt_model_config_edits_the_nested_transformer(tmp_path):
     assert parsed["model"]["transformer"]["pipeline_model_parallel_size"] == 1
     assert "pipeline_model_parallel_size" not in parsed["model"]  # no stray top-level key GPTModelConfig would reject
     assert _errors(enable.apply(cfg, changes)) == []
+
+
+def test_set_pp1_warns_about_the_global_batch():
+    cfg = config_io.load_effective(None, ["model.pipeline_model_parallel_size=4"])
+    changes = enable.plan(cfg, set_pp1=True)
+    notes = enable.advice(cfg, changes)
+    assert any("4x larger" in n and "global_batch_size" in n for n in notes)

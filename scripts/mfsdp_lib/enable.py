@@ -339,6 +339,16 @@ def advice(cfg: Mapping, changes: list[Change]) -> list[str]:
             f"checkpoint.save at a fresh directory. 'mfsdp.py ckpt {load} --expect {new_format}' tells which applies "
             f"(exit 0: {new_format}, resumes; 1: another format; 2: nothing there yet, the job starts fresh)."
         )
+    pp = next((c for c in changes if c.path.endswith(".pipeline_model_parallel_size") and c.new == 1), None)
+    if pp is not None and isinstance(pp.old, int) and pp.old > 1:
+        gbs, mbs = config_io.get(result, "train.global_batch_size"), config_io.get(result, "train.micro_batch_size")
+        out.append(
+            f"--set-pp-1: on the same GPUs data parallelism is now {pp.old}x larger, so the global batch must be a "
+            f"multiple of micro_batch_size x DP for training and evaluation (train.global_batch_size={rules.fmt(gbs)}, "
+            f"micro_batch_size={rules.fmt(mbs)}; validation.eval_global_batch_size defaults to the training one; "
+            "Bridge's validate() asserts it for evaluation). Raise the global batch, lower the micro-batch, or absorb "
+            "the stages with more TP instead of DP."
+        )
     pretrained = config_io.get(result, "checkpoint.pretrained_checkpoint")
     if pretrained is not None and config_io.get(result, "peft") is not None and new_format == "fsdp_dtensor":
         out.append(

@@ -56,7 +56,7 @@ DECISIONS = {
 NOT_FSDP = {
     "PEFT requires a pretrained checkpoint path": "covered by MFSDP-PEFT-NEEDS-PRETRAINED when it comes first",
     "dsa_kernel_backend=cudnn requires fused DSA kernels": "packages missing on the recording machine",
-    "eval_global_batch_size": "the recipe's eval batch does not divide at the smallest world its layout allows",
+    "eval_global_batch_size": "the eval batch does not divide micro x DP at the world used (after --set-pp-1 too: DP grows, enable says so)",
     "Invalid choices for recompute_modules: {'mhc'}": "DeepSeek-V4 recipe names a module this megatron-core lacks",
     "Please ensure sequence length configuration in model config and dataset config match": "recipe's own mismatch",
     "EnergonDatasetConfig.path must be set": "the user must give the dataset path",
@@ -210,3 +210,17 @@ def test_enabled_yaml_as_written_passes_check_after_the_users_decisions(rec):
     left = _errors(rules.evaluate(reread, {}, None))
     assert left <= STAYS_REFUSED, sorted(left)
     assert config_io.get(reread, "checkpoint.load") == config_io.get(cfg, "checkpoint.load")
+
+
+@pytest.mark.parametrize("rec", RECORDS, ids=IDS)
+def test_bridge_accepted_what_enable_wrote(rec):
+    """The real validate() on enable's changes (recorded on the GPU machine): accepted, or rejected for a cause
+    that is not Megatron FSDP's (documented above). A rejection enable caused means the recorded run is stale or
+    enable is wrong: regenerate the corpus with tests/recipes/gen_corpus.py after changing enable."""
+    verdicts = rec.get("verdicts", {})
+    for key in ("enabled_overrides", "enabled_overrides_pretrained"):
+        v = verdicts.get(key)
+        if not v or v.get("ok") or v.get("error_type") == "OverrideError":
+            continue
+        message = v.get("error") or ""
+        assert any(message.startswith(m) for m in NOT_FSDP), f"{key}: {message[:200]}"
