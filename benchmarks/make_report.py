@@ -85,6 +85,13 @@ EXPECTED = (
         "`python3 benchmarks/bench_strategies.py --nproc-per-node 2 ...` on two H200s",
     ),
     Expected(
+        "rehearse-1",
+        "Rehearsal on one GPU as rank R of a world of N (fake process group), against the memory model",
+        lambda r: _bid(r).startswith("rehearse_1x"),
+        "`python3 benchmarks/bench_rehearse.py --group A|B|C --out RAW` on one H200, then "
+        "`python3 benchmarks/bench_rehearse.py --summarize RAW --out benchmarks/results/rehearse_1xh200.json`",
+    ),
+    Expected(
         "evals-adversarial",
         "Eval grader's false-pass and false-fail rates on the adversarial regression set",
         lambda r: _bid(r) == "evals_adversarial",
