@@ -92,6 +92,13 @@ EXPECTED = (
         "`python3 benchmarks/bench_memory.py --raw-dir RUNS` on rehearsal runs (`scripts/rehearse_train.py`)",
     ),
     Expected(
+        "rehearse-1",
+        "Rehearsal on one GPU as rank R of a world of N (fake process group), against the memory model",
+        lambda r: _bid(r).startswith("rehearse_1x"),
+        "`python3 benchmarks/bench_rehearse.py --group A|B|C --out RAW` on one H200, then "
+        "`python3 benchmarks/bench_rehearse.py --summarize RAW --out benchmarks/results/rehearse_1xh200.json`",
+    ),
+    Expected(
         "evals-claude-code",
         "Skill evals with a real model in Claude Code (with and without the skill)",
         _real_eval("claude-code"),

@@ -33,6 +33,9 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
+# The benchmark scripts' logic is tested too (their GPU work happens elsewhere).
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.append(str(ROOT / "benchmarks"))
 
 
 def _find_shared() -> Path | None:

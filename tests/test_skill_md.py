@@ -34,7 +34,7 @@ TRIGGER_TERMS = [
 # Neighbouring topics the skill must not claim; they may appear only in the exclusion sentence.
 NOT_FOR = ["PyTorch FSDP", "DeepSpeed", "torchtitan"]
 # The workflow steps of SKILL.md and the command each one names.
-WORKFLOW_COMMANDS = ["check", "enable", "memory", "smoke", "log", "ckpt", "anchors"]
+WORKFLOW_COMMANDS = ["check", "enable", "memory", "rehearse", "smoke", "log", "ckpt", "anchors"]
 SMOKE_COMMAND = "python -m torch.distributed.run --nproc_per_node=2 -m pytest tests/gpu/test_smoke_gpu.py -v -s"
 
 TEXT = read("SKILL.md")

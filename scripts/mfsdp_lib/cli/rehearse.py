@@ -1,0 +1,314 @@
+"""``mfsdp.py rehearse``: find a job's failure and its memory on ONE GPU before it spends a cluster.
+
+Thin command layer: arguments, the refusal (one line, exit 2) where CUDA or
+Megatron-Bridge is missing, ``--dry-run`` to print the exact engine commands, then one
+engine process (``scripts/rehearse_train.py``) per distinct rank position, run one after
+the other on this GPU, with their progress lines passed through. The verdict, the
+memory table and the failure explanations come from :mod:`mfsdp_lib.runs.rehearse`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+import threading
+
+from .. import config_io
+from ..findings import InputError
+from ..runs import rehearse as rh
+from .check import allow_intermixed
+
+PRESETS = ("tiny", "llama-1b", "llama3-8b", "llama3-70b", "qwen3-moe-16l", "nemotronh-small")
+STRATEGIES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")  # the engine's choices
+DEFAULT_ITERS = 3  # step 1 allocates the optimizer state; steps 2+ show the steady state
+DEFAULT_TIMEOUT_S = 1800  # one rank: importing Bridge (~30 s) plus building a 70 B trunk on meta and 3 steps
+
+DESCRIPTION = """\
+Rehearse a Megatron-Bridge training job on ONE GPU as rank R of a world of N.
+
+The job's real ConfigContainer is built, validated, set up and trained for a few steps
+with PyTorch's 'fake' process-group backend: collectives return at once and move no
+data, while every allocation is real. Rank R of the fake world builds the same process
+groups, shards the same tensors and allocates the same buffers as rank R of the real job,
+so a failure at model wrapping, in the optimizer or in the first step shows up here, with
+the memory this rank will need.
+
+CONFIG is a Bridge YAML (a run_config.yaml that ConfigContainer.to_yaml() wrote, or a
+full recipe dump); or give --recipe MODULE:FUNCTION or --model-preset NAME. KEY=VALUE are
+Bridge dotted overrides applied on top.
+
+The report, per rehearsed rank: each phase (import, config, validate, initialize,
+model_build, model_wrap, optimizer, data, train; save and load with --save-load) passed
+or failed; the first failure's exception, where in Megatron it came from, and the fix
+under the same rule id 'check' uses; memory after setup, between steps, peak allocated and
+reserved, beside what 'mfsdp.py memory' predicts; and an NCCL allowance on its own line
+(the fake backend creates no communicators, so their buffers are never allocated: the
+allowance is the number of communicators this rank joins times NCCL's default buffers).
+
+When to use it: before a large job; after 'mfsdp.py enable'; when 'mfsdp.py memory' says
+a strategy is close to the GPU's size."""
+
+EPILOG = """\
+examples:
+  mfsdp.py rehearse run_config.yaml --world-size 64
+  mfsdp.py rehearse run_config.yaml model.pipeline_model_parallel_size=2 --world-size 512
+        # two processes: the first and the last pipeline stage
+  mfsdp.py rehearse --model-preset llama-1b --world-size 8 --strategy optim_grads_params
+  mfsdp.py rehearse --model-preset qwen3-moe-16l --world-size 64 --balanced-routing
+  mfsdp.py rehearse --model-preset llama-1b --parity --save-load
+        # real world of 1: DDP and Megatron FSDP losses must agree; checkpoint round trip
+  mfsdp.py rehearse run_config.yaml --world-size 64 --dry-run   # the exact commands only
+
+rank positions (--rank-position, repeatable): 'auto' rehearses one rank per distinct
+role (rank 0; with pipeline parallelism also the first rank of the last stage); 'first',
+'last' or a rank number pick ranks yourself.
+
+Mixture of experts: collectives are mirrored (every rank looks like this one, so the
+token dispatcher sizes its buffers from consistent counts); --balanced-routing forces the
+router to spread tokens evenly (the worst case is not a balanced one; say which you ran).
+
+Limits: losses and time per step mean nothing under the fake backend; communicator
+memory is an allowance, not a measurement; hybrid (Mamba) models need mamba-ssm on this
+machine; save/load at N > 1 runs with torch's global-plan coverage check waived (this
+process holds one rank's shards), so --parity (a real world of 1) is the save/load
+proof that compares values.
+
+Exit codes: 0 every phase passed (and the parity, if asked), 1 a phase or the parity
+failed, 2 the rehearsal cannot run here (no CUDA or Megatron-Bridge, bad options)."""
+
+
+def configure(parser) -> None:
+    parser.add_argument(
+        "items", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]", help="a Bridge YAML, then section.key=value overrides"
+    )
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--recipe", metavar="MODULE:FUNCTION", help="a recipe function returning a ConfigContainer")
+    src.add_argument("--model-preset", choices=PRESETS, help="a built-in model trunk on mock data")
+    parser.add_argument("--world-size", type=int, default=None, metavar="N", help="the world size of the real job")
+    parser.add_argument(
+        "--rank-position",
+        action="append",
+        default=None,
+        metavar="P",
+        help="auto (default), first, last or a rank number; repeatable",
+    )
+    parser.add_argument("--iters", type=int, default=DEFAULT_ITERS, metavar="K", help="training steps (default 3)")
+    parser.add_argument(
+        "--strategy", choices=STRATEGIES, default=None, help="override the config's data-parallel strategy"
+    )
+    parser.add_argument("--balanced-routing", action="store_true", help="MoE: force balanced routing")
+    parser.add_argument(
+        "--no-mirror-collectives",
+        action="store_true",
+        help="MoE: plain fake collectives (token counts are then read from memory nobody wrote)",
+    )
+    parser.add_argument("--save-load", action="store_true", help="also save a checkpoint and load it into a new model")
+    parser.add_argument(
+        "--parity", action="store_true", help="also run a real world of 1 under DDP and Megatron FSDP; compare losses"
+    )
+    parser.add_argument("--out", default=None, metavar="DIR", help="folder for the reports (default: a new one here)")
+    parser.add_argument(
+        "--timeout-s", type=int, default=DEFAULT_TIMEOUT_S, help="per rank (default 1800); the rank then fails"
+    )
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the engine (default: this one)")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    parser.add_argument("--dry-run", action="store_true", help="print the engine commands, run nothing")
+    allow_intermixed(parser)
+
+
+def _source(args) -> tuple[list[str], list[str], dict | None]:
+    """(engine source arguments, overrides, the config mapping when a YAML was given)."""
+    items = list(args.items)
+    overrides = [i for i in items if "=" in i]
+    files = [i for i in items if "=" not in i]
+    for o in overrides:
+        key = o.partition("=")[0]
+        if not key or "." not in key or key.startswith("."):
+            raise InputError(f"override {o!r}: expected section.key=value")
+    if len(files) > 1:
+        raise InputError(f"one CONFIG at most, got {len(files)}: {' '.join(files)}")
+    given = sum(bool(x) for x in (files, args.recipe, args.model_preset))
+    if given == 0:
+        raise InputError("give a CONFIG (a Bridge YAML), --recipe MODULE:FUNCTION or --model-preset NAME")
+    if given > 1:
+        raise InputError("give one of CONFIG, --recipe and --model-preset")
+    if files:
+        path = config_io.resolve_config_path(files[0])
+        cfg = config_io.load_yaml(path)
+        return ["--yaml", os.path.abspath(path)], overrides, cfg
+    if args.recipe:
+        if ":" not in args.recipe:
+            raise InputError(f"--recipe {args.recipe!r}: expected MODULE:FUNCTION")
+        return ["--recipe", args.recipe], overrides, None
+    return ["--model-preset", args.model_preset], overrides, None
+
+
+def _out_dir(args) -> str:
+    if args.out:
+        out = os.path.abspath(args.out)
+        if os.path.isdir(out) and os.listdir(out):
+            raise InputError(f"--out {args.out}: folder exists and is not empty; give a new folder")
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise InputError(f"--out {args.out}: exists and is not a folder")
+        return out
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.abspath(f"rehearsal-{stamp}")
+
+
+def refusal(python: str) -> str | None:
+    """Why the engine cannot run here, in one line; None when it can."""
+    probe = (
+        "import importlib.util as u, sys\n"
+        "if u.find_spec('torch') is None: print('torch'); sys.exit(0)\n"
+        "if u.find_spec('megatron') is None or u.find_spec('megatron.bridge') is None: print('bridge'); sys.exit(0)\n"
+        "import torch\n"
+        "print('ok' if torch.cuda.is_available() else 'cuda')\n"
+    )
+    try:
+        got = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {python}: {exc}"
+    last = got.splitlines()[-1] if got else ""
+    if last == "ok":
+        return None
+    return {
+        "torch": "PyTorch is not installed in this Python; rehearse needs a CUDA GPU, PyTorch and Megatron-Bridge 0.6.x",
+        "bridge": "Megatron-Bridge is not installed in this Python (pip install megatron-bridge==0.6.2); "
+        "rehearse needs it and a CUDA GPU",
+        "cuda": "no CUDA GPU is visible (torch.cuda.is_available() is False); rehearse needs one GPU",
+    }.get(last, f"cannot probe {python} for torch/CUDA/Megatron-Bridge")
+
+
+def plan(args) -> dict:
+    """Every engine command this invocation would run, with the folders they write."""
+    source, overrides, cfg = _source(args)
+    if args.iters < 1:
+        raise InputError("--iters must be at least 1")
+    if args.world_size is None and not args.parity:
+        raise InputError("--world-size N is required (the world size of the real job)")
+    extra = []
+    if args.balanced_routing:
+        extra.append("--balanced-routing")
+    if args.no_mirror_collectives:
+        extra.append("--no-mirror-collectives")
+    if args.save_load:
+        extra.append("--save-load")
+    out = _out_dir(args)
+    runs = []
+    if args.world_size is not None:
+        pp = rh.pipeline_size(cfg, overrides)
+        try:
+            positions = rh.rank_positions(args.world_size, pp, args.rank_position or ["auto"])
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        for rank, role in positions:
+            d = os.path.join(out, f"rank_{rank}")
+            cmd = rh.engine_command(
+                source=source,
+                world=args.world_size,
+                rank=rank,
+                out_dir=d,
+                iters=args.iters,
+                overrides=overrides,
+                strategy=args.strategy,
+                extra=extra,
+                python=args.python,
+            )
+            runs.append({"rank": rank, "role": role, "dir": d, "command": cmd})
+    parity = None
+    if args.parity:
+        d = os.path.join(out, "parity")
+        cmd = rh.parity_command(
+            source=source, out_dir=d, iters=max(args.iters, 5), overrides=overrides, python=args.python
+        )
+        if args.save_load:
+            cmd.insert(-2, "--save-load")
+        parity = {"dir": d, "command": cmd}
+    return {"out": out, "runs": runs, "parity": parity}
+
+
+def _run_one(cmd: list[str], run_dir: str, timeout_s: int, label: str) -> int:
+    """Run one engine process; its progress lines go to stderr, everything to run_dir/log.txt."""
+    os.makedirs(run_dir, exist_ok=True)
+    log_path = os.path.join(run_dir, "log.txt")
+    sys.stderr.write(f"[rehearse] {label}: starting (log: {log_path})\n")
+    sys.stderr.flush()
+    with open(log_path, "w", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True
+        )
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                if line.startswith("[rehearse"):
+                    sys.stderr.write(f"  {label}: {line}")
+                    sys.stderr.flush()
+
+        t = threading.Thread(target=pump, daemon=True)
+        t.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            sys.stderr.write(f"[rehearse] {label}: no result after {timeout_s} s; stopping it\n")
+            _kill(proc)
+            rc = 124
+        except KeyboardInterrupt:
+            _kill(proc)
+            raise
+        t.join(timeout=10)
+    return rc
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run(args) -> int:
+    p = plan(args)
+    if args.dry_run:
+        for r in p["runs"]:
+            print(f"# rank {r['rank']} ({r['role']})")
+            print(rh.quoted(r["command"]))
+        if p["parity"]:
+            print("# parity: a real world of 1, DDP and Megatron FSDP")
+            print(rh.quoted(p["parity"]["command"]))
+        return 0
+    why = refusal(args.python)
+    if why:
+        raise InputError(why)
+    os.makedirs(p["out"], exist_ok=True)
+    total = len(p["runs"]) + (1 if p["parity"] else 0)
+    for i, r in enumerate(p["runs"], 1):
+        _run_one(r["command"], r["dir"], args.timeout_s, f"rank {r['rank']} [{i}/{total}]")
+    if p["parity"]:
+        _run_one(p["parity"]["command"], p["parity"]["dir"], args.timeout_s * 2, f"parity [{total}/{total}]")
+    summary = rh.summarize(
+        [(r["dir"], r["role"]) for r in p["runs"]],
+        parity_dir=p["parity"]["dir"] if p["parity"] else None,
+        command=[rh.quoted(r["command"]) for r in p["runs"]]
+        + ([rh.quoted(p["parity"]["command"])] if p["parity"] else []),
+    )
+    summary["out"] = p["out"]
+    config_io.write_atomic(os.path.join(p["out"], "rehearsal.json"), json.dumps(summary, indent=1) + "\n")
+    if args.format == "json":
+        print(json.dumps(summary, indent=1))
+    else:
+        sys.stdout.write(rh.render_text(summary))
+        print(f"reports: {p['out']}")
+    return rh.exit_code(summary)
