@@ -173,7 +173,7 @@ def skill_root(directory: str | os.PathLike | None) -> pathlib.Path:
 
 
 def signed_files(root: pathlib.Path) -> list[str]:
-    """The signed set under ``root``: sorted POSIX paths (see the module docstring)."""
+    """The signed set under ``root``: POSIX paths sorted as paths, part by part (see the module docstring)."""
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if not _dir_is_excluded(d))
@@ -194,7 +194,9 @@ def signed_files(root: pathlib.Path) -> list[str]:
             if (pathlib.Path(dirpath) / d).is_symlink():
                 rel = d if rel_dir == "." else f"{rel_dir}/{d}"
                 raise InputError(f"{rel}: is a symbolic link to a folder; the skill must hold real files")
-    return sorted(out)
+    # In the bundle's order: model_signing sorts its resources as paths (part by part), so "a/x" comes before
+    # "a-b/x", where a plain string sort puts "a-b/x" first ('-' sorts before '/').
+    return sorted(out, key=pathlib.PurePosixPath)
 
 
 def all_files(root: pathlib.Path, dev_tree: bool = False) -> list[str]:
