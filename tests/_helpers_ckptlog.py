@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REAL_RUN = FIXTURES / "real-h200-run"
 REAL_CKPT = REAL_RUN / "checkpoint_metadata_only"
@@ -75,3 +77,19 @@ def copy_tree(src: Path, dst: Path) -> Path:
 
 def is_root_user() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+# Root reads a mode-000 file through two capabilities; dropping them from the bounding set (util-linux
+# `setpriv`) makes root obey the permission bits, so "permission denied" can be tested as root too (CI runs
+# as root). The process keeps uid 0, so the interpreter and the skill stay reachable.
+DAC_CAPS = "-dac_override,-dac_read_search"
+
+
+def without_read_override() -> list[str]:
+    """Command prefix that makes the CLI obey file permission bits, also when the tests run as root."""
+    if not is_root_user():
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.fail("running as root needs util-linux 'setpriv' to test permission denial (apt-get install util-linux)")
+    return [setpriv, f"--bounding-set={DAC_CAPS}", f"--inh-caps={DAC_CAPS}"]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from _helpers_ckptlog import CKPT, REAL_CKPT, copy_tree, is_root_user
+from _helpers_ckptlog import CKPT, REAL_CKPT, copy_tree, without_read_override
+from conftest import MFSDP
 
 JSON_KEYS = {"ok", "findings", "format", "iterations", "config"}  # the minimum
 FINDING_KEYS = {"rule", "severity", "path", "message", "fix"}  # same shape as `check`
@@ -105,16 +108,20 @@ def test_unusable_path_exit_2_one_line(cli, tmp_path, kind):
     assert proc.stdout == ""
 
 
-def test_permission_denied(cli, tmp_path):
-    if is_root_user():
-        pytest.skip("root reads everything; permission cannot be denied")
+def test_permission_denied(tmp_path):
     root = copy_tree(CKPT / "fsdp_dtensor_ok", tmp_path / "ck")
     os.chmod(root, 0)
     try:
-        proc = cli("ckpt", str(root))
+        proc = subprocess.run(
+            [*without_read_override(), sys.executable, str(MFSDP), "ckpt", str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         os.chmod(root, 0o755)
-    assert proc.returncode == 2 and "permission denied" in proc.stderr
+    assert proc.returncode == 2 and "permission denied" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_unreadable_iteration_does_not_hide_others(cli, tmp_path):

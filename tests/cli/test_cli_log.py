@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from _helpers_ckptlog import LOGS, REAL_LOG, is_root_user
+from _helpers_ckptlog import LOGS, REAL_LOG, without_read_override
 from conftest import MFSDP
 
 FACT_KEYS = {"iterations", "loss", "skipped_iterations", "nan_iterations", "checkpoints", "pytest", "signatures"}
@@ -95,13 +95,18 @@ def test_bad_input_exit_2_one_line(cli, tmp_path, kind):
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_permission_denied(cli, tmp_path):
-    if is_root_user():
-        pytest.skip("root reads everything (a folder, FIFO and device stand in for unreadable input above)")
+def test_permission_denied(tmp_path):
     p = tmp_path / "x.log"
     p.write_bytes(REAL_LOG.read_bytes())
     os.chmod(p, 0)
-    assert cli("log", str(p)).returncode == 2
+    proc = subprocess.run(
+        [*without_read_override(), sys.executable, str(MFSDP), "log", str(p)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "permission denied" in proc.stderr.lower() and "Traceback" not in proc.stderr
 
 
 def test_pipe_path_streams():
