@@ -26,8 +26,9 @@ Run where Megatron-Bridge imports (a CUDA machine with Transformer Engine). For 
 3. counts parameters of the built model (meta device, rank 0 of a fake process group) at TP=PP=EP=1 and at the
    recipe's own layout, for one recipe per family first, then for every other pretrain model while time lasts
    (``--params-only``: nothing else). Settings that only choose kernels (``COUNT_NEUTRAL_SETTINGS``: APEX's
-   gradient-accumulation fusion, userbuffers, DeepEP, fused DSA) are turned off first; a hybrid model is built
-   without mamba-ssm where only its gated RMSNorm needs it (that weight is counted from its shape).
+   gradient-accumulation fusion, userbuffers, DeepEP, fused DSA) are turned off first; without mamba-ssm a hybrid
+   model is tried with megatron-core's stand-in for its gated RMSNorm (that weight counted from its shape); on
+   megatron-core 0.19.2 the stand-in itself fails (StopIteration at ssm/mamba_mixer.py:417), which is recorded.
 
 World size. ``validate()`` reads the world size (``WORLD_SIZE`` when no process group exists). Each verdict runs at
 the smallest world the recipe's layout allows: lcm(TP*PP*CP, ETP*EP*PP) (``world_min``), and again at the GPU count in
