@@ -101,20 +101,16 @@ NOT_OURS = {
 }
 
 
-# Recipes where Bridge rejects what `enable --set-pp-1` wrote (recorded): defects of enable's PP=1 decision, for
-# the enable/rules owners to fix. Strict: each entry fails loudly once enable is fixed and the corpus re-recorded.
-_DEFER = (
-    "enable --set-pp-1 leaves defer_embedding_wgrad_compute on: Bridge rejects 'Cannot defer embedding wgrad "
-    "compute when pipeline model parallel is not used' (megatron/core/model_parallel_config.py:546)"
-)
+# Recipes where Bridge rejects what `enable --set-pp-1` wrote (recorded): with PP=1 on the same GPUs the data-parallel
+# size grows, and the recipe's eval batch no longer divides by it. enable warns (it cannot know the job's world size);
+# the batch sizes are the user's decision. Strict: an entry fails loudly once enable handles it and the corpus is
+# re-recorded.
 _EVAL_DP = (
     "enable --set-pp-1 multiplies data parallelism at the same world size: eval_global_batch_size is no longer "
     "divisible by eval_micro_batch_size * DP (megatron/bridge/training/config.py:1335); enable should say so or "
     "adjust it"
 )
 ENABLE_PP1_DEFECTS = {
-    "gpt3_175b_pretrain_32gpu_h100_bf16_config": _DEFER,
-    "llama31_405b_sft_128gpu_h100_bf16_config": _DEFER,
     "nemotron_3_super_sft_16gpu_h100_bf16_32k_config": _EVAL_DP,
     "nemotron_3_ultra_sft_192gpu_h100_bf16_openmathinstruct2_packed_config": _EVAL_DP,
     "qwen35_vl_122b_a10b_pretrain_128gpu_h100_bf16_mock_config": _EVAL_DP,
