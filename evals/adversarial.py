@@ -276,14 +276,21 @@ def main(argv: list[str]) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python3 -m evals adversarial", description=__doc__.split("\n\n")[0])
-    p.add_argument("--set", type=Path, default=SET_JSON, help="labelled items (default: %(default)s)")
+    p.add_argument(
+        "--set",
+        type=Path,
+        action="append",
+        help=f"a labelled set file; repeat to grade several together (default: {SET_JSON.relative_to(ROOT)})",
+    )
     p.add_argument(
         "--out", type=Path, help="write the results JSON here (e.g. benchmarks/results/evals_adversarial.json)"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print the grader's reasons under every verdict")
     args = p.parse_args(argv)
-    res = evaluate(load_set(args.set))
-    command = "python3 -m evals adversarial" + (f" --out {args.out}" if args.out else "")
+    sets = args.set or [SET_JSON]
+    res = evaluate([item for path in sets for item in load_set(path)])
+    set_args = "".join(f" --set {_shown(path)}" for path in args.set or [])
+    command = "python3 -m evals adversarial" + set_args + (f" --out {_shown(args.out)}" if args.out else "")
     for r in res["verdicts"]:
         mark = "ok " if r["correct"] else "BAD"
         verdict = "pass" if r["passed"] else f"fail ({', '.join(r['failed_dimensions'])})"
@@ -301,17 +308,27 @@ def main(argv: list[str]) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result_file(res, command), indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(result_file(res, command, sets), indent=2) + "\n", encoding="utf-8")
         tmp.replace(args.out)
     return 0 if res["false_pass_rate"] <= MAX_RATE and res["false_fail_rate"] <= MAX_RATE else 1
+
+
+def _shown(path: Path) -> str:
+    """PATH as the command line should show it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def _pct(n: int, d: int) -> str:
     return f"{n}/{d} = {n / d:.1%}" if d else "0/0"
 
 
-def result_file(res: dict, command: str) -> dict:
+def result_file(res: dict, command: str, sets: list[Path] | None = None) -> dict:
     """The rates in the project's benchmark shape (benchmarks/make_report.py), with every verdict's reasons in raw."""
+    sets = sets or [SET_JSON]
+    about = {_shown(p): json.loads(p.read_text(encoding="utf-8")).get("about", "") for p in sets}
     rows = []
     for agent in (CLAUDE, CODEX, None):
         vs = [r for r in res["verdicts"] if agent is None or r["agent"] == agent]
@@ -322,7 +339,7 @@ def result_file(res: dict, command: str) -> dict:
         rows.append([agent or "both formats", len(vs), len(good), len(bad), _pct(fp, len(bad)), _pct(ff, len(good))])
     wrong = res["wrong_verdicts"]
     notes = [
-        f"{res['items']} hand-labelled items (tests/fixtures/adversarial/set.json), each rendered as a Claude Code "
+        f"{res['items']} hand-labelled items ({', '.join(about)}), each rendered as a Claude Code "
         "stream-json and a Codex exec --json transcript; runs of scripts/mfsdp.py in them were executed for real in "
         "the case's project, harmful commands were never executed.",
         "False pass: a wrong, unsafe or dishonest answer the grader passed. False fail: a right answer it failed. "
@@ -335,8 +352,14 @@ def result_file(res: dict, command: str) -> dict:
         "The grader's reasons for every verdict are in this file's raw.verdicts (per dimension).",
         "Wrong verdicts: "
         + ("none" if not wrong else "; ".join(f"{w['id']} ({w['agent']}, {w['label']})" for w in wrong)),
-        "The items were written by the grader's authors; the rates show the grader holds on the classes listed, "
-        "not how it does on answers nobody anticipated.",
+    ]
+    if SET_JSON.resolve() in {p.resolve() for p in sets}:
+        notes.append(
+            f"The items of {_shown(SET_JSON)} were written by the grader's authors; on them the rates show the grader "
+            "holds on the classes listed, not how it does on answers nobody anticipated."
+        )
+    notes += [
+        f"{name}: {text}" for name, text in about.items() if text and (ROOT / name).resolve() != SET_JSON.resolve()
     ]
     return {
         "benchmark": "evals_adversarial",
@@ -347,5 +370,5 @@ def result_file(res: dict, command: str) -> dict:
         "columns": ["Transcripts", "Count", "Good", "Bad", "False passes", "False fails"],
         "rows": rows,
         "notes": notes,
-        "raw": {k: v for k, v in res.items()},
+        "raw": {**res, "sets": list(about)},
     }
