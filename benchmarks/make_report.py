@@ -41,6 +41,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 OUTPUT = ROOT / "BENCHMARK.md"
 REQUIRED = ("benchmark", "title", "date", "machine", "command", "columns", "rows")
 REGENERATE = "bash scripts/dev.sh benchmark-md"
+# The eval grader's first measurement on labelled items it had never seen (tests/fixtures/adversarial/batch2.json,
+# written without reading the grader), taken before any grader change. It stays in the report next to the current
+# rates, so a later fix cannot hide what the grader did on answers its authors had not foreseen.
+FIRST_UNSEEN = Path("raw") / "adversarial_batch2_unseen.json"
 
 
 @dataclass(frozen=True)
@@ -124,32 +128,39 @@ class ReportError(Exception):
 
 
 def load_results(results_dir: Path) -> list[tuple[str, dict]]:
-    out = []
-    for path in sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []:
-        rel = path.name
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ReportError(f"{rel}: not readable JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise ReportError(f"{rel}: the top level is not an object")
-        missing = [k for k in REQUIRED if k not in data]
-        if missing:
-            raise ReportError(f"{rel}: missing {', '.join(missing)} (shape: {', '.join(REQUIRED)}, notes, raw)")
-        cols, rows = data["columns"], data["rows"]
-        if not isinstance(cols, list) or not isinstance(rows, list):
-            raise ReportError(f"{rel}: columns and rows must be lists")
-        for i, row in enumerate(rows):
-            if not isinstance(row, list) or len(row) != len(cols):
-                raise ReportError(
-                    f"{rel}: row {i + 1} has {len(row) if isinstance(row, list) else 'no'} cells, "
-                    f"columns has {len(cols)}"
-                )
-        notes = data.get("notes", [])
-        if not isinstance(notes, list):
-            raise ReportError(f"{rel}: notes must be a list of strings")
-        out.append((rel, data))
-    return out
+    paths = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    return [(path.name, _load_one(path, path.name)) for path in paths]
+
+
+def load_first_unseen(results_dir: Path) -> dict | None:
+    """The grader's first measurement on unseen adversarial items (``FIRST_UNSEEN``), or None when absent."""
+    path = results_dir / FIRST_UNSEEN
+    return _load_one(path, str(FIRST_UNSEEN)) if path.is_file() else None
+
+
+def _load_one(path: Path, rel: str) -> dict:
+    """One result file in the project's shape; ReportError naming REL when it is not."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{rel}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{rel}: the top level is not an object")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ReportError(f"{rel}: missing {', '.join(missing)} (shape: {', '.join(REQUIRED)}, notes, raw)")
+    cols, rows = data["columns"], data["rows"]
+    if not isinstance(cols, list) or not isinstance(rows, list):
+        raise ReportError(f"{rel}: columns and rows must be lists")
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != len(cols):
+            raise ReportError(
+                f"{rel}: row {i + 1} has {len(row) if isinstance(row, list) else 'no'} cells, columns has {len(cols)}"
+            )
+    notes = data.get("notes", [])
+    if not isinstance(notes, list):
+        raise ReportError(f"{rel}: notes must be a list of strings")
+    return data
 
 
 def fmt(value) -> str:
@@ -184,7 +195,40 @@ def _order(item: tuple[str, dict]) -> tuple:
     return (len(EXPECTED), _bid(data), rel)
 
 
-def render(results: list[tuple[str, dict]]) -> str:
+def _percent(value) -> str:
+    return f"{value:.0%}" if isinstance(value, (int, float)) and not isinstance(value, bool) else fmt(value)
+
+
+def render_first_unseen(data: dict) -> list[str]:
+    """A short section: the grader's rates on unseen items at their first measurement, and the command."""
+    raw = data.get("raw") or {}
+    both = next((row for row in data["rows"] if row and row[0] == "both formats"), None)
+    if both is None or "false_pass_rate" not in raw or "false_fail_rate" not in raw:
+        raise ReportError(f"{FIRST_UNSEEN}: no 'both formats' row or no rates in raw")
+    cols = data["columns"]
+    fp, ff = both[cols.index("False passes")], both[cols.index("False fails")]
+    sets = ", ".join(f"`{s}`" for s in raw.get("sets", [])) or "an adversarial set"
+    return [
+        "",
+        "## Eval grader on adversarial items it had never seen: first measurement, before any grader change",
+        "",
+        f"- Date: {fmt(data['date'])}",
+        f"- Machine: {fmt(data['machine'])}",
+        f"- Raw result: `benchmarks/results/{FIRST_UNSEEN.as_posix()}`",
+        "- Command:",
+        "",
+        "```",
+        str(data["command"]),
+        "```",
+        "",
+        f"On {fmt(raw.get('items'))} labelled items ({sets}, written without reading the grader) rendered as "
+        f"{fmt(raw.get('transcripts'))} transcripts, the grader as it then stood gave false passes {fmt(fp)} and "
+        f"false fails {fmt(ff)} (limit {_percent(raw.get('max_rate'))}). The section above gives the current rates "
+        "on the repository's whole adversarial set.",
+    ]
+
+
+def render(results: list[tuple[str, dict]], first_unseen: dict | None = None) -> str:
     results = sorted(results, key=_order)
     missing = [e for e in EXPECTED if not any(e.matches(d) for _, d in results)]
     lines = [
@@ -231,6 +275,11 @@ def render(results: list[tuple[str, dict]]) -> str:
         if notes:
             lines += ["", "Notes:", ""]
             lines += [f"- {str(n).strip()}" for n in notes]
+        if first_unseen is not None and _bid(data) == "evals_adversarial":
+            lines += render_first_unseen(first_unseen)
+            first_unseen = None
+    if first_unseen is not None:
+        lines += render_first_unseen(first_unseen)
     lines += ["", "## Not measured yet", ""]
     if missing:
         lines.append("No result file exists for these, so this report makes no claim about them:")
@@ -259,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="do not write; exit 1 when the output is stale")
     a = p.parse_args(argv)
     try:
-        text = render(load_results(a.results))
+        text = render(load_results(a.results), load_first_unseen(a.results))
     except ReportError as exc:
         sys.stderr.write(f"make_report.py: error: {exc}\n")
         return 2

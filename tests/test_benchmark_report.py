@@ -136,6 +136,38 @@ def test_cells_are_escaped_and_output_is_deterministic(tmp_path):
     assert "| multi line | yes | nan |" in one
 
 
+def _adversarial(command: str, fp: str, ff: str, raw: dict) -> dict:
+    return {
+        "benchmark": "evals_adversarial",
+        "title": "Eval grader rates",
+        "date": "2026-12-03T15:00:00+00:00",
+        "machine": "laptop",
+        "command": command,
+        "columns": ["Transcripts", "Count", "Good", "Bad", "False passes", "False fails"],
+        "rows": [["both formats", 10, 5, 5, fp, ff]],
+        "notes": [],
+        "raw": raw,
+    }
+
+
+def test_first_measurement_on_unseen_items_is_stated_from_its_raw_file(tmp_path):
+    res = tmp_path / "results"
+    now = "python3 -m evals adversarial --set a.json --set b.json --out benchmarks/results/evals_adversarial.json"
+    _write(res, "evals_adversarial.json", _adversarial(now, "0/5 = 0.0%", "0/5 = 0.0%", {}))
+    first = "python3 -m evals adversarial --set b.json --out benchmarks/results/raw/adversarial_batch2_unseen.json"
+    raw = {"items": 5, "transcripts": 10, "false_pass_rate": 0.2, "false_fail_rate": 0.4, "max_rate": 0.05}
+    _write(res / "raw", "adversarial_batch2_unseen.json", _adversarial(first, "1/5 = 20.0%", "2/5 = 40.0%", raw))
+    text = mr.render(mr.load_results(res), mr.load_first_unseen(res))
+    section = text.split("## Eval grader on adversarial items it had never seen", 1)[1].split("\n## ", 1)[0]
+    assert first in section and "false passes 1/5 = 20.0% and false fails 2/5 = 40.0% (limit 5%)" in section
+    assert text.index("## Eval grader rates") < text.index("items it had never seen")  # right after the current rates
+    # no raw file, no section; a raw file without the rates is refused by name
+    assert "never seen" not in mr.render(mr.load_results(res), None)
+    _write(res / "raw", "adversarial_batch2_unseen.json", _adversarial(first, "x", "y", {}))
+    proc = run("--results", res, "--output", tmp_path / "B.md")
+    assert proc.returncode == 2 and "adversarial_batch2_unseen.json" in proc.stderr
+
+
 def test_check_flag_detects_a_stale_report(tmp_path):
     res = tmp_path / "results"
     _write(res, "a.json", _result("a", "first", [["x", 1.0, 2.0]]))
@@ -149,5 +181,6 @@ def test_check_flag_detects_a_stale_report(tmp_path):
 
 def test_committed_benchmark_md_is_generated_from_the_committed_results():
     committed = (ROOT / "BENCHMARK.md").read_text(encoding="utf-8")
-    expected = mr.render(mr.load_results(ROOT / "benchmarks" / "results"))
+    results = ROOT / "benchmarks" / "results"
+    expected = mr.render(mr.load_results(results), mr.load_first_unseen(results))
     assert committed == expected, "BENCHMARK.md is stale or was edited by hand; run: bash scripts/dev.sh benchmark-md"
