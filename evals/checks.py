@@ -131,9 +131,19 @@ F_DP_GT_1 = Fact(
     "FSDP only helps with more than one data-parallel rank",
     near(
         word("data[- ]parallel", "DP", "GPUs?", "ranks?"),
-        word(
-            r"size\s*(?:of\s*)?1", r"=\s*1", "one", "single", r"greater than 1", r">\s*1", "more than one", "multiple"
-        ),
+        # "DP=1" / "DP > 1": the comparison follows the name with no space, so it has no word boundary before it
+        "(?:"
+        + word(
+            r"size\s*(?:of\s*)?1",
+            "one",
+            "single",
+            r"(?:greater|larger|more) than (?:1|one)",
+            r"above (?:1|one)",
+            r"at least (?:2|two)",
+            r"(?:2|two) or more",
+            "multiple",
+        )
+        + r"|\s*(?:=|>|>=|≥)\s*[12](?!\d))",
         80,
     ),
     negatable=False,
@@ -887,7 +897,8 @@ CHECKS: dict[str, CaseChecks] = {
     ),
     "mfsdp-smoke-dry-run": CaseChecks(
         facts=(
-            Fact("shows the torchrun command", word("torchrun")),
+            # torchrun is the console script of ``python -m torch.distributed.run``, which the dry run prints
+            Fact("shows the torchrun command", word("torchrun", r"torch\.distributed\.run")),
             Fact("8 processes per node", word(r"--nproc[-_]per[-_]node[= ]8", r"nproc_per_node[= ]8")),
         ),
         exit_codes=(0,),

@@ -12,10 +12,11 @@ on ``Setting`` records, not on substrings:
   ``checkpoint.ckpt_format``) and ``dict(...)``;
 * markdown tables whose row names a setting in one cell and its value in the next;
 * prose: "set X to Y", "X should be Y", "enable X" (true), "disable / turn off X" (false), "unset /
-  remove X" (unset).
+  remove X" (unset), and "X Y" when Y is one of X's closed set of values ("with ckpt_format fsdp_dtensor").
 
 A setting is *negated* when its clause says not to do it: a cue (``don't``, ``never``, ``avoid``,
-``instead of``, ``rather than``, ``not``, ``wrong``, ``❌`` ...) between the start of its clause and it, with no
+``instead of``, ``rather than``, ``not``, ``wrong``, ``❌``, what the user's files have now: "your launcher's"
+...) between the start of its clause and it, with no
 other setting in between; or a verdict right after it ("X=Y is wrong / will fail / is not supported"); or a
 removed line of a ``diff`` block; or a comment line that says so. Keys compare case-insensitively; values are
 normalised (``True/1/yes/on`` -> ``true``, ``None/null/~`` -> ``none``).
@@ -56,8 +57,9 @@ NEG_CUES = re.compile(
     r"|\bnot\b|\bno\s+longer\b|\bshould\s*n'?o?t\b|\bshouldn'?t\b|\bmust\s*n'?o?t\b|\bmustn'?t\b|\bwon'?t\b"
     r"|\bcan'?t\b|\bcannot\b|\bwouldn'?t\b|\bcouldn'?t\b|\bisn'?t\b|\baren'?t\b|\bhardly\b|\bwrong\b|\bincorrect\b|\bbad\b|\bbroken\b|\bfails?\b|\bnot\s+recommended\b"
     r"|\bstop\s+using\b|\bremove\b|\bdrop\b|\bdelete\b|\bunset\b|\bwithout\b|\bold\b"
-    r"|❌|✗|✘|\bwas\b|\bwere\b|\bcurrently\b|\bhad\b|\byou\s+have\b|\byour\s+(?:config|launcher|yaml|job|script|recipe)\s+(?:has|sets|exports|uses)\b"
-    r"|\b(?:config|yaml|file|launcher|recipe)\s+(?:sets|has|exports|uses)\b|\brejects?\b|\brefuses?\b)",
+    r"|❌|✗|✘|\bwas\b|\bwere\b|\bcurrently\b|\bhad\b|\byou\s+have\b|\byour\s+(?:config|launcher|yaml|job|script|recipe|run)\s+(?:has|sets|exports|uses|saves|loads|writes|holds|contains|specifies|still)\b"
+    r"|\b(?:config|yaml|file|launcher|recipe)\s+(?:sets|has|exports|uses)\b|\brejects?\b|\brefuses?\b"
+    r"|\b(?:the|your|their|its)\s+(?:config|yaml|file|launcher|recipe|job|script|environment)'s\b)",
     re.IGNORECASE,
 )
 # Verdicts right after a setting that reject it ("X=Y is wrong", "X=Y will fail").
@@ -65,6 +67,12 @@ NEG_AFTER = re.compile(
     r"^\s*[`'\"]?\s*(?:\)|,)?\s*(?:which|that)?\s*(?:is|are|was|would\s+be|will\s+be)?\s*(?:wrong|incorrect|invalid|not\s+supported|"
     r"unsupported|the\s+(?:problem|culprit|cause|bug)|what\s+(?:breaks|fails)|breaks|fails|will\s+fail|won'?t\s+work|"
     r"is\s+what\s+(?:breaks|fails)|causes|triggers|is\s+rejected|gets\s+rejected)\b",
+    re.IGNORECASE,
+)
+# A denial right before a prose verb ("don't clear X", "never unset X", "you should not remove X").
+DENIED_VERB = re.compile(
+    r"(?:\bdo\s+not|\bdon'?t|\bnever|\bshould\s*n'?t|\bshould\s+not|\bmust\s*n'?t|\bmust\s+not|\bno\s+need\s+to"
+    r"|\bavoid|\bwon'?t|\bwill\s+not)\s+(?:\w+\s+)?$",
     re.IGNORECASE,
 )
 # Verbs that recommend what follows; one after a cue (but not governed by it) cancels the cue.
@@ -93,6 +101,19 @@ PROSE_TO = re.compile(
 PROSE_ON = re.compile(
     rf"\b(?P<verb>enable|turn\s+on|switch\s+on|activate|disable|turn\s+off|switch\s+off|deactivate|unset|remove|drop|"
     rf"clear)\s+(?:the\s+)?[`'\"]?(?P<key>{KEY})[`'\"]?",
+    re.IGNORECASE,
+)
+# Settings whose values form a closed set can be written as "KEY VALUE" ("with ckpt_format fsdp_dtensor"): a
+# value of the key's own set right after it is a setting, any other word is not.
+ENUM_VALUES = {
+    "ckpt_format": ("torch_dist", "fsdp_dtensor", "torch", "zarr"),
+    "data_parallel_sharding_strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+}
+PROSE_ENUM = re.compile(
+    "|".join(
+        rf"(?<![\w.])[`'\"]?(?P<key{i}>(?:[A-Za-z_]\w*\.)*{k})[`'\"]?[ \t]+[`'\"]?(?P<val{i}>{'|'.join(v)})(?![\w.])"
+        for i, (k, v) in enumerate(ENUM_VALUES.items())
+    ),
     re.IGNORECASE,
 )
 CTOR_RE = re.compile(r"\b(?P<cls>[A-Z][A-Za-z0-9_]*|dict)\s*\(")
@@ -229,6 +250,9 @@ def extract(text: str) -> list[Setting]:
         for m in rx.finditer(text):
             key = m.groupdict().get("key") or m.groupdict().get("key2") or ""
             add(m.start(), m.end(), key, m.group("val"), form)
+    for m in PROSE_ENUM.finditer(text):
+        i = next(n for n in range(len(ENUM_VALUES)) if m.group(f"key{n}"))
+        add(m.start(), m.end(), m.group(f"key{i}"), m.group(f"val{i}"), "prose")
     for m in PROSE_ON.finditer(text):
         verb = m.group("verb").lower()
         val = "true" if verb in ("enable", "activate") or verb.endswith(" on") else UNSET
@@ -251,7 +275,9 @@ def extract(text: str) -> list[Setting]:
             continue
         neg = negated_at(text, start, end, prev_end)
         if form == "prose" and val == UNSET:
-            neg = False
+            # "unset / remove / clear X" carries its own polarity (the verb's cue words are not a denial of it);
+            # only a denial that governs the verb itself negates it: "don't clear checkpoint.load".
+            neg = bool(DENIED_VERB.search(text[max(0, start - 40) : start]))
         if val == UNSET:
             nval = UNSET
         elif key.isupper():  # an environment variable: its value is a number or a word, not a boolean

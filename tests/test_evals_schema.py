@@ -151,6 +151,42 @@ def test_settings_are_read_in_every_form_answers_write():
     assert ("cuda_device_max_connections", "32") in rec("export CUDA_DEVICE_MAX_CONNECTIONS=32")
 
 
+def test_settings_forms_right_answers_write_beyond_the_first_set():
+    from evals import settings
+
+    def rec(text):
+        return [(x.key, x.value) for x in settings.extract(text) if not x.negated]
+
+    # a denial governing the verb negates "clear / unset X"; the verb alone recommends it
+    assert ("checkpoint.load", settings.UNSET) not in rec("Don't clear checkpoint.load (auto-resume).")
+    assert ("checkpoint.load", settings.UNSET) not in rec("You should never unset checkpoint.load.")
+    assert ("checkpoint.load", settings.UNSET) in rec("Then clear checkpoint.load.")
+    # what the user's files hold now is not a recommendation
+    assert ("cuda_device_max_connections", "1") not in rec(
+        "With the launcher's CUDA_DEVICE_MAX_CONNECTIONS=1 it fails."
+    )
+    assert ("cuda_device_max_connections", "1") in rec("Keep CUDA_DEVICE_MAX_CONNECTIONS=1: TP overlap needs it.")
+    assert ("ckpt_format", "torch_dist") not in rec("Your config saves checkpoints with ckpt_format torch_dist.")
+    # "KEY VALUE" counts only with a value from the key's own closed set
+    assert ("ckpt_format", "fsdp_dtensor") in rec("It now saves with ckpt_format fsdp_dtensor to a fresh folder.")
+    assert ("ddp.data_parallel_sharding_strategy", "optim_grads_params") in rec(
+        "ddp.data_parallel_sharding_strategy optim_grads_params"
+    )
+    assert rec("the ckpt_format optim_grads is odd") == []
+    assert rec("ckpt_format fsdp_dtensor_v2") == []
+
+
+def test_facts_accept_the_forms_tools_print():
+    # the smoke dry run prints "python -m torch.distributed.run", which is torchrun
+    assert checks.evaluate(
+        "mfsdp-smoke-dry-run", "Printed, not run: `python3 -m torch.distributed.run --nproc-per-node=8 smoke_train.py`"
+    )["passed"]
+    # "DP=1" and "above 1" state the data-parallel condition
+    f = checks.F_DP_GT_1
+    assert f.find("at DP=1 it shards nothing") and f.find("only with a data-parallel size above 1")
+    assert not f.find("with DP=16 it is fine")
+
+
 # Facts the cases state, checked in the real pinned wheels' source (read as text).
 BRIDGE_FACTS = [
     "Megatron-FSDP requires the fsdp_dtensor checkpointing format!",
