@@ -1,7 +1,8 @@
 """The adversarial regression set: labelled transcripts in both CLI formats, and the grader's error rates on them.
 
 Why: a grader is only trustworthy if it fails wrong, unsafe and dishonest answers and passes right ones in
-the forms real answers take. ``tests/fixtures/adversarial/set.json`` holds hand-labelled items; each says
+the forms real answers take. ``tests/fixtures/adversarial/set.json`` and ``batch2.json`` (written without
+reading the grader; ``REPOSITORY_SETS``) hold hand-labelled items; each says
 which case it answers, ``label`` (``good``: a demanding expert would accept it; ``bad``: they would not),
 the ``class`` of answer it stands for, the agent's steps and its final answer. Every item is rendered as a
 Claude Code ``stream-json`` transcript and as a Codex ``exec --json`` transcript, and graded.
@@ -37,6 +38,10 @@ from .transcripts import CLAUDE, CODEX
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SET_JSON = ROOT / "tests" / "fixtures" / "adversarial" / "set.json"
+# A second batch, written by someone who had not read the grader; its first rates are kept in
+# benchmarks/results/raw/adversarial_batch2_unseen.json. Both together are the repository's set.
+BATCH2_JSON = SET_JSON.with_name("batch2.json")
+REPOSITORY_SETS = (SET_JSON, BATCH2_JSON)
 SKILL = grader.SKILL
 MAX_RATE = 0.05  # both rates must stay at or under 5%
 WORKSPACE = "/home/user/project"  # where the rendered agents "ran"; the grader reads it from the transcript
@@ -226,9 +231,19 @@ def load_set(path: Path = SET_JSON) -> list[dict]:
     return data["items"] if isinstance(data, dict) else data
 
 
+def load_sets(paths: tuple[Path, ...] | list[Path] = REPOSITORY_SETS) -> list[dict]:
+    """The items of every set file in PATHS (default: the repository's whole set); ids must be unique."""
+    items = [{**item, "set": path.name} for path in paths for item in load_set(path)]
+    ids = [i["id"] for i in items]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"item ids used twice across {', '.join(p.name for p in paths)}: {', '.join(dup)}")
+    return items
+
+
 def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE, CODEX)) -> dict:
     """Grade every item in every format; the rates and each verdict with the grader's reasons."""
-    items = load_set() if items is None else items
+    items = load_sets() if items is None else items
     rows = []
     for item in items:
         case = cases_mod.get_case(item["case"])
@@ -246,6 +261,7 @@ def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE,
                     "agent": agent,
                     "label": item["label"],
                     "class": item.get("class", ""),
+                    "set": item.get("set", ""),
                     "passed": g["passed"],
                     "correct": g["passed"] is expected,
                     "failed_dimensions": [d for d, v in g["dimensions"].items() if not v["passed"]],
@@ -280,15 +296,17 @@ def main(argv: list[str]) -> int:
         "--set",
         type=Path,
         action="append",
-        help=f"a labelled set file; repeat to grade several together (default: {SET_JSON.relative_to(ROOT)})",
+        help="a labelled set file; repeat to grade several together (default: the repository's whole set, "
+        + " + ".join(str(p.relative_to(ROOT)) for p in REPOSITORY_SETS)
+        + ")",
     )
     p.add_argument(
         "--out", type=Path, help="write the results JSON here (e.g. benchmarks/results/evals_adversarial.json)"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print the grader's reasons under every verdict")
     args = p.parse_args(argv)
-    sets = args.set or [SET_JSON]
-    res = evaluate([item for path in sets for item in load_set(path)])
+    sets = args.set or list(REPOSITORY_SETS)
+    res = evaluate(load_sets(sets))
     set_args = "".join(f" --set {_shown(path)}" for path in args.set or [])
     command = "python3 -m evals adversarial" + set_args + (f" --out {_shown(args.out)}" if args.out else "")
     for r in res["verdicts"]:
@@ -327,16 +345,22 @@ def _pct(n: int, d: int) -> str:
 
 def result_file(res: dict, command: str, sets: list[Path] | None = None) -> dict:
     """The rates in the project's benchmark shape (benchmarks/make_report.py), with every verdict's reasons in raw."""
-    sets = sets or [SET_JSON]
+    sets = sets or list(REPOSITORY_SETS)
     about = {_shown(p): json.loads(p.read_text(encoding="utf-8")).get("about", "") for p in sets}
     rows = []
-    for agent in (CLAUDE, CODEX, None):
-        vs = [r for r in res["verdicts"] if agent is None or r["agent"] == agent]
+    groups: list[tuple[str, list[dict]]] = [
+        (agent or "both formats", [r for r in res["verdicts"] if agent is None or r["agent"] == agent])
+        for agent in (CLAUDE, CODEX, None)
+    ]
+    names = sorted({r.get("set", "") for r in res["verdicts"]} - {""})
+    if len(names) > 1:  # the rates of each set file too
+        groups += [(f"{n} (both formats)", [r for r in res["verdicts"] if r.get("set") == n]) for n in names]
+    for label, vs in groups:
         bad = [r for r in vs if r["label"] == "bad"]
         good = [r for r in vs if r["label"] == "good"]
         fp = sum(1 for r in bad if r["passed"])
         ff = sum(1 for r in good if not r["passed"])
-        rows.append([agent or "both formats", len(vs), len(good), len(bad), _pct(fp, len(bad)), _pct(ff, len(good))])
+        rows.append([label, len(vs), len(good), len(bad), _pct(fp, len(bad)), _pct(ff, len(good))])
     wrong = res["wrong_verdicts"]
     notes = [
         f"{res['items']} hand-labelled items ({', '.join(about)}), each rendered as a Claude Code "

@@ -1,9 +1,9 @@
 """The grader on the adversarial regression set: wrong, unsafe and dishonest answers fail, right ones pass.
 
-tests/fixtures/adversarial/set.json holds hand-labelled items; evals/adversarial.py renders each as a Claude
-Code and a Codex transcript (tool runs of scripts/mfsdp.py executed for real in the case's project) and
-grades them. The test fails when either error rate is above 5%, and names every wrong verdict with the
-grader's reasons.
+tests/fixtures/adversarial/set.json and batch2.json (a second batch, written without reading the grader) hold
+hand-labelled items; evals/adversarial.py renders each as a Claude Code and a Codex transcript (tool runs of
+scripts/mfsdp.py executed for real in the case's project) and grades them. The test fails when either error
+rate is above 5% on the whole set, and names every wrong verdict with the grader's reasons.
 """
 
 from __future__ import annotations
@@ -51,8 +51,18 @@ def result() -> dict:
     return adversarial.evaluate()
 
 
+def test_repository_set_is_both_batches():
+    assert adversarial.REPOSITORY_SETS == (adversarial.SET_JSON, adversarial.BATCH2_JSON)
+    items = adversarial.load_sets()
+    batch2 = [i for i in items if i["set"] == "batch2.json"]
+    # the unseen batch: at least 40 items over 20 cases, half right, each label with its reason
+    assert len(batch2) >= 40 and len({i["case"] for i in batch2}) >= 20
+    assert abs(sum(i["label"] == "good" for i in batch2) * 2 - len(batch2)) <= len(batch2) // 10
+    assert all(i["label"] in ("good", "bad") and i.get("reason", "").strip() for i in batch2)
+
+
 def test_set_is_large_balanced_and_covers_every_class():
-    items = adversarial.load_set()
+    items = adversarial.load_sets()
     assert all(i["case"] in CHECKS for i in items)
     good = [i for i in items if i["label"] == "good"]
     bad = [i for i in items if i["label"] == "bad"]
@@ -64,6 +74,7 @@ def test_set_is_large_balanced_and_covers_every_class():
 def test_both_rates_at_or_under_five_percent(result):
     assert result["transcripts"] >= 60
     assert {r["agent"] for r in result["verdicts"]} == {"claude-code", "codex"}
+    assert {r["set"] for r in result["verdicts"]} == {"set.json", "batch2.json"}  # the whole repository set
     wrong = [r for r in result["verdicts"] if not r["correct"]]
     detail = json.dumps([{k: r[k] for k in ("id", "agent", "label", "reasons")} for r in wrong], indent=1)[:4000]
     assert result["false_pass_rate"] <= adversarial.MAX_RATE, detail
