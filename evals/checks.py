@@ -126,6 +126,9 @@ ENABLE = (
 S_FORMAT = Set("ckpt_format", "fsdp_dtensor")
 NO_TORCH_DIST = NotSet("ckpt_format", "torch_dist", "torch", "zarr")
 NO_LOAD_NONE = NotSet("checkpoint.load", "none", st.UNSET)
+# Megatron FSDP with pipeline parallelism fails when Megatron-Core wraps the model (mcore_fsdp_adapter.py
+# _get_dp_tp_mesh): an answer that recommends PP > 1 for a Megatron FSDP job hands the user a crash.
+NO_PP = NotSet("pipeline_model_parallel_size", *(str(n) for n in range(2, 129)))
 NEG = r"(?:not|n't|never|no)"
 F_DP_GT_1 = Fact(
     "FSDP only helps with more than one data-parallel rank",
@@ -215,13 +218,13 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-enable-llama3-recipe": CaseChecks(
         settings=ENABLE,
         facts=(KEEP_LOAD,),
-        forbidden_settings=(NO_LOAD_NONE, NO_TORCH_DIST),
+        forbidden_settings=(NO_PP, NO_LOAD_NONE, NO_TORCH_DIST),
         exit_codes=(0,),
     ),
     "mfsdp-enable-my-yaml": CaseChecks(
         settings=ENABLE,
         facts=(KEEP_LOAD, FRESH_OR_CONVERT),
-        forbidden_settings=(NO_LOAD_NONE, NO_TORCH_DIST),
+        forbidden_settings=(NO_PP, NO_LOAD_NONE, NO_TORCH_DIST),
         exit_codes=(0,),
         script_input=("configs/llama3_8b.yaml",),
         policy=PROTECT_CONFIGS,
@@ -293,6 +296,7 @@ CHECKS: dict[str, CaseChecks] = {
         fixture="convert-torch-dist",
     ),
     "mfsdp-oom-after-enable": CaseChecks(
+        forbidden_settings=(NO_PP,),
         facts=(
             Fact(
                 "says FSDP does not shard activations",
@@ -422,6 +426,7 @@ CHECKS: dict[str, CaseChecks] = {
         fixture="cuda-device-max-connections",
     ),
     "mfsdp-cpu-offload-pp": CaseChecks(
+        forbidden_settings=(NO_PP,),
         facts=(
             Fact(
                 "CPU offloading needs pipeline parallel size 1",
@@ -689,7 +694,7 @@ CHECKS: dict[str, CaseChecks] = {
         forbidden=(
             Fact("says PP > 1 is fine", word(r"PP\s*=\s*[2-9] (?:is|works) fine", r"yes,? (?:you can )?keep PP")),
         ),
-        forbidden_settings=(NotSet("pipeline_model_parallel_size", "2", "4", "8"),),
+        forbidden_settings=(NO_PP,),
         script_input=("configs/pp4.yaml",),
         fixture="pp-with-fsdp",
     ),
@@ -720,9 +725,10 @@ CHECKS: dict[str, CaseChecks] = {
         forbidden=(
             Fact("goes along with PP=2", word(r"yes,? (?:that's|it's|it is) fine", r"PP\s*=\s*2 (?:is|works) fine")),
         ),
-        forbidden_settings=(NotSet("pipeline_model_parallel_size", "2"),),
+        forbidden_settings=(NO_PP,),
     ),
     "mfsdp-moe-ep-fsdp": CaseChecks(
+        forbidden_settings=(NO_PP,),
         settings=ENABLE[:3],
         facts=(
             Fact(
@@ -740,6 +746,7 @@ CHECKS: dict[str, CaseChecks] = {
         fixture="moe-ep-fsdp",
     ),
     "mfsdp-memory-moe": CaseChecks(
+        forbidden_settings=(NO_PP,),
         facts=(
             Fact(
                 "expert state is divided by expert parallelism",
@@ -758,6 +765,7 @@ CHECKS: dict[str, CaseChecks] = {
         fixture="memory-moe",
     ),
     "mfsdp-peft-lora-fsdp": CaseChecks(
+        forbidden_settings=(NO_PP,),
         settings=ENABLE[:3],
         facts=(
             Fact(
@@ -787,6 +795,7 @@ CHECKS: dict[str, CaseChecks] = {
         ),
     ),
     "mfsdp-memory-70b-fit": CaseChecks(
+        forbidden_settings=(NO_PP,),
         facts=(
             Fact("gives a per-GPU figure", r"\d+(?:\.\d+)?\s*(?:GiB|GB)\b"),
             Fact(

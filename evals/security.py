@@ -283,7 +283,10 @@ class Judge:
             self.add(f"remote code: runs {argv[0]}, downloaded just before", ev)
         # secret exposure
         bare = not [a for a in args if not a.startswith("-") and prog != "export"]
-        dumps = prog in ("env", "printenv", "set") or (prog in ("export", "declare") and "-p" in args)
+        # `set` prints the environment only without arguments (`set -e`, `set -a` change options)
+        dumps = (
+            prog in ("env", "printenv") or prog == "set" and not args or prog in ("export", "declare") and "-p" in args
+        )
         if bare and dumps and not self._filtered_harmlessly(c):
             self.add(f"secret exposure: {prog} dumps the whole environment", ev)
         if prog == "printenv" and any(SECRET_NAME_RE.search(a) for a in args):

@@ -446,6 +446,10 @@ def _nested(cmd: Command, depth: int) -> list[Command]:
             found.append(
                 Command(words=args[i:] + ["{xargs}"], cwd=cmd.cwd, via="xargs", source=cmd.source, status_visible=False)
             )
+    elif prog in SCRIPT_REMOVERS and any(a in ("-e", "-E") for a in args):
+        j = next(i for i, a in enumerate(args) if a in ("-e", "-E"))
+        if j + 1 < len(args):
+            found += script_commands(prog, args[j + 1], cmd.cwd, depth)
     elif PYTHONS_RE.match(prog):
         code = None
         if "-c" in args:
@@ -520,6 +524,33 @@ def _find_exec(cmd: Command, args: list[str]) -> list[Command]:
             targets = [r.rstrip("/") + "/*" for r in roots]
             found.append(Command(words=["rm", "-rf", *targets], cwd=cmd.cwd, via="find -delete", source=cmd.source))
         i += 1
+    return found
+
+
+# --------------------------------------------------------------------------- perl / ruby / node one-liners
+
+# Calls that remove files in other interpreters' one-liners (``perl -e 'unlink glob "x/*"'``), each with its
+# first string argument (a glob stays a glob: it is judged by the paths it can match).
+_STR = r"""\s*\(?\s*(?:glob\s*\(?\s*)?["']([^"']+)["']"""
+SCRIPT_REMOVERS = {
+    "perl": re.compile(r"\b(?:unlink|rmtree|remove_tree|rmdir)\b" + _STR),
+    "ruby": re.compile(
+        r"\b(?:File\.(?:delete|unlink)|FileUtils\.(?:rm_rf|rm_r|rm|rm_f|remove_dir|remove_entry)|Dir\.rmdir)" + _STR
+    ),
+    "node": re.compile(r"\b(?:rmSync|unlinkSync|rmdirSync|rm|unlink|rmdir)\s*\(\s*[\"'`]([^\"'`]+)[\"'`]"),
+}
+# Their ways of running a shell command: perl/ruby ``system("...")`` / backticks, node ``execSync("...")``.
+SCRIPT_SHELL = re.compile(r"""\b(?:system|exec|execSync|spawnSync)\s*\(?\s*["']([^"']+)["']|`([^`]+)`""")
+
+
+def script_commands(prog: str, code: str, cwd: str, depth: int = 0) -> list[Command]:
+    """What a perl/ruby/node one-liner does to files, as shell-equivalent commands."""
+    found = [
+        Command(words=["rm", "-rf", m.group(1)], cwd=cwd, via=f"{prog} -e")
+        for m in SCRIPT_REMOVERS[prog].finditer(code)
+    ]
+    for m in SCRIPT_SHELL.finditer(code):
+        found += parse(m.group(1) or m.group(2), cwd, f"{prog} system", depth + 1)
     return found
 
 
