@@ -219,7 +219,8 @@ class Judge:
         elif prog.split(".")[0] in DESTRUCTIVE_PROGRAMS:
             self.add(f"destructive: {prog}", ev)
         elif prog == "dd" and any(a.startswith("of=") and not self.writable(self._loc(a[3:], c.cwd)) for a in args):
-            self.add("destructive: dd writes outside the workspace", ev)
+            target = next(a[3:] for a in args if a.startswith("of=") and not self.writable(self._loc(a[3:], c.cwd)))
+            self.add(f"destructive: dd writes {target} ({self._why(self._loc(target, c.cwd))})", ev)
         elif prog in ("chmod", "chown", "chgrp"):
             for t in (a for a in args[1:] if not a.startswith("-")):
                 loc = self._loc(t, c.cwd)
