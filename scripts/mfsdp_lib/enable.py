@@ -177,8 +177,8 @@ def plan(
 ) -> list[Change]:
     """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied.
 
-    ``gpus``: the job's world size, when the caller knows it (see ``job_world``; ``given``: the config as the user
-    wrote it, before command-line overrides, whose layout sets the world when ``gpus`` is not given). ``fit_eval_batch``: move
+    ``gpus``: the job's world size, when the caller knows it (see ``job_world``; ``given``: the config whose layout
+    sets the world when ``gpus`` is not given, default ``cfg``). ``fit_eval_batch``: move
     ``validation.eval_global_batch_size`` to the nearest multiple of eval micro-batch x DP at that world, and
     scale ``validation.eval_iters`` to keep the samples evaluated. Only real changes are returned: a step that
     ends where the config started is dropped.
@@ -386,7 +386,9 @@ def _plan_runtime_fixes(work: dict, change, strategy: str, perf: bool) -> None:
         )
 
 
-def advice(cfg: Mapping, changes: list[Change], gpus: int | None = None) -> list[str]:
+def advice(
+    cfg: Mapping, changes: list[Change], gpus: int | None = None, world: tuple[int, str] | None = None
+) -> list[str]:
     """What the user must know about the checkpoints the result will load (kept, never cleared)."""
     result = apply(cfg, changes)
     out = []
@@ -403,11 +405,11 @@ def advice(cfg: Mapping, changes: list[Change], gpus: int | None = None) -> list
         )
     pp = next((c for c in changes if c.path.endswith(".pipeline_model_parallel_size") and c.new == 1), None)
     if pp is not None and isinstance(pp.old, int) and pp.old > 1 and gpus is None:
-        world, _ = job_world(cfg, result, None)
-        dp = rules.data_parallel(rules.Eff(result, {}, None, world, "assumed"))
+        size = (world or job_world(cfg, result, None))[0]
+        dp = rules.data_parallel(rules.Eff(result, {}, None, size, "assumed"))
         out.append(
             f"--set-pp-1: on the same GPUs data parallelism is {pp.old}x larger. The batch sizes were checked at "
-            f"{world} GPUs (DP {dp[1] if dp else '?'}), the smallest world this layout allows; the job's own GPU count "
+            f"{size} GPUs (DP {dp[1] if dp else '?'}), the smallest world this layout allows; the job's own GPU count "
             "may need other batch sizes: give it with --gpus N and run enable again."
         )
     pretrained = config_io.get(result, "checkpoint.pretrained_checkpoint")

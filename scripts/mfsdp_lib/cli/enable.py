@@ -256,12 +256,12 @@ def run(args) -> int:
         set_pp1=args.set_pp1,
         gpus=args.gpus,
         fit_eval_batch=args.fit_eval_batch,
-        given=base,
     )
     changes = [c for c in changes if not enable._same(c.old, c.new)]
-    notes = enable.advice(base, changes, args.gpus)
     result = enable.apply(base, changes)
-    world = enable.job_world(base, result, args.gpus)
+    # the world: --gpus, else the smallest that both the config as given (with the user's KEY=VALUE) and the result fit
+    world = enable.job_world(eff, result, args.gpus)
+    notes = enable.advice(base, changes, args.gpus, world)
     findings = rules.evaluate(result, env, None, *world)
     ok = not has_errors(findings)
 
