@@ -460,11 +460,22 @@ def _live_verdicts(args, version, overrides, env):
     )
     enable.apply_to_object(cfg_obj, enable.overrides_of(changes))
     result = enable.apply(eff, changes)
-    ours = rules.evaluate(result, env, None, *enable.job_world(eff, result, args.gpus))
+    world = enable.job_world(eff, result, args.gpus)
+    ours = rules.evaluate(result, env, None, *world)
     bridge_error = None
+    # Without a process group Bridge reads the world size from WORLD_SIZE (1 when unset): judge it at the world our
+    # rules used (--gpus, or the smallest the layout allows), unless the caller's launcher already set one.
+    saved = os.environ.get("WORLD_SIZE")
+    if args.gpus is not None or saved is None:
+        os.environ["WORLD_SIZE"] = str(world[0])
     try:
         # The real path a training job takes: env_vars with setdefault, mixed precision, DP size, validate().
         runtime_config_update(cfg_obj)
     except Exception as exc:
         bridge_error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if saved is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = saved
     return changes, ours, bridge_error
