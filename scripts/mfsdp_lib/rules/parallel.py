@@ -204,9 +204,9 @@ RULES: list[Rule] = [
         when=lambda e: world_problem(e) is not None,
         message=_world_message,
         fix=_world_fix,
-        source=f"{S.B_CFG}: ConfigContainer.get_data_parallel_size: 'is not divisible by total_model_size'; "
-        "megatron/core/parallel_state.py: initialize_model_parallel: "
-        "'is not divisible by expert_tensor_model_pipeline_parallel size'",
+        source=f"{S.B_CFG}: ConfigContainer.get_data_parallel_size (line 1024): assert "
+        "'is not divisible by total_model_size'; megatron/core/parallel_state.py: initialize_model_parallel "
+        "(line 881): RuntimeError 'is not divisible by expert_tensor_model_pipeline_parallel size'",
     ),
     Rule(
         id="MFSDP-TRAIN-BATCH-DP",
@@ -217,9 +217,10 @@ RULES: list[Rule] = [
         when=lambda e: train_batch_problem(e) is not None,
         message=_train_batch_message,
         fix=_train_batch_fix,
-        source="megatron/core/num_microbatches_calculator.py: ConstantNumMicroBatchesCalculator: "
-        "'is not divisible by micro batch size', 'number of microbatches should be at least 1'; "
-        "megatron/bridge/training/initialize.py: init_num_microbatches_calculator (with cfg.data_parallel_size)",
+        source="megatron/core/num_microbatches_calculator.py: ConstantNumMicroBatchesCalculator.__init__ (lines "
+        "381, 391): assert 'is not divisible by micro batch size', 'number of microbatches should be at least 1'; "
+        "megatron/bridge/training/initialize.py: init_num_microbatches_calculator (line 115, with "
+        "cfg.data_parallel_size, when training starts)",
     ),
     Rule(
         id="MFSDP-EVAL-BATCH-DP",
@@ -235,6 +236,7 @@ RULES: list[Rule] = [
         when=lambda e: eval_batch_problem(e) is not None,
         message=_eval_batch_message,
         fix=_eval_batch_fix,
-        source=f"{S.B_CFG}: ConfigContainer.validate: 'eval_micro_batch_size * eval_data_parallel_size'",
+        source=f"{S.B_CFG}: ConfigContainer.validate (line 1335): assert "
+        "'eval_micro_batch_size * eval_data_parallel_size' (eval_global_batch_size must be divisible by it)",
     ),
 ]
