@@ -23,6 +23,8 @@ Run where Megatron-Bridge imports (a CUDA machine with Transformer Engine). For 
    path; a batch that no longer divides by micro-batch x DP: the nearest valid value enable names), it runs again
    with that decision taken (``enable.decided``) and its output gets the verdicts. ``enable`` runs without
    ``--gpus``, so it judges the batch sizes at the smallest world of the recipe's layout: the world of the verdicts;
+   where the recipe's name states another GPU count, ``enable --gpus <that count>`` runs too (``enable_named``)
+   and Bridge judges its output at that world (``enabled_overrides_named``);
    ``--corpus DIR`` runs ``enable`` on the committed corpus file instead of the fresh YAML (and records whether
    the two are the same), so the recorded enabled verdicts are those of the files the tests read;
 3. counts parameters of the built model (meta device, rank 0 of a fake process group) at TP=PP=EP=1 and at the
@@ -714,17 +716,18 @@ def decisions_for(findings: list[dict], taken: list[str]) -> list[str]:
     return out
 
 
-def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path) -> dict:
+def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path, extra: tuple[str, ...] = ()) -> dict:
     """Our tool's ``enable`` on the recipe YAML: exit code and output, its JSON report; when it refuses for a
     decision in DECISIONS, again with that decision taken (``decided``; up to DECISION_ROUNDS rounds, as a
-    decision can reveal the next), so the output still gets a verdict."""
-    j = _enable([str(raw_yaml), "--emit", "json"])
+    decision can reveal the next), so the output still gets a verdict. ``extra``: arguments of every run
+    (``--gpus N``)."""
+    j = _enable([str(raw_yaml), *extra, "--emit", "json"])
     json_out.write_text(j["stdout"])
     rec: dict = {"json_rc": j["rc"]}
     found = refused_findings(j["stdout"])
     if found is not None:
         rec["refused_rules"] = sorted({str(f["rule"]) for f in found})
-    first = _enable([str(raw_yaml), "-o", str(out_yaml)])
+    first = _enable([str(raw_yaml), *extra, "-o", str(out_yaml)])
     rec.update(rc=first["rc"], stdout=first["stdout"][-4000:], stderr=first["stderr"][-2000:])
     if "error" in first:
         rec["error"] = first["error"]
@@ -734,9 +737,9 @@ def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path) -> dict:
         if out_yaml.exists() or not more:
             break
         taken += more
-        jd = _enable([str(raw_yaml), *taken, "--emit", "json"])
+        jd = _enable([str(raw_yaml), *extra, *taken, "--emit", "json"])
         found = refused_findings(jd["stdout"])
-        second = _enable([str(raw_yaml), *taken, "-o", str(out_yaml)])
+        second = _enable([str(raw_yaml), *extra, *taken, "-o", str(out_yaml)])
         rec["decided"] = {
             "args": list(taken),
             "rc": second["rc"],
@@ -866,6 +869,24 @@ def process_recipe(
                 raise
             except Exception as exc:  # noqa: BLE001
                 v["enabled_overrides"] = exc_record(exc)
+    if nw and nw != w and doc is not None:
+        # the GPU count the recipe's name states, given to enable as a user would (--gpus): enable's DP arithmetic
+        # at that world, judged by Bridge at that world
+        named = work / f"{stem}.enabled_named.yaml"
+        rec["enable_named"] = run_enable(
+            enable_input, named, out / "enable" / f"{stem}.named.json", ("--gpus", str(nw))
+        )
+        rec["enable_named"]["world"] = nw
+        if named.exists():
+            try:
+                changes = changed_keys(doc, yaml.safe_load(named.read_text()))
+                rec["enable_named"]["changed"] = {k: [_clip(a), _clip(b)] for k, (a, b) in changes.items()}
+                mutate = _overrides(changes)
+                v["enabled_overrides_named"] = verdicts.run(fresh, nw, _pretrained(mutate) if peft else mutate)
+            except RecipeTimeout:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                v["enabled_overrides_named"] = exc_record(exc)
     shutil.rmtree(work, ignore_errors=True)
     return rec
 
@@ -1313,8 +1334,9 @@ def lean_verdict(rec: dict) -> dict:
             run["decided"] = cut(run["decided"])
         return run
 
-    if isinstance(rec.get("enable"), dict):
-        rec["enable"] = cut(rec["enable"])
+    for key in ("enable", "enable_named"):
+        if isinstance(rec.get(key), dict):
+            rec[key] = cut(rec[key])
     return rec
 
 

@@ -517,3 +517,48 @@ def test_recorded_verdict_of_enables_output_is_valid_or_enable_refused(rec):
             f"Bridge rejected enable's output: {verdict.get('error_type')} at {verdict.get('where')}: "
             f"{str(verdict.get('error'))[:300]}"
         )
+
+
+# --------------------------------------------------------------------------- at the GPU count the recipe's name states
+
+
+def _named(rec: dict) -> int | None:
+    m = re.search(r"_(\d+)gpu_", rec["recipe"] + "_")
+    return int(m.group(1)) if m else None
+
+
+NAMED = [r for r in RECORDS if _named(r) and _named(r) != (r.get("worlds") or {}).get("world_min")]
+
+
+@pytest.mark.parametrize("rec", [pytest.param(r, id=r["recipe"]) for r in NAMED])
+def test_enable_with_the_named_gpu_count_is_what_bridge_accepts_there(rec):
+    """Recipes whose name states a GPU count other than the smallest world of their layout (qwen3_vl_235b_a22b
+    ..._256gpu_: 512 as shipped, PP 16): ``enable --gpus <count>`` judges DP there, and the recording asked Bridge
+    at that world about what it wrote (enabled_overrides_named)."""
+    recorded = rec.get("enable_named")
+    assert recorded, (
+        f"{rec['recipe']}: no enable --gpus {_named(rec)} run recorded; record the corpus again with "
+        "tests/recipes/gen_corpus.py --corpus tests/fixtures/recipes/yaml on a GPU machine (README)"
+    )
+    path = _yaml(rec)
+    args = ["--gpus", str(_named(rec))]
+    decided = (recorded.get("decided") or {}).get("args") or []
+    decided = [PRETRAINED if a.startswith("checkpoint.pretrained_checkpoint=") else a for a in decided]
+    _, written = enable_yaml(path, *args, *decided)
+    if written is None:  # refused at that world, even with the decisions a user takes
+        assert not recorded.get("output"), f"{rec['recipe']}: enable refuses now but wrote a config when recorded"
+        return
+    source = source_of(path)
+    now = {k for k in set(source) | set(written) if source.get(k) != written.get(k)}
+    assert _same_keys(recorded.get("changed", {}), dict.fromkeys(now)), (
+        sorted(recorded.get("changed", {})),
+        sorted(now),
+    )
+    verdict = rec["verdicts"].get("enabled_overrides_named")
+    assert verdict is not None and verdict.get("world") == _named(rec), verdict
+    if not verdict.get("ok"):  # only a classified cause that has nothing to do with the world or Megatron FSDP
+        key = _not_ours_key(verdict)
+        assert key is not None and NOT_OURS[key][0] in ("environment", "recipe"), (
+            f"Bridge rejected enable --gpus {_named(rec)}'s output at that world: {verdict.get('error_type')} at "
+            f"{verdict.get('where')}: {str(verdict.get('error'))[:300]}"
+        )
