@@ -43,7 +43,7 @@ from mfsdp_lib.rules import differential
 CORPUS = FIXTURES / "recipes"
 VERDICTS = CORPUS / "verdicts.jsonl"
 WRAP_FAILURES = CORPUS / "wrap_failures.json"
-# A corpus smaller than this is a broken recording (the recorded run built 193 of 299 recipe functions).
+# A corpus smaller than this is a broken recording (the recorded run built 208 of 299 recipe functions).
 MIN_RECIPES = 150
 MIN_FAMILIES = 10
 # The five Megatron FSDP settings, exactly as the recording applied them (checkpoint.load kept).
