@@ -308,8 +308,49 @@ def test_set_pp1_on_a_gpt_model_config_edits_the_nested_transformer(tmp_path):
     assert _errors(enable.apply(cfg, changes)) == []
 
 
-def test_set_pp1_warns_about_the_global_batch():
+def test_set_pp1_says_at_which_world_the_batch_was_checked():
     cfg = config_io.load_effective(None, ["model.pipeline_model_parallel_size=4"])
     changes = enable.plan(cfg, set_pp1=True)
     notes = enable.advice(cfg, changes)
-    assert any("4x larger" in n and "global_batch_size" in n for n in notes)
+    # the embedded recipe has CP 2: with PP 4 its smallest world is 8 GPUs, where PP 1 gives DP 4
+    assert any("4x larger" in n and "8 GPUs (DP 4)" in n and "--gpus N" in n for n in notes), notes
+    assert not any("4x larger" in n for n in enable.advice(cfg, changes, gpus=8))  # the world is known: no guess
+
+
+def test_set_pp1_batch_judged_at_the_world_the_layout_had():
+    """PP 4 -> 1 on the same GPUs: DP x4. 512 / (1 x 4) divides; 6 / (2 x 4) does not, and enable leaves it."""
+    cfg = config_io.load_effective(None, ["model.pipeline_model_parallel_size=4"])
+    result = enable.apply(cfg, enable.plan(cfg, set_pp1=True))
+    world = enable.job_world(cfg, result)
+    assert world[0] == 8 and "--gpus" in world[1]
+    assert _errors(result) == []
+    small = config_io.load_effective(
+        None, ["model.pipeline_model_parallel_size=4", "train.global_batch_size=6", "train.micro_batch_size=2"]
+    )
+    changes = enable.plan(small, set_pp1=True)
+    assert not any(c.path.startswith(("train.", "validation.")) for c in changes)  # the user's decision
+    found = rules.evaluate(
+        enable.apply(small, changes), {}, None, *enable.job_world(small, enable.apply(small, changes))
+    )
+    assert {"MFSDP-TRAIN-BATCH-DP", "MFSDP-EVAL-BATCH-DP"} <= {f.rule for f in found if f.severity == "error"}
+    assert enable.job_world(small, small, gpus=64) == (64, "given with --gpus")
+
+
+def test_fit_eval_batch_moves_the_eval_batch_and_keeps_the_samples():
+    cfg = config_io.load_effective(
+        None,
+        [
+            "model.pipeline_model_parallel_size=4",
+            "validation.eval_global_batch_size=36",
+            "validation.eval_micro_batch_size=2",
+            "validation.eval_iters=10",
+        ],
+    )
+    changes = {c.path: c for c in enable.plan(cfg, set_pp1=True, fit_eval_batch=True)}
+    # 8 GPUs, PP 1: DP 4, 2 x 4 = 8 per step; 36 -> 40 (nearest; ties go up), eval_iters 10 -> 9 (360 -> 360 samples)
+    assert changes["validation.eval_global_batch_size"].new == 40
+    assert changes["validation.eval_iters"].new == 9 and "--fit-eval-batch" in changes["validation.eval_iters"].why
+    changes = {c.path: c for c in enable.plan(cfg, set_pp1=True, fit_eval_batch=True, gpus=32)}
+    assert changes["validation.eval_global_batch_size"].new == 32  # DP 16: 32 per step
+    assert changes["validation.eval_iters"].new == 12  # ceil(360 / 32): at least as many samples
+    assert "validation.eval_global_batch_size" not in {c.path for c in enable.plan(cfg, set_pp1=True)}

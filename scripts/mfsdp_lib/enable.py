@@ -30,6 +30,16 @@ Pipeline parallelism has no axis in Megatron FSDP's device mesh, so a config wit
 ``pipeline_model_parallel_size > 1`` is refused unless the caller asks for
 ``set_pp1=True``, which sets PP to 1 (and drops the pipeline-only layout keys) and says so.
 
+Batch sizes and the world size. On the same GPUs, PP 1 multiplies data parallelism (Bridge:
+DP = world / (TP x PP x CP)), and the global batches must stay multiples of micro-batch x DP
+(megatron-core's micro-batch calculator for training, Bridge's ``validate()`` for evaluation).
+A config file does not hold the world size: the caller gives it (``--gpus N``), or ``job_world``
+takes the smallest world on which both the given layout and the result can run. A batch that
+does not divide there divides at no world the job can use, so enable refuses (the batch rules
+in ``rules/parallel.py`` name the numbers); the batch sizes are the user's decision
+(``KEY=VALUE``), except that ``fit_eval_batch=True`` moves ``validation.eval_global_batch_size``
+to the nearest valid value and scales ``validation.eval_iters`` to keep the samples evaluated.
+
 Applying the plan to YAML edits the user's text in place (``yaml_edit``): only the
 changed values' lines are touched, comments and key order stay. Only when the file
 cannot be edited line-wise (flow style, a value that is a block) is it re-dumped, and
@@ -101,6 +111,10 @@ PIPELINE_ONLY_KEYS: dict[str, object] = {
 # and offloading are trade-offs the user decides; errors there are reported instead.
 FIX_POINT_SECTIONS = ("ddp", "dist", "checkpoint", "train", "rerun_state_machine")
 
+# Errors the fix-point pass never fixes although their fix is a key=value: each is a choice the user makes (the
+# training batch changes the optimisation; the world size is the job's). enable refuses while they remain.
+NEEDS_DECISION = frozenset({"MFSDP-TRAIN-BATCH-DP", "MFSDP-EVAL-BATCH-DP", "MFSDP-WORLD-LAYOUT"})
+
 # Fix-point pass: at most this many rounds (each round fixes >= 1 error or stops).
 MAX_FIX_ROUNDS = 8
 # A rule's fix that is one plain assignment, optionally followed by "(or ...)" advice.
@@ -157,10 +171,17 @@ def plan(
     perf: bool = False,
     env: Mapping[str, str] | None = None,
     set_pp1: bool = False,
+    gpus: int | None = None,
+    fit_eval_batch: bool = False,
+    given: Mapping | None = None,
 ) -> list[Change]:
     """The changes that enable Megatron FSDP on ``cfg`` (not modified), in the order applied.
 
-    Only real changes are returned: a step that ends where the config started is dropped.
+    ``gpus``: the job's world size, when the caller knows it (see ``job_world``; ``given``: the config whose layout
+    sets the world when ``gpus`` is not given, default ``cfg``). ``fit_eval_batch``: move
+    ``validation.eval_global_batch_size`` to the nearest multiple of eval micro-batch x DP at that world, and
+    scale ``validation.eval_iters`` to keep the samples evaluated. Only real changes are returned: a step that
+    ends where the config started is dropped.
     """
     if strategy not in STRATEGIES:
         raise config_io.input_error(f"--strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
@@ -235,7 +256,7 @@ def plan(
     for _ in range(MAX_FIX_ROUNDS):
         progressed = False
         for f in rules.evaluate(work, dict(env or {}), None):
-            if f.severity != "error" or f.path.startswith("env."):
+            if f.severity != "error" or f.path.startswith("env.") or f.rule in NEEDS_DECISION:
                 continue
             m = _FIX_KV.match(f.fix.strip())
             if not m:
@@ -255,7 +276,48 @@ def plan(
             progressed = True
         if not progressed:
             break
+    if fit_eval_batch:
+        world, how = job_world(cfg if given is None else given, work, gpus)
+        p = rules.eval_batch_problem(rules.Eff(work, {}, None, world, how))
+        if p is not None:
+            change(
+                "validation.eval_global_batch_size",
+                p["nearest"],
+                f"--fit-eval-batch: at {world} GPUs ({how}) evaluation takes eval_micro_batch_size {p['embs']} x "
+                f"data-parallel size {p['dp']} = {p['step']} samples per step; {p['egbs']} is not a multiple, "
+                f"{p['nearest']} is the nearest (Bridge's validate() asserts it)",
+            )
+            iters = config_io.get(work, "validation.eval_iters")
+            if isinstance(iters, int) and not isinstance(iters, bool) and iters > 0:
+                new_iters = max(1, -(-iters * p["egbs"] // p["nearest"]))  # ceil: at least as many samples
+                change(
+                    "validation.eval_iters",
+                    new_iters,
+                    f"--fit-eval-batch: {iters} x {p['egbs']} = {iters * p['egbs']} samples were evaluated; "
+                    f"{new_iters} x {p['nearest']} = {new_iters * p['nearest']} now",
+                )
     return [c for c in changes if not _same(c.old, c.new)]
+
+
+def job_world(given: Mapping, result: Mapping, gpus: int | None = None) -> tuple[int, str]:
+    """(world size, how it was found) that the batch-size rules judge the result at.
+
+    ``gpus`` when given. Otherwise the smallest world on which both the given config and the result can
+    run (lcm of each layout's smallest world): for ``--set-pp-1`` that is the given layout's, the GPUs the
+    job had. A batch that does not divide at that world divides at none of its multiples.
+    """
+    if gpus is not None:
+        return gpus, "given with --gpus"
+    w_in = rules.min_world(rules.Eff(given, {}, None))
+    w_out = rules.min_world(rules.Eff(result, {}, None))
+    world = w_in * w_out // _gcd(w_in, w_out)
+    return world, "assumed: the smallest world this config's layout allows; give the job's GPU count with --gpus N"
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
 
 
 def _same(a, b) -> bool:
@@ -324,7 +386,9 @@ def _plan_runtime_fixes(work: dict, change, strategy: str, perf: bool) -> None:
         )
 
 
-def advice(cfg: Mapping, changes: list[Change]) -> list[str]:
+def advice(
+    cfg: Mapping, changes: list[Change], gpus: int | None = None, world: tuple[int, str] | None = None
+) -> list[str]:
     """What the user must know about the checkpoints the result will load (kept, never cleared)."""
     result = apply(cfg, changes)
     out = []
@@ -340,14 +404,13 @@ def advice(cfg: Mapping, changes: list[Change]) -> list[str]:
             f"(exit 0: {new_format}, resumes; 1: another format; 2: nothing there yet, the job starts fresh)."
         )
     pp = next((c for c in changes if c.path.endswith(".pipeline_model_parallel_size") and c.new == 1), None)
-    if pp is not None and isinstance(pp.old, int) and pp.old > 1:
-        gbs, mbs = config_io.get(result, "train.global_batch_size"), config_io.get(result, "train.micro_batch_size")
+    if pp is not None and isinstance(pp.old, int) and pp.old > 1 and gpus is None:
+        size = (world or job_world(cfg, result, None))[0]
+        dp = rules.data_parallel(rules.Eff(result, {}, None, size, "assumed"))
         out.append(
-            f"--set-pp-1: on the same GPUs data parallelism is now {pp.old}x larger, so the global batch must be a "
-            f"multiple of micro_batch_size x DP for training and evaluation (train.global_batch_size={rules.fmt(gbs)}, "
-            f"micro_batch_size={rules.fmt(mbs)}; validation.eval_global_batch_size defaults to the training one; "
-            "Bridge's validate() asserts it for evaluation). Raise the global batch, lower the micro-batch, or absorb "
-            "the stages with more TP instead of DP."
+            f"--set-pp-1: on the same GPUs data parallelism is {pp.old}x larger. The batch sizes were checked at "
+            f"{size} GPUs (DP {dp[1] if dp else '?'}), the smallest world this layout allows; the job's own GPU count "
+            "may need other batch sizes: give it with --gpus N and run enable again."
         )
     pretrained = config_io.get(result, "checkpoint.pretrained_checkpoint")
     if pretrained is not None and config_io.get(result, "peft") is not None and new_format == "fsdp_dtensor":

@@ -106,6 +106,62 @@ def test_pipeline_parallel_refused_then_set_pp1(cli, tmp_path):
     assert cli("check", str(out), *CLEAN_ENV).returncode == 0
 
 
+# The embedded recipe has CP 2; with PP 4 its smallest world is 8 GPUs, where PP 1 makes DP 4.
+PP4_SMALL_BATCH = ["model.pipeline_model_parallel_size=4", "train.global_batch_size=6", "train.micro_batch_size=2"]
+
+
+def test_set_pp1_refuses_a_batch_the_grown_dp_cannot_split(cli, tmp_path):
+    """PP 4 -> 1 on the same 8 GPUs: DP 4, micro-batch 2: 6 is not a multiple of 8; nothing is written."""
+    out = tmp_path / "fsdp.yaml"
+    p = cli("enable", *PP4_SMALL_BATCH, "--set-pp-1", "-o", str(out), *CLEAN_ENV)
+    assert p.returncode == 1 and not out.exists(), p.stderr
+    err = p.stderr
+    assert "MFSDP-TRAIN-BATCH-DP" in err and "MFSDP-EVAL-BATCH-DP" in err
+    assert "train.global_batch_size=6 is not a multiple of train.micro_batch_size 2 x data-parallel size 4 = 8" in err
+    assert "at 8 GPUs (assumed" in err and "--gpus N" in err and "--fit-eval-batch" in err
+    assert "train.global_batch_size=8 (or 0)" not in err and "train.global_batch_size=8" in err  # nearest valid
+    assert "train.micro_batch_size=1 (keeps the global batch)" not in err  # 6 / (1 x 4) does not divide either
+
+
+def test_set_pp1_with_the_users_batch_and_world(cli, tmp_path):
+    """The user decides: the job's world (--gpus) and the training batch (KEY=VALUE); written and said."""
+    out = tmp_path / "fsdp.yaml"
+    p = cli("enable", *PP4_SMALL_BATCH, "train.global_batch_size=24", "--set-pp-1", "--gpus", "16", "-o", str(out))
+    assert p.returncode == 1 and not out.exists()  # 16 GPUs, CP 2: DP 8, 2 x 8 = 16 does not divide 24
+    assert "at 16 GPUs (given with --gpus; DP = 16 / (TP 1 x PP 1 x CP 2) = 8)" in p.stderr
+    assert "train.global_batch_size=32 (or 16)" in p.stderr  # equally near: the larger first
+    p = cli("enable", *PP4_SMALL_BATCH, "train.global_batch_size=32", "--set-pp-1", "--gpus", "16", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "train.global_batch_size: 6 -> 32" in p.stdout and "4x larger" not in p.stdout  # the world is known
+    assert yaml.safe_load(out.read_text())["train"]["global_batch_size"] == 32
+
+
+def test_fit_eval_batch_is_listed_and_json_says_the_world(cli):
+    args = ["model.pipeline_model_parallel_size=4", "validation.eval_global_batch_size=36"]
+    args += ["validation.eval_micro_batch_size=2", "validation.eval_iters=10", "--set-pp-1"]
+    p = cli("enable", *args, "--emit", "json", *CLEAN_ENV)
+    assert p.returncode == 1 and "MFSDP-EVAL-BATCH-DP" in {f["rule"] for f in json.loads(p.stdout)["findings"]}
+    p = cli("enable", *args, "--fit-eval-batch", "--emit", "json", *CLEAN_ENV)
+    data = json.loads(p.stdout)
+    assert p.returncode == 0 and data["ok"], p.stdout[-2000:]
+    assert (
+        data["world"] == {"size": 8, "given": False, "how": data["world"]["how"]} and "--gpus" in data["world"]["how"]
+    )
+    changes = {c["path"]: c for c in data["changes"]}
+    assert changes["validation.eval_global_batch_size"]["new"] == 40 and changes["validation.eval_iters"]["new"] == 9
+
+
+@pytest.mark.parametrize("bad", ["0", "-4", "eight"])
+def test_gpus_must_be_a_positive_whole_number(cli, bad):
+    p = cli("enable", "--gpus", bad)
+    assert p.returncode == 2 and "--gpus" in p.stderr
+
+
+def test_gpus_that_do_not_fit_the_layout_are_refused(cli):
+    p = cli("enable", "model.tensor_model_parallel_size=2", "--gpus", "6", *CLEAN_ENV)
+    assert p.returncode == 1 and "MFSDP-WORLD-LAYOUT" in p.stderr and "TP x PP x CP = 4 does not divide it" in p.stderr
+
+
 def test_refused_json_still_reports(cli):
     p = cli("enable", "optimizer.optimizer=dist_muon", "--emit", "json", *CLEAN_ENV)
     assert p.returncode == 1
@@ -128,6 +184,7 @@ def test_recipe_refuses_config(cli, tmp_path):
 def test_help_teaches(cli):
     p = cli("enable", "--help")
     assert p.returncode == 0 and "examples:" in p.stdout and "--emit overrides" in p.stdout
+    assert "--gpus N" in p.stdout and "--fit-eval-batch" in p.stdout and "micro_batch_size x DP" in p.stdout
 
 
 def test_partial_file_with_base_gets_what_the_recipe_needs(cli, tmp_path):

@@ -13,6 +13,9 @@ so that a GPU machine can ask the real Bridge whether each one passes ``validate
 * pipeline parallelism: ``--set-pp-1``;
 * a PEFT recipe without a base checkpoint: ``checkpoint.pretrained_checkpoint=/workspace`` (an existing
   folder on the GPU machine: ``--validate-yaml`` maps ``/workspace`` to its working directory);
+* a training batch that does not divide by micro-batch x DP at the recipe's world (PP 1 grows DP): the nearest
+  valid value enable names; an eval batch alone: ``--fit-eval-batch``. A decision can reveal the next (PP first,
+  then the batch at the new DP), so this runs up to three rounds, the same decisions ``gen_corpus.py`` takes;
 * nothing else: a recipe refused for another reason (Muon, offloading ...) gets no output, only its reason.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +31,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MFSDP = ROOT / "scripts" / "mfsdp.py"
 CORPUS = ROOT / "tests" / "fixtures" / "recipes"
-DECISIONS = {
-    "MFSDP-PIPELINE-PARALLEL": ["--set-pp-1"],
-    "MFSDP-PEFT-NEEDS-PRETRAINED": ["checkpoint.pretrained_checkpoint=/workspace"],
-}
+ROUNDS = 3
+
+
+def _decisions(findings: list[dict], taken: list[str]) -> list[str]:
+    """The arguments that decide this round's refusals (the batch once PP is 1; a key never twice)."""
+    rules = {f["rule"] for f in findings}
+    out: list[str] = []
+    for f in sorted(findings, key=lambda f: f["rule"]):
+        rule = f["rule"]
+        if rule.endswith("-BATCH-DP") and "MFSDP-PIPELINE-PARALLEL" in rules:
+            continue
+        if rule == "MFSDP-EVAL-BATCH-DP" and "MFSDP-TRAIN-BATCH-DP" in rules:
+            continue
+        if rule == "MFSDP-PIPELINE-PARALLEL":
+            args = ["--set-pp-1"]
+        elif rule == "MFSDP-PEFT-NEEDS-PRETRAINED":
+            args = ["checkpoint.pretrained_checkpoint=/workspace"]
+        elif rule == "MFSDP-TRAIN-BATCH-DP":
+            m = re.match(r"^([A-Za-z_][\w.]*=\d+)\b", f.get("fix", ""))
+            args = [m.group(1)] if m else []
+        elif rule == "MFSDP-EVAL-BATCH-DP":
+            args = ["--fit-eval-batch"]
+        else:
+            args = []
+        out += [a for a in args if a.split("=", 1)[0] not in {t.split("=", 1)[0] for t in taken + out}]
+    return out
 
 
 def _enable(src: Path, extra: list[str], out: Path | None) -> dict:
@@ -43,6 +69,7 @@ def _enable(src: Path, extra: list[str], out: Path | None) -> dict:
         return {**rec, "error": (p.stderr or p.stdout)[-2000:]}
     rec["changes"] = rep.get("changes", [])
     rec["errors"] = sorted({f["rule"] for f in rep.get("findings", []) if f["severity"] == "error"})
+    rec["error_findings"] = [f for f in rep.get("findings", []) if f["severity"] == "error"]
     rec["notes"] = rep.get("notes", [])
     if out is not None and p.returncode == 0:
         w = subprocess.run(
@@ -66,10 +93,14 @@ def main(argv=None) -> int:
     for src in sorted((Path(a.corpus) / "yaml").glob("*.yaml")):
         extra: list[str] = []
         rec = _enable(src, extra, None)
-        for rule, args in DECISIONS.items():
-            if rule in rec.get("errors", []):
-                extra += args
+        for _ in range(ROUNDS):
+            more = _decisions(rec.get("error_findings", []), extra) if rec["rc"] != 0 else []
+            if not more:
+                break
+            extra += more
+            rec = _enable(src, extra, None)
         rec = _enable(src, extra, out / src.name)
+        rec.pop("error_findings", None)
         index[src.stem] = rec
         print(f"{src.stem}: rc={rec['rc']} {' '.join(extra)} {','.join(rec.get('errors', []))}", file=sys.stderr)
     (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")

@@ -20,7 +20,11 @@ Run where Megatron-Bridge imports (a CUDA machine with Transformer Engine). For 
    (as shipped / FSDP keep-load / FSDP load=None) and ``enabled_overrides_pretrained``, with
    ``checkpoint.pretrained_checkpoint`` set to an existing folder, as a user must;
    where ``enable`` refuses for a decision only the user can take (PP>1: ``--set-pp-1``; PEFT: the base model's
-   path), it runs again with that decision taken (``enable.decided``) and its output gets the verdicts;
+   path; a batch that no longer divides by micro-batch x DP: the nearest valid value enable names), it runs again
+   with that decision taken (``enable.decided``) and its output gets the verdicts. ``enable`` runs without
+   ``--gpus``, so it judges the batch sizes at the smallest world of the recipe's layout: the world of the verdicts;
+   where the recipe's name states another GPU count, ``enable --gpus <that count>`` runs too (``enable_named``)
+   and Bridge judges its output at that world (``enabled_overrides_named``);
    ``--corpus DIR`` runs ``enable`` on the committed corpus file instead of the fresh YAML (and records whether
    the two are the same), so the recorded enabled verdicts are those of the files the tests read;
 3. counts parameters of the built model (meta device, rank 0 of a fake process group) at TP=PP=EP=1 and at the
@@ -646,12 +650,27 @@ def _from_yaml(path: Path):
     return lambda: ConfigContainer.from_yaml(str(path))
 
 
-# enable refuses (exit 1, nothing written) while an error needs the user's decision; for these two the corpus run
-# takes the decision a user would, so that enable's output gets a verdict too (the others stay refused).
+# enable refuses (exit 1, nothing written) while an error needs the user's decision; for these the corpus run takes
+# the decision a user would, so that enable's output gets a verdict too (the others stay refused). Each maps the
+# refusing finding to the arguments that decide it.
+_FIRST_KV = re.compile(r"^([A-Za-z_][\w.]*=\d+)\b")
+
+
+def _first_fix(finding: dict) -> list[str]:
+    """The nearest valid value a batch-size finding names first (``train.global_batch_size=64, or ...``)."""
+    m = _FIRST_KV.match(str(finding.get("fix") or ""))
+    return [m.group(1)] if m else []
+
+
 DECISIONS = {
-    "MFSDP-PIPELINE-PARALLEL": lambda: ["--set-pp-1"],  # PP=1: Megatron FSDP's mesh has no pipeline axis
-    "MFSDP-PEFT-NEEDS-PRETRAINED": lambda: [f"checkpoint.pretrained_checkpoint={pretrained_path()}"],
+    "MFSDP-PIPELINE-PARALLEL": lambda f: ["--set-pp-1"],  # PP=1: Megatron FSDP's mesh has no pipeline axis
+    "MFSDP-PEFT-NEEDS-PRETRAINED": lambda f: [f"checkpoint.pretrained_checkpoint={pretrained_path()}"],
+    # the batch no longer divides by micro-batch x DP at the world (DP grew with PP=1): the nearest valid training
+    # batch enable names (the eval batch follows it), so Bridge judges enable's DP arithmetic at that world
+    "MFSDP-TRAIN-BATCH-DP": _first_fix,
+    "MFSDP-EVAL-BATCH-DP": lambda f: ["--fit-eval-batch"],
 }
+DECISION_ROUNDS = 3  # a decision can reveal the next one (PP=1 makes the batch too small for the grown DP)
 
 
 def _enable(args: list[str]) -> dict:
@@ -663,40 +682,72 @@ def _enable(args: list[str]) -> dict:
     return {"rc": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
 
 
-def refused_rules(json_text: str) -> list[str] | None:
-    """The error rules of ``enable --emit json`` when it refuses; None when it does not (or the text is not JSON)."""
+def refused_findings(json_text: str) -> list[dict] | None:
+    """The error findings of ``enable --emit json`` when it refuses; None when it does not (or the text is not JSON)."""
     try:
         data = json.loads(json_text)
     except ValueError:
         return None
     if not isinstance(data, dict) or not data.get("refused"):
         return None
-    findings = data.get("findings", [])
-    return sorted({str(f["rule"]) for f in findings if isinstance(f, dict) and f.get("severity") == "error"})
+    return [f for f in data.get("findings", []) if isinstance(f, dict) and f.get("severity") == "error"]
 
 
-def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path) -> dict:
+def refused_rules(json_text: str) -> list[str] | None:
+    """The error rules of ``enable --emit json`` when it refuses; None when it does not (or the text is not JSON)."""
+    found = refused_findings(json_text)
+    return None if found is None else sorted({str(f["rule"]) for f in found})
+
+
+def decisions_for(findings: list[dict], taken: list[str]) -> list[str]:
+    """Arguments that decide the refusing findings (DECISIONS), those already taken left out; in rule order."""
+    out: list[str] = []
+    rules_found = {str(f.get("rule")) for f in findings}
+    for f in sorted(findings, key=lambda f: str(f.get("rule"))):
+        if f.get("rule") == "MFSDP-EVAL-BATCH-DP" and "MFSDP-TRAIN-BATCH-DP" in rules_found:
+            continue  # the eval batch follows the training one: deciding that decides both
+        if str(f.get("rule")).endswith("-BATCH-DP") and "MFSDP-PIPELINE-PARALLEL" in rules_found:
+            continue  # judged at the pipeline layout: decided once PP=1 has set the data-parallel size
+        decide = DECISIONS.get(str(f.get("rule")))
+        for arg in decide(f) if decide else []:
+            key = arg.split("=", 1)[0]
+            if arg not in out and not any(t.split("=", 1)[0] == key for t in taken + out):
+                out.append(arg)
+    return out
+
+
+def run_enable(raw_yaml: Path, out_yaml: Path, json_out: Path, extra: tuple[str, ...] = ()) -> dict:
     """Our tool's ``enable`` on the recipe YAML: exit code and output, its JSON report; when it refuses for a
-    decision in DECISIONS, again with that decision taken (``decided``), so the output still gets a verdict."""
-    j = _enable([str(raw_yaml), "--emit", "json"])
+    decision in DECISIONS, again with that decision taken (``decided``; up to DECISION_ROUNDS rounds, as a
+    decision can reveal the next), so the output still gets a verdict. ``extra``: arguments of every run
+    (``--gpus N``)."""
+    j = _enable([str(raw_yaml), *extra, "--emit", "json"])
     json_out.write_text(j["stdout"])
     rec: dict = {"json_rc": j["rc"]}
-    blockers = refused_rules(j["stdout"])
-    if blockers is not None:
-        rec["refused_rules"] = blockers
-    first = _enable([str(raw_yaml), "-o", str(out_yaml)])
+    found = refused_findings(j["stdout"])
+    if found is not None:
+        rec["refused_rules"] = sorted({str(f["rule"]) for f in found})
+    first = _enable([str(raw_yaml), *extra, "-o", str(out_yaml)])
     rec.update(rc=first["rc"], stdout=first["stdout"][-4000:], stderr=first["stderr"][-2000:])
     if "error" in first:
         rec["error"] = first["error"]
-    decisions = [arg for rule in sorted(blockers or []) if rule in DECISIONS for arg in DECISIONS[rule]()]
-    if first["rc"] != 0 and decisions and not out_yaml.exists():
-        second = _enable([str(raw_yaml), *decisions, "-o", str(out_yaml)])
+    taken: list[str] = []
+    for _ in range(DECISION_ROUNDS):
+        more = decisions_for(found or [], taken)
+        if out_yaml.exists() or not more:
+            break
+        taken += more
+        jd = _enable([str(raw_yaml), *extra, *taken, "--emit", "json"])
+        found = refused_findings(jd["stdout"])
+        second = _enable([str(raw_yaml), *extra, *taken, "-o", str(out_yaml)])
         rec["decided"] = {
-            "args": decisions,
+            "args": list(taken),
             "rc": second["rc"],
             "stdout": second["stdout"][-4000:],
             "stderr": second["stderr"][-2000:],
         }
+        if found is not None:
+            rec["decided"]["refused_rules"] = sorted({str(f["rule"]) for f in found})
     rec["output"] = out_yaml.exists()
     return rec
 
@@ -818,6 +869,24 @@ def process_recipe(
                 raise
             except Exception as exc:  # noqa: BLE001
                 v["enabled_overrides"] = exc_record(exc)
+    if nw and nw != w and doc is not None:
+        # the GPU count the recipe's name states, given to enable as a user would (--gpus): enable's DP arithmetic
+        # at that world, judged by Bridge at that world
+        named = work / f"{stem}.enabled_named.yaml"
+        rec["enable_named"] = run_enable(
+            enable_input, named, out / "enable" / f"{stem}.named.json", ("--gpus", str(nw))
+        )
+        rec["enable_named"]["world"] = nw
+        if named.exists():
+            try:
+                changes = changed_keys(doc, yaml.safe_load(named.read_text()))
+                rec["enable_named"]["changed"] = {k: [_clip(a), _clip(b)] for k, (a, b) in changes.items()}
+                mutate = _overrides(changes)
+                v["enabled_overrides_named"] = verdicts.run(fresh, nw, _pretrained(mutate) if peft else mutate)
+            except RecipeTimeout:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                v["enabled_overrides_named"] = exc_record(exc)
     shutil.rmtree(work, ignore_errors=True)
     return rec
 
@@ -1265,8 +1334,9 @@ def lean_verdict(rec: dict) -> dict:
             run["decided"] = cut(run["decided"])
         return run
 
-    if isinstance(rec.get("enable"), dict):
-        rec["enable"] = cut(rec["enable"])
+    for key in ("enable", "enable_named"):
+        if isinstance(rec.get(key), dict):
+            rec[key] = cut(rec[key])
     return rec
 
 

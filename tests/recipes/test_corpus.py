@@ -9,7 +9,7 @@ one line) and asserts:
 * no traceback, exit codes from the documented set, JSON where JSON was asked for;
 * ``check``'s errors agree with Bridge's recorded verdict with Megatron FSDP on: where Bridge accepted, no
   validate-stage error; where Bridge's message is one a rule quotes, that rule fires; a rejection no rule quotes
-  must be classified in ``NOT_OURS`` (a small, reviewed table: environment, world size, recipe or user input);
+  must be classified in ``NOT_OURS`` (a small, reviewed table: environment, recipe or user input);
 * what only fails at model wrap: every recipe with pipeline parallelism gets an error from ``check`` once Megatron
   FSDP is on (``wrap_failures.json``: validate() passed, wrapping failed in megatron-core's FSDP adapter);
 * ``enable`` keeps ``checkpoint.load``; it either writes a config or refuses, listing the errors that need the
@@ -29,6 +29,7 @@ import functools
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ from mfsdp_lib.rules import differential
 CORPUS = FIXTURES / "recipes"
 VERDICTS = CORPUS / "verdicts.jsonl"
 WRAP_FAILURES = CORPUS / "wrap_failures.json"
-# A corpus smaller than this is a broken recording (the recorded run built 193 of 299 recipe functions).
+# A corpus smaller than this is a broken recording (the recorded run built 208 of 299 recipe functions).
 MIN_RECIPES = 150
 MIN_FAMILIES = 10
 # The five Megatron FSDP settings, exactly as the recording applied them (checkpoint.load kept).
@@ -57,13 +58,49 @@ FSDP = (
 PRETRAINED = "checkpoint.pretrained_checkpoint=/workspace/pretrained_checkpoint"
 PP_RULE = "MFSDP-PIPELINE-PARALLEL"
 PEFT_RULE = "MFSDP-PEFT-NEEDS-PRETRAINED"
-# Errors enable may refuse on: each needs a choice only the user can make.
+TRAIN_BATCH_RULE = "MFSDP-TRAIN-BATCH-DP"
+EVAL_BATCH_RULE = "MFSDP-EVAL-BATCH-DP"
+
+
+def _first_fix(finding: dict) -> list[str]:
+    """The nearest valid batch a batch-size finding names first (``train.global_batch_size=64, or ...``)."""
+    m = re.match(r"^([A-Za-z_][\w.]*=\d+)\b", finding["fix"])
+    assert m, f"{finding['rule']}: its fix names no value: {finding['fix']!r}"
+    return [m.group(1)]
+
+
+# Errors enable may refuse on: each needs a choice only the user can make. Where the user can give it on the command
+# line: the arguments a user would pass, from the refusing finding (the same decisions the recording took).
 DECISIONS = {
-    PP_RULE: ["--set-pp-1"],
-    PEFT_RULE: [PRETRAINED],
+    PP_RULE: lambda f: ["--set-pp-1"],
+    PEFT_RULE: lambda f: [PRETRAINED],
+    TRAIN_BATCH_RULE: _first_fix,  # with PP=1 on the same GPUs DP grows: the nearest valid training batch
+    EVAL_BATCH_RULE: lambda f: ["--fit-eval-batch"],
     "MFSDP-OPTIMIZER-UNSUPPORTED": None,  # Muon: another optimizer, or no Megatron FSDP
     "MFSDP-MOE-OVERLAP-CUDA-GRAPH": None,  # CUDA graphs or the expert-parallel overlap
 }
+DECISION_ROUNDS = 3  # a decision can reveal the next (PP=1 makes the batch too small for the grown DP)
+
+
+def decide(findings: list[dict], taken: list[str]) -> list[str] | None:
+    """The arguments deciding every refusing finding (None: one needs a decision no argument gives)."""
+    errors = [f for f in findings if f["severity"] == "error"]
+    rules_found = {f["rule"] for f in errors}
+    out: list[str] = []
+    for f in sorted(errors, key=lambda f: f["rule"]):
+        if f["rule"] == EVAL_BATCH_RULE and TRAIN_BATCH_RULE in rules_found:
+            continue  # the eval batch follows the training one
+        if f["rule"] in (TRAIN_BATCH_RULE, EVAL_BATCH_RULE) and PP_RULE in rules_found:
+            continue  # judged at the pipeline layout: decided once PP=1 has set the data-parallel size
+        how = DECISIONS.get(f["rule"])
+        if how is None:
+            return None
+        for arg in how(f):
+            if arg not in out and arg.split("=", 1)[0] not in {t.split("=", 1)[0] for t in taken}:
+                out.append(arg)
+    return out
+
+
 EXIT_OK, EXIT_ERRORS = 0, 1  # mfsdp.py: 0 ok, 1 findings of error severity / enable refused, 2 unusable input
 
 # Bridge rejections no rule of ours quotes, each classified with the reason check cannot or need not report it.
@@ -74,11 +111,6 @@ NOT_OURS = {
         "environment",
         "the recording machine lacks the fused DSA kernel packages (dsa_kernel_backend=cudnn); where they are "
         "installed, validate() goes on. Not a Megatron FSDP matter and not visible in a config file.",
-    ),
-    ("megatron/bridge/training/config.py:1335", "eval_global_batch_size"): (
-        "world size",
-        "depends on the data-parallel size of the launch (recorded at the smallest world the layout allows); a "
-        "config file does not hold the world size.",
     ),
     ("megatron/core/transformer/transformer_config.py:1779", "recompute_modules: {'mhc'}"): (
         "recipe",
@@ -98,25 +130,6 @@ NOT_OURS = {
         "user input",
         "the vanilla GPT recipe leaves the model shape (num_attention_heads) to the user.",
     ),
-}
-
-
-# Recipes where Bridge rejects what `enable --set-pp-1` wrote (recorded): with PP=1 on the same GPUs the data-parallel
-# size grows, and the recipe's eval batch no longer divides by it. enable warns (it cannot know the job's world size);
-# the batch sizes are the user's decision. Strict: an entry fails loudly once enable handles it and the corpus is
-# re-recorded.
-_EVAL_DP = (
-    "enable --set-pp-1 multiplies data parallelism at the same world size: eval_global_batch_size is no longer "
-    "divisible by eval_micro_batch_size * DP (megatron/bridge/training/config.py:1335); enable should say so or "
-    "adjust it"
-)
-ENABLE_PP1_DEFECTS = {
-    "nemotron_3_super_sft_16gpu_h100_bf16_32k_config": _EVAL_DP,
-    "nemotron_3_ultra_sft_192gpu_h100_bf16_openmathinstruct2_packed_config": _EVAL_DP,
-    "qwen35_vl_122b_a10b_pretrain_128gpu_h100_bf16_mock_config": _EVAL_DP,
-    "qwen35_vl_397b_a17b_pretrain_512gpu_h100_bf16_mock_config": _EVAL_DP,
-    "qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16_config": _EVAL_DP,
-    "qwen3_vl_235b_a22b_pretrain_256gpu_h100_bf16_mock_config": _EVAL_DP,
 }
 
 
@@ -280,7 +293,7 @@ def test_not_ours_table_is_used_and_explained():
                 used.add(key)
     assert used == set(NOT_OURS), f"entries that classify nothing: {sorted(set(NOT_OURS) - used)}"
     for category, reason in NOT_OURS.values():
-        assert category in {"environment", "world size", "recipe", "user input"} and len(reason) > 40
+        assert category in {"environment", "recipe", "user input"} and len(reason) > 40
 
 
 def test_wrap_failure_evidence_matches_the_pipeline_rule():
@@ -408,13 +421,26 @@ def test_enable_gives_a_config_that_keeps_load_or_refuses_for_a_decision(rec):
         assert written.get("checkpoint.load") == source.get("checkpoint.load")
         assert written.get("ddp.use_megatron_fsdp") is True
         assert int(written.get("model.pipeline_model_parallel_size") or 1) == 1  # PP>1 fails at wrap: never emitted
-    # with the decisions a user can give on the command line, enable gives a config
-    if written is None and all(DECISIONS.get(b) for b in blockers):
-        decided = [arg for rule_id in sorted(blockers) for arg in (DECISIONS[rule_id] or [])]
-        res2, written2 = enable_yaml(path, *decided)
-        assert written2 is not None, res2.err[-1000:]
-        assert written2.get("checkpoint.load") == source.get("checkpoint.load")
-        assert int(written2.get("model.pipeline_model_parallel_size") or 1) == 1
+    # with the decisions a user can give on the command line, enable gives a config (or refuses for a choice no
+    # argument makes); a decision can reveal the next: PP=1 multiplies DP, and the batch may no longer divide
+    taken: list[str] = []
+    findings = enable_json(path).json()["findings"]
+    for _ in range(DECISION_ROUNDS):
+        more = decide(findings, taken) if written is None else None
+        if not more:
+            break
+        taken += more
+        res, written = enable_yaml(path, *taken)
+        findings = enable_json(path, *taken).json()["findings"]
+        if written is None:  # refused again: for the next decision, named
+            blockers = {f["rule"] for f in findings if f["severity"] == "error"}
+            assert "refused" in res.err and blockers <= set(DECISIONS), (taken, sorted(blockers), res.err[-800:])
+            assert all(rule_id in res.err for rule_id in blockers)
+    if written is None:  # what is left needs a choice no command-line argument makes
+        assert decide(findings, taken) is None, (taken, res.err[-1000:])
+    elif taken:
+        assert written.get("checkpoint.load") == source.get("checkpoint.load")
+        assert int(written.get("model.pipeline_model_parallel_size") or 1) == 1
 
 
 @pytest.mark.parametrize(
@@ -454,8 +480,6 @@ def _same_keys(recorded: dict, now: dict) -> bool:
 
 
 def _verdict_marks(rec: dict):
-    if rec["recipe"] in ENABLE_PP1_DEFECTS:
-        return pytest.mark.xfail(reason=ENABLE_PP1_DEFECTS[rec["recipe"]], strict=True)
     if _peft_rejected(rec):
         return _needs(PEFT_RULE, "enable refuses PEFT without a base model, config.py:1488")
     return ()
@@ -492,4 +516,49 @@ def test_recorded_verdict_of_enables_output_is_valid_or_enable_refused(rec):
         assert key is not None and key == _not_ours_key(before), (
             f"Bridge rejected enable's output: {verdict.get('error_type')} at {verdict.get('where')}: "
             f"{str(verdict.get('error'))[:300]}"
+        )
+
+
+# --------------------------------------------------------------------------- at the GPU count the recipe's name states
+
+
+def _named(rec: dict) -> int | None:
+    m = re.search(r"_(\d+)gpu_", rec["recipe"] + "_")
+    return int(m.group(1)) if m else None
+
+
+NAMED = [r for r in RECORDS if _named(r) and _named(r) != (r.get("worlds") or {}).get("world_min")]
+
+
+@pytest.mark.parametrize("rec", [pytest.param(r, id=r["recipe"]) for r in NAMED])
+def test_enable_with_the_named_gpu_count_is_what_bridge_accepts_there(rec):
+    """Recipes whose name states a GPU count other than the smallest world of their layout (qwen3_vl_235b_a22b
+    ..._256gpu_: 512 as shipped, PP 16): ``enable --gpus <count>`` judges DP there, and the recording asked Bridge
+    at that world about what it wrote (enabled_overrides_named)."""
+    recorded = rec.get("enable_named")
+    assert recorded, (
+        f"{rec['recipe']}: no enable --gpus {_named(rec)} run recorded; record the corpus again with "
+        "tests/recipes/gen_corpus.py --corpus tests/fixtures/recipes/yaml on a GPU machine (README)"
+    )
+    path = _yaml(rec)
+    args = ["--gpus", str(_named(rec))]
+    decided = (recorded.get("decided") or {}).get("args") or []
+    decided = [PRETRAINED if a.startswith("checkpoint.pretrained_checkpoint=") else a for a in decided]
+    _, written = enable_yaml(path, *args, *decided)
+    if written is None:  # refused at that world, even with the decisions a user takes
+        assert not recorded.get("output"), f"{rec['recipe']}: enable refuses now but wrote a config when recorded"
+        return
+    source = source_of(path)
+    now = {k for k in set(source) | set(written) if source.get(k) != written.get(k)}
+    assert _same_keys(recorded.get("changed", {}), dict.fromkeys(now)), (
+        sorted(recorded.get("changed", {})),
+        sorted(now),
+    )
+    verdict = rec["verdicts"].get("enabled_overrides_named")
+    assert verdict is not None and verdict.get("world") == _named(rec), verdict
+    if not verdict.get("ok"):  # only a classified cause that has nothing to do with the world or Megatron FSDP
+        key = _not_ours_key(verdict)
+        assert key is not None and NOT_OURS[key][0] in ("environment", "recipe"), (
+            f"Bridge rejected enable --gpus {_named(rec)}'s output at that world: {verdict.get('error_type')} at "
+            f"{verdict.get('where')}: {str(verdict.get('error'))[:300]}"
         )

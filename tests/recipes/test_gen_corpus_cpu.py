@@ -572,3 +572,24 @@ def test_install_copies_a_run_lean(tmp_path):
     assert json.loads((into / "run.json").read_text()) == {"corpus": True}  # no machine folders
     with pytest.raises(FileNotFoundError):
         gc.install(tmp_path / "nothing", into)
+
+
+def test_decisions_follow_enables_refusals_round_by_round():
+    """PP first (it sets DP); then the training batch enable names as the nearest valid one; never a key twice."""
+    pp = {"rule": "MFSDP-PIPELINE-PARALLEL", "fix": "model.pipeline_model_parallel_size=1 and ..."}
+    train = {"rule": "MFSDP-TRAIN-BATCH-DP", "fix": "train.global_batch_size=64, or train.micro_batch_size=1 (...)"}
+    evalf = {"rule": "MFSDP-EVAL-BATCH-DP", "fix": "validation.eval_global_batch_size=64 (the nearest ...)"}
+    assert gc.decisions_for([pp, train, evalf], []) == ["--set-pp-1"]  # the batch is judged again at PP 1
+    assert gc.decisions_for([train, evalf], ["--set-pp-1"]) == ["train.global_batch_size=64"]  # eval follows it
+    assert gc.decisions_for([evalf], ["--set-pp-1"]) == ["--fit-eval-batch"]
+    assert gc.decisions_for([train], ["train.global_batch_size=64"]) == []  # decided already: stays refused
+    assert gc.decisions_for([{"rule": "MFSDP-OPTIMIZER-UNSUPPORTED", "fix": "x"}], []) == []
+
+
+def test_run_enable_takes_the_batch_decision_after_pp1(tmp_path):
+    """The real enable on a corpus recipe: PP 4 -> 1 makes DP 32 at its 32 GPUs; 32 / (2 x 32) does not divide."""
+    src = HERE.parent / "fixtures" / "recipes" / "yaml" / "qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16.yaml"
+    rec = gc.run_enable(src, tmp_path / "out.yaml", tmp_path / "out.json")
+    assert rec["refused_rules"] == ["MFSDP-PIPELINE-PARALLEL"]
+    assert rec["decided"]["args"] == ["--set-pp-1", "train.global_batch_size=64"] and rec["decided"]["rc"] == 0
+    assert rec["output"] and (tmp_path / "out.yaml").is_file()

@@ -48,6 +48,8 @@ DECISIONS = {
     "MFSDP-CPU-OFFLOAD-CUDA-GRAPH",
     "MFSDP-CPU-OFFLOAD-FINE-GRAINED",
     "MFSDP-FINE-GRAINED-OFFLOAD-ENV",
+    "MFSDP-TRAIN-BATCH-DP",  # the batch sizes at the world size: the user's (the training batch changes the run)
+    "MFSDP-EVAL-BATCH-DP",
 }
 
 
@@ -56,7 +58,6 @@ DECISIONS = {
 NOT_FSDP = {
     "PEFT requires a pretrained checkpoint path": "covered by MFSDP-PEFT-NEEDS-PRETRAINED when it comes first",
     "dsa_kernel_backend=cudnn requires fused DSA kernels": "packages missing on the recording machine",
-    "eval_global_batch_size": "the eval batch does not divide micro x DP at the world used (after --set-pp-1 too: DP grows, enable says so)",
     "Invalid choices for recompute_modules: {'mhc'}": "DeepSeek-V4 recipe names a module this megatron-core lacks",
     "Please ensure sequence length configuration in model config and dataset config match": "recipe's own mismatch",
     "EnergonDatasetConfig.path must be set": "the user must give the dataset path",
@@ -204,10 +205,23 @@ def test_enabled_yaml_as_written_passes_check_after_the_users_decisions(rec):
         key, value = config_io.parse_override(USER_CHOICES[rule])
         changes.append(enable.Change(key, config_io.get(cfg, key), value, "the user's choice"))
         config_io.set_path(cfg, key, value)
-    changes += enable.plan(cfg, set_pp1="MFSDP-PIPELINE-PARALLEL" in first)
+    given = config_io.merge_file(config_io.base_config(None), data, str(path))
+    planned = enable.plan(cfg, set_pp1="MFSDP-PIPELINE-PARALLEL" in first, given=given)
+    world = enable.job_world(given, enable.apply(cfg, planned))
+    # the batch no longer divides by micro-batch x DP at that world (PP=1 grew DP): the user picks the nearest
+    # valid training batch enable names (the eval batch follows it)
+    batch = [
+        f for f in rules.evaluate(enable.apply(cfg, planned), {}, None, *world) if f.rule == "MFSDP-TRAIN-BATCH-DP"
+    ]
+    if batch:
+        key, value = config_io.parse_override(batch[0].fix.split(",")[0].split(" ")[0])
+        changes.append(enable.Change(key, config_io.get(cfg, key), value, "the user's choice"))
+        config_io.set_path(cfg, key, value)
+        planned = enable.plan(cfg, set_pp1="MFSDP-PIPELINE-PARALLEL" in first, given=given)
+    changes += planned
     body, _ = enable.yaml_edit(text, data, changes)
     reread = config_io.merge_file(config_io.base_config(None), config_io.parse_yaml(body, "result"), "result")
-    left = _errors(rules.evaluate(reread, {}, None))
+    left = _errors(rules.evaluate(reread, {}, None, *world))
     assert left <= STAYS_REFUSED, sorted(left)
     assert config_io.get(reread, "checkpoint.load") == config_io.get(cfg, "checkpoint.load")
 

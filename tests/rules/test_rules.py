@@ -29,8 +29,21 @@ MC = rules.MAX_CONN
 MOE = ["model.num_moe_experts=8", "model.expert_model_parallel_size=2", "comm_overlap.tp_comm_overlap=false"]
 LORA = ["peft={_target_: megatron.bridge.peft.lora.LoRA, dim: 8}"]
 
-# rule -> ((trigger overrides, trigger env), (near-miss overrides, near-miss env))
+# rule -> ((trigger overrides, trigger env), (near-miss overrides, near-miss env)); "@world" in env: the world size
 CASES = {
+    # the base has CP=2: its smallest world is 2 GPUs, DP 1; at 8 GPUs DP is 4
+    "MFSDP-TRAIN-BATCH-DP": (
+        (["train.global_batch_size=6", "train.micro_batch_size=2"], {"@world": 8}),
+        (["train.global_batch_size=8", "train.micro_batch_size=2"], {"@world": 8}),
+    ),
+    "MFSDP-EVAL-BATCH-DP": (
+        (["validation.eval_global_batch_size=3", "validation.eval_micro_batch_size=2"], {}),
+        (["validation.eval_global_batch_size=4", "validation.eval_micro_batch_size=2"], {}),
+    ),
+    "MFSDP-WORLD-LAYOUT": (
+        (["model.tensor_model_parallel_size=2"], {"@world": 6}),
+        (["model.tensor_model_parallel_size=2"], {"@world": 8}),
+    ),
     "MFSDP-FSDP2-EXCLUSIVE": (
         (["dist.use_torch_fsdp2=true"], {}),
         (["dist.use_megatron_fsdp=false", "dist.use_torch_fsdp2=true"], {}),
@@ -290,8 +303,9 @@ CASES = {
 def _ids(overrides, env):
     env = dict(env)
     arch = env.pop("@arch", None)
+    world = env.pop("@world", None)  # the job's world size, when the case gives one (enable --gpus)
     cfg = config_io.load_effective(None, BASE + list(overrides))
-    return [f.rule for f in rules.evaluate(cfg, env, arch)]
+    return [f.rule for f in rules.evaluate(cfg, env, arch, world)]
 
 
 def test_every_rule_has_a_case():
@@ -413,3 +427,46 @@ def test_model_config_with_nested_transformer_is_read(tmp_path):
     )
     cfg = config_io.load_effective(str(p), BASE)
     assert "MFSDP-PIPELINE-PARALLEL" in [f.rule for f in rules.evaluate(cfg, {})]
+
+
+def test_batch_rules_compute_dp_as_bridge_does():
+    """DP = world / (TP x PP x CP); at the smallest world of the layout when no world is given; the fixes name the
+    nearest valid values, and decrease_batch_size_if_needed only needs one micro-batch per rank."""
+    cfg = config_io.load_effective(None, BASE + ["train.global_batch_size=36", "train.micro_batch_size=4"])
+    found = {f.rule: f for f in rules.evaluate(cfg, {}, None, 48, "given with --gpus")}
+    train = found["MFSDP-TRAIN-BATCH-DP"]  # DP = 48 / (1 x 1 x 2) = 24: 4 x 24 = 96
+    assert "4 x data-parallel size 24 = 96 at 48 GPUs" in train.message
+    assert train.fix.startswith("train.global_batch_size=0") is False and "train.global_batch_size=96" in train.fix
+    evalf = found["MFSDP-EVAL-BATCH-DP"]
+    assert "unset: it follows train.global_batch_size" in evalf.message
+    assert evalf.fix.startswith("validation.eval_global_batch_size=0") is False
+    # at the smallest world (2 GPUs, DP 1): 36 divides by 4
+    assert not {"MFSDP-TRAIN-BATCH-DP", "MFSDP-EVAL-BATCH-DP"} & {f.rule for f in rules.evaluate(cfg, {}, None)}
+    cfg = config_io.load_effective(None, BASE + ["train.global_batch_size=100", "train.micro_batch_size=1"])
+    fix = next(f.fix for f in rules.evaluate(cfg, {}, None, 48) if f.rule == "MFSDP-TRAIN-BATCH-DP")
+    assert fix.startswith("train.global_batch_size=96 (or 120)")  # DP 24: 96 is nearer than 120
+    cfg = config_io.load_effective(
+        None,
+        BASE + ["train.global_batch_size=100", "train.micro_batch_size=1", "train.decrease_batch_size_if_needed=true"],
+    )
+    assert "MFSDP-TRAIN-BATCH-DP" not in {f.rule for f in rules.evaluate(cfg, {}, None, 48)}
+    assert "MFSDP-TRAIN-BATCH-DP" in {f.rule for f in rules.evaluate(cfg, {}, None, 400)}  # DP 200 > 100
+
+
+def test_batch_rules_use_the_expert_layout_for_the_smallest_world():
+    """ETP x EP x PP divides the world too (megatron-core); ETP unset means TP."""
+    cfg = config_io.load_effective(
+        None,
+        BASE
+        + MOE
+        + [
+            "model.tensor_model_parallel_size=2",
+            "model.expert_model_parallel_size=4",
+            "model.context_parallel_size=1",
+            "train.global_batch_size=2",
+            "train.micro_batch_size=1",
+        ],
+    )
+    # smallest world: lcm(TP 2, ETP 2 x EP 4) = 8, DP = 8 / 2 = 4 > 2
+    found = {f.rule: f for f in rules.evaluate(cfg, {}, None)}
+    assert "data-parallel size 4 = 4 at 8 GPUs" in found["MFSDP-TRAIN-BATCH-DP"].message

@@ -48,6 +48,18 @@ enable never emits a config that cannot start. When an error remains that needs 
 --set-pp-1 to set PP=1 (more TP or data parallelism absorbs the stages; check memory with
 'mfsdp.py memory'), or keep the distributed optimizer without Megatron FSDP.
 
+Batch sizes follow the world size: data parallelism is DP = GPUs / (TP x PP x CP), as Bridge
+computes it, so PP=1 on the same GPUs multiplies DP, and train.global_batch_size (and the eval
+batch, which defaults to it) must stay a multiple of micro_batch_size x DP, or the job cannot
+start. A config file does not say how many GPUs the job has: give it with --gpus N. Without it,
+enable judges at the smallest world the config's layout allows (a batch that does not divide
+there divides at no world the job can use) and says so. When a batch does not divide, enable
+refuses and names the field, the numbers and the nearest valid values: pass your choice as
+KEY=VALUE (e.g. train.global_batch_size=64), or --fit-eval-batch to let enable set
+validation.eval_global_batch_size to the nearest valid value (validation.eval_iters scaled to
+keep the samples evaluated; both listed as changes). The training batch is never changed
+without your KEY=VALUE: it changes the optimisation.
+
 The result is checked with the same rule table as 'mfsdp.py check'.
 
 CONFIG is a run_config.yaml, a partial override file, or nothing (the embedded Llama 3
@@ -70,6 +82,10 @@ examples:
   mfsdp.py enable --recipe vanilla_gpt_pretrain_config model.num_layers=2 model.hidden_size=256 model.num_attention_heads=4
 
   mfsdp.py enable pp4_recipe.yaml --set-pp-1 -o fsdp.yaml   # PP 4 -> 1, said in the change list
+  mfsdp.py enable pp4_recipe.yaml --set-pp-1 --gpus 64 -o fsdp.yaml
+        # the job's 64 GPUs: DP = 64 / (TP x CP); batch sizes checked at that DP
+  mfsdp.py enable pp4_recipe.yaml --set-pp-1 --gpus 64 train.global_batch_size=128 --fit-eval-batch
+        # the training batch you chose; the eval batch moved to the nearest valid value
 
 exit codes: 0 result passes check (written / printed), 1 refused: errors remain that need a
 decision (listed; nothing written), 2 unusable input (or --recipe where Megatron-Bridge is
@@ -110,12 +126,38 @@ def configure(parser) -> None:
         help="set model.pipeline_model_parallel_size=1 (and drop pipeline-only layout keys) instead of "
         "refusing a PP > 1 config; each GPU then holds every layer's shard",
     )
+    parser.add_argument(
+        "--gpus",
+        type=_positive_int,
+        metavar="N",
+        help="the job's world size (number of GPUs): the batch sizes are checked against micro-batch x DP "
+        "with DP = N / (TP x PP x CP), as Bridge computes it (default: the smallest world the config's layout "
+        "allows, where a batch that does not divide divides at no world)",
+    )
+    parser.add_argument(
+        "--fit-eval-batch",
+        action="store_true",
+        help="when validation.eval_global_batch_size is not a multiple of eval micro-batch x DP, set it to the "
+        "nearest one and scale validation.eval_iters to keep the samples evaluated (listed as changes)",
+    )
     add_env_arguments(parser)
     parser.add_argument(
         "--recipe", metavar="NAME", help="live mode: build Bridge's recipe NAME (needs megatron-bridge installed)"
     )
     add_base_argument(parser)
     allow_intermixed(parser)
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 GPU, got {value}")
+    return value
 
 
 def _bridge_installed() -> str | None:
@@ -138,7 +180,7 @@ def _report(changes, out) -> None:
         out.write(f"  {c.path}: {rules.fmt(c.old)} -> {rules.fmt(c.new)}\n      why: {c.why}\n")
 
 
-def _refuse(changes, findings, blockers, out) -> None:
+def _refuse(changes, findings, blockers, out, world=None) -> None:
     """No config is emitted: say why, what would have changed, and what to decide."""
     out.write(
         f"enable refused: {len(blockers)} error(s) remain that need your decision; nothing was written. "
@@ -148,6 +190,16 @@ def _refuse(changes, findings, blockers, out) -> None:
         out.write(
             "  pipeline parallelism: pass --set-pp-1 to set model.pipeline_model_parallel_size=1 "
             "(then check memory with 'mfsdp.py memory'), or keep the distributed optimizer without Megatron FSDP\n"
+        )
+    batch = sorted({f.rule for f in blockers} & {"MFSDP-TRAIN-BATCH-DP", "MFSDP-EVAL-BATCH-DP"})
+    if batch and world is not None:
+        size, how = world
+        out.write(
+            f"  batch sizes ({', '.join(batch)}): judged at {size} GPUs ({how}). Data parallelism is "
+            "world / (TP x PP x CP), so the world size decides: give the job's GPU count with --gpus N; "
+            "choose the batch sizes yourself as KEY=VALUE (the fixes below name the nearest valid values); "
+            "or, for evaluation only, --fit-eval-batch sets validation.eval_global_batch_size to the nearest "
+            "valid value and scales validation.eval_iters\n"
         )
     render_text([f for f in findings if f.severity != "info"], header="check of the result:", out=out)
     if changes:
@@ -196,12 +248,21 @@ def run(args) -> int:
         user_changes.append(enable.Change(p, old, config_io.get(eff, p), "given on the command line"))
 
     changes = user_changes + enable.plan(
-        eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env, set_pp1=args.set_pp1
+        eff,
+        strategy=args.strategy,
+        save_dir=args.save_dir,
+        perf=args.perf,
+        env=env,
+        set_pp1=args.set_pp1,
+        gpus=args.gpus,
+        fit_eval_batch=args.fit_eval_batch,
     )
     changes = [c for c in changes if not enable._same(c.old, c.new)]
-    notes = enable.advice(base, changes)
     result = enable.apply(base, changes)
-    findings = rules.evaluate(result, env, None)
+    # the world: --gpus, else the smallest that both the config as given (with the user's KEY=VALUE) and the result fit
+    world = enable.job_world(eff, result, args.gpus)
+    notes = enable.advice(base, changes, args.gpus, world)
+    findings = rules.evaluate(result, env, None, *world)
     ok = not has_errors(findings)
 
     in_place_edit = True
@@ -209,7 +270,7 @@ def run(args) -> int:
         body, in_place_edit = enable.yaml_edit(text, data, changes)
         # the written text, re-read through the loader, must give the same verdict
         reread = config_io.merge_file(config_io.base_config(args.base), config_io.parse_yaml(body, "result"), "result")
-        findings = rules.evaluate(reread, env, None)
+        findings = rules.evaluate(reread, env, None, *world)
         ok = not has_errors(findings)
     elif args.emit == "python":
         body = enable.render_python(changes)
@@ -227,6 +288,7 @@ def run(args) -> int:
                     "findings": [f.to_dict() for f in sort_findings(findings)],
                     "refused": not ok,
                     "notes": notes,
+                    "world": {"size": world[0], "given": args.gpus is not None, "how": world[1]},
                 },
                 indent=2,
             )
@@ -235,7 +297,7 @@ def run(args) -> int:
 
     blockers = enable.blocking(findings)
     if blockers and args.emit != "json":
-        _refuse(changes, findings, blockers, sys.stderr)
+        _refuse(changes, findings, blockers, sys.stderr, world)
         return 1
     target = path if args.in_place else args.output
     if args.in_place and body == text:  # nothing to change: no rewrite, no backup piling up per run
@@ -387,14 +449,33 @@ def _live_verdicts(args, version, overrides, env):
         cfg_obj.to_yaml(dump)
         eff = config_io.load_effective(dump)
     changes = enable.plan(
-        eff, strategy=args.strategy, save_dir=args.save_dir, perf=args.perf, env=env, set_pp1=args.set_pp1
+        eff,
+        strategy=args.strategy,
+        save_dir=args.save_dir,
+        perf=args.perf,
+        env=env,
+        set_pp1=args.set_pp1,
+        gpus=args.gpus,
+        fit_eval_batch=args.fit_eval_batch,
     )
     enable.apply_to_object(cfg_obj, enable.overrides_of(changes))
-    ours = rules.evaluate(enable.apply(eff, changes), env, None)
+    result = enable.apply(eff, changes)
+    world = enable.job_world(eff, result, args.gpus)
+    ours = rules.evaluate(result, env, None, *world)
     bridge_error = None
+    # Without a process group Bridge reads the world size from WORLD_SIZE (1 when unset): judge it at the world our
+    # rules used (--gpus, or the smallest the layout allows), unless the caller's launcher already set one.
+    saved = os.environ.get("WORLD_SIZE")
+    if args.gpus is not None or saved is None:
+        os.environ["WORLD_SIZE"] = str(world[0])
     try:
         # The real path a training job takes: env_vars with setdefault, mixed precision, DP size, validate().
         runtime_config_update(cfg_obj)
     except Exception as exc:
         bridge_error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if saved is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = saved
     return changes, ours, bridge_error

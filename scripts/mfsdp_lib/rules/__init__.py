@@ -30,12 +30,16 @@ from .context import (
     MAX_CONN,
     PRE_BLACKWELL_ARCHS,
     Eff,
+    data_parallel,
+    eval_batch_problem,
     fmt,
+    min_world,
     moe_ep_overlap,
     normalize_arch,
     pp_size,
     raw_get,
     resolve_mixed_precision,
+    train_batch_problem,
 )
 from .model import SEVERITIES, STAGES, Rule
 
@@ -129,6 +133,10 @@ __all__ = [
     "coverage_text",
     "Eff",
     "Rule",
+    "data_parallel",
+    "eval_batch_problem",
+    "min_world",
+    "train_batch_problem",
     "evaluate",
     "fmt",
     "moe_ep_overlap",
@@ -139,9 +147,19 @@ __all__ = [
 ]
 
 
-def evaluate(cfg: Mapping, env: Mapping[str, str], gpu_arch: str | None = None) -> list[Finding]:
-    """Every finding for an effective config (``config_io.load_effective``) and environment."""
-    e = Eff(cfg, env, gpu_arch)
+def evaluate(
+    cfg: Mapping,
+    env: Mapping[str, str],
+    gpu_arch: str | None = None,
+    world: int | None = None,
+    world_how: str | None = None,
+) -> list[Finding]:
+    """Every finding for an effective config (``config_io.load_effective``) and environment.
+
+    ``world``: the job's world size when known (``world_how`` says where it came from, for the messages);
+    without it the batch-size rules judge at the smallest world the layout allows.
+    """
+    e = Eff(cfg, env, gpu_arch, world, world_how)
     found = []
     for r in RULES:
         try:

@@ -8,6 +8,7 @@ wrote them (YAML spelling) and name the source files the rules cite.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -71,12 +72,25 @@ class Eff:
       fields overwrite same-named fields of ``ddp``/``optimizer``/``model``
       (``MixedPrecisionConfig.setup`` -> ``update_config_with_precision_overrides``),
       and ``origin(path)`` reports the ``mixed_precision.*`` key as the one to change.
+    * ``world``: the job's world size (number of GPUs) when the caller knows it, with ``world_how``
+      saying where it came from; unknown (None), the rules that need it use the smallest world the
+      layout allows (``world_size``), where a divisibility failure is certain: it repeats at every
+      multiple, and every world the layout runs on is one.
     """
 
-    __slots__ = ("cfg", "env", "env_from_config", "gpu_arch", "mp", "_mp_paths")
+    __slots__ = ("cfg", "env", "env_from_config", "gpu_arch", "mp", "_mp_paths", "world", "world_how")
 
-    def __init__(self, cfg: Mapping, env: Mapping[str, str], gpu_arch: str | None):
+    def __init__(
+        self,
+        cfg: Mapping,
+        env: Mapping[str, str],
+        gpu_arch: str | None,
+        world: int | None = None,
+        world_how: str | None = None,
+    ):
         self.cfg = cfg
+        self.world = world
+        self.world_how = world_how
         self.gpu_arch = normalize_arch(gpu_arch)
         merged = dict(env)
         self.env_from_config = set()  # names whose value came from the config's env_vars
@@ -113,6 +127,13 @@ class Eff:
     def ckpt_io(self) -> bool:
         """Bridge's guard 'only check if saving or loading'."""
         return self.get("checkpoint.save") is not None or self.get("checkpoint.load") is not None
+
+    @property
+    def world_size(self) -> tuple[int, str]:
+        """(world size the batch rules judge at, how it was found)."""
+        if self.world is not None:
+            return self.world, self.world_how or "the job's world size"
+        return min_world(self), MIN_WORLD_HOW
 
     @property
     def dist_opt(self) -> bool:
@@ -257,6 +278,138 @@ def moe_ep_overlap(e: Eff) -> bool:
 
 def pp_size(e: Eff) -> int:
     return as_int(e.get("model.pipeline_model_parallel_size"), 1)
+
+
+# --------------------------------------------------------------------------- world size, data parallelism, batches
+
+MIN_WORLD_HOW = "the smallest world this layout allows, so at every world it can run on"
+
+
+def layout(e: Eff) -> dict[str, int]:
+    """TP, PP, CP, EP and ETP (None: TP, as megatron-core's initialize_model_parallel does), each at least 1."""
+    lay = {
+        k: max(1, as_int(e.get(f"model.{f}"), 1))
+        for k, f in (
+            ("tp", "tensor_model_parallel_size"),
+            ("pp", "pipeline_model_parallel_size"),
+            ("cp", "context_parallel_size"),
+            ("ep", "expert_model_parallel_size"),
+        )
+    }
+    etp = e.get("model.expert_tensor_parallel_size")
+    lay["etp"] = max(1, etp) if isinstance(etp, int) and not isinstance(etp, bool) else lay["tp"]
+    return lay
+
+
+def min_world(e: Eff) -> int:
+    """The smallest world size megatron-core accepts for the layout: TP x PP x CP (Bridge's
+    get_data_parallel_size) and ETP x EP x PP (parallel_state.initialize_model_parallel) both divide it."""
+    lay = layout(e)
+    return math.lcm(lay["tp"] * lay["pp"] * lay["cp"], lay["etp"] * lay["ep"] * lay["pp"])
+
+
+def _pos_int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _dist_train(e: Eff) -> bool:
+    """VLM recipes that train the language model on its own world (Bridge then uses language_world_size)."""
+    dt = e.get("model.dist_train")
+    return isinstance(dt, Mapping) and dt.get("use_dist_train") is True
+
+
+def world_problem(e: Eff) -> dict | None:
+    """The given world size does not fit the layout (only when the world is given: the smallest always fits)."""
+    if e.world is None or _dist_train(e):
+        return None
+    lay = layout(e)
+    dense = lay["tp"] * lay["pp"] * lay["cp"]
+    expert = lay["etp"] * lay["ep"] * lay["pp"]
+    bad = [(what, n) for what, n in (("TP x PP x CP", dense), ("ETP x EP x PP", expert)) if e.world % n]
+    if not bad:
+        return None
+    return {"world": e.world, "how": e.world_how or "the job's world size", "bad": bad, "lay": lay}
+
+
+def data_parallel(e: Eff) -> tuple[int, int, str] | None:
+    """(world, DP, how) the way Bridge computes DP: world // (TP x PP x CP); None when it does not divide."""
+    if _dist_train(e):
+        return None
+    world, how = e.world_size
+    lay = layout(e)
+    model = lay["tp"] * lay["pp"] * lay["cp"]
+    if world % model:
+        return None
+    return world, world // model, how
+
+
+def _multiples(n: int, step: int) -> tuple[int, int]:
+    """(largest multiple of step <= n, or 0; smallest multiple of step >= n)."""
+    down = (n // step) * step
+    return down, down if down == n else down + step
+
+
+def nearest_multiple(n: int, step: int) -> int:
+    """The multiple of ``step`` nearest to ``n`` (ties and 0 go up): the smallest change of a batch size."""
+    down, up = _multiples(n, step)
+    return up if down == 0 or up - n <= n - down else down
+
+
+def train_batch_problem(e: Eff) -> dict | None:
+    """train.global_batch_size against micro_batch_size x DP, as megatron-core's constant micro-batch calculator
+    checks it when training starts (Bridge's initialize passes no step schedule; rampup is ignored)."""
+    dp = data_parallel(e)
+    gbs, mbs = _pos_int(e.get("train.global_batch_size")), _pos_int(e.get("train.micro_batch_size"))
+    if dp is None or gbs is None or mbs is None:
+        return None
+    world, dp_size, how = dp
+    step = mbs * dp_size
+    decrease = e.get("train.decrease_batch_size_if_needed") is True
+    if (gbs < step) if decrease else (gbs % step):
+        down, up = _multiples(gbs, step)
+        micro = next((m for m in range(mbs - 1, 0, -1) if gbs % (m * dp_size) == 0), None)
+        return {
+            "world": world,
+            "how": how,
+            "dp": dp_size,
+            "gbs": gbs,
+            "mbs": mbs,
+            "step": step,
+            "down": down,
+            "up": up,
+            "micro": micro,
+            "decrease": decrease,
+            "lay": layout(e),
+        }
+    return None
+
+
+def eval_batch_problem(e: Eff) -> dict | None:
+    """validation.eval_global_batch_size against eval_micro_batch_size x eval DP, as Bridge's validate() checks it
+    (both default to the training values; dist.eval_context_parallel_size changes the eval DP)."""
+    dp = data_parallel(e)
+    egbs = e.get("validation.eval_global_batch_size")
+    embs = e.get("validation.eval_micro_batch_size")
+    follows = egbs is None
+    egbs = _pos_int(e.get("train.global_batch_size") if egbs is None else egbs)
+    embs = _pos_int(e.get("train.micro_batch_size") if embs is None else embs)
+    if dp is None or egbs is None or embs is None:
+        return None
+    world, dp_size, how = dp
+    ecp = _pos_int(e.get("dist.eval_context_parallel_size"))
+    if ecp is not None:
+        lay = layout(e)
+        model = lay["tp"] * lay["pp"] * ecp
+        if world % model:
+            return None  # Bridge asserts the eval layout first; with a guessed world that is not certain
+        dp_size = world // model
+    step = embs * dp_size
+    if egbs % step == 0:
+        return None
+    return {
+        "world": world, "how": how, "dp": dp_size, "egbs": egbs, "embs": embs, "step": step,
+        "nearest": nearest_multiple(egbs, step), "follows_train": follows, "lay": layout(e),
+    }  # fmt: skip
 
 
 # Source files the MoE / CUDA-graph / PEFT rules cite (site-packages relative).

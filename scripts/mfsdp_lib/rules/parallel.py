@@ -12,12 +12,93 @@ from .context import (
     SRC_MCORE_FSDP,
     SRC_MFSDP_BUF,
     comm_overlap_on,
+    eval_batch_problem,
     fmt,
     int_gt,
     kv,
     pp_size,
+    train_batch_problem,
+    world_problem,
 )
 from .model import Rule
+
+
+def _dp_formula(p: dict) -> str:
+    lay = p["lay"]
+    return f"DP = {p['world']} / (TP {lay['tp']} x PP {lay['pp']} x CP {lay['cp']}) = {p['dp']}"
+
+
+def _world_message(e) -> str:
+    p = world_problem(e)
+    assert p is not None
+    bad = "; ".join(f"{what} = {n} does not divide it" for what, n in p["bad"])
+    return f"{p['world']} GPUs ({p['how']}) cannot hold this layout: {bad}."
+
+
+def _world_fix(e) -> str:
+    p = world_problem(e)
+    assert p is not None
+    lay = p["lay"]
+    dense, expert = lay["tp"] * lay["pp"] * lay["cp"], lay["etp"] * lay["ep"] * lay["pp"]
+    step = dense * expert // _gcd(dense, expert)
+    return f"a world size that is a multiple of {step}, or parallel sizes whose products divide {p['world']}"
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def _train_batch_message(e) -> str:
+    p = train_batch_problem(e)
+    assert p is not None
+    where = f"at {p['world']} GPUs ({p['how']}; {_dp_formula(p)})"
+    if p["decrease"]:
+        return (
+            f"train.global_batch_size={p['gbs']} is smaller than train.micro_batch_size {p['mbs']} x data-parallel "
+            f"size {p['dp']} = {p['step']} {where}: even with train.decrease_batch_size_if_needed=true there is not "
+            "one micro-batch per data-parallel rank, and megatron-core refuses to start training."
+        )
+    return (
+        f"train.global_batch_size={p['gbs']} is not a multiple of train.micro_batch_size {p['mbs']} x data-parallel "
+        f"size {p['dp']} = {p['step']} {where}: megatron-core refuses to start training."
+    )
+
+
+def _train_batch_fix(e) -> str:
+    p = train_batch_problem(e)
+    assert p is not None
+    near = sorted({v for v in (p["up"], p["down"]) if v}, key=lambda v: (abs(v - p["gbs"]), -v))
+    options = [f"train.global_batch_size={near[0]}" + "".join(f" (or {v})" for v in near[1:])]
+    if p["micro"] is not None:
+        options.append(f"train.micro_batch_size={p['micro']} (keeps the global batch)")
+    options.append("fewer data-parallel ranks (more TP or CP, or fewer GPUs)")
+    return ", or ".join(options)
+
+
+def _eval_batch_message(e) -> str:
+    p = eval_batch_problem(e)
+    assert p is not None
+    unset = " (unset: it follows train.global_batch_size)" if p["follows_train"] else ""
+    return (
+        f"validation.eval_global_batch_size={p['egbs']}{unset} is not a multiple of eval_micro_batch_size "
+        f"{p['embs']} x data-parallel size {p['dp']} = {p['step']} at {p['world']} GPUs ({p['how']}): "
+        "Bridge's validate() rejects it."
+    )
+
+
+def _eval_batch_fix(e) -> str:
+    p = eval_batch_problem(e)
+    assert p is not None
+    fix = (
+        f"validation.eval_global_batch_size={p['nearest']} (the nearest multiple of {p['step']}; "
+        "'mfsdp.py enable --fit-eval-batch' sets it and scales validation.eval_iters to keep the samples evaluated)"
+    )
+    if p["follows_train"]:
+        fix += ", or a train.global_batch_size that fits (the eval batch follows it)"
+    return fix
+
 
 RULES: list[Rule] = [
     Rule(
@@ -107,5 +188,55 @@ RULES: list[Rule] = [
         source=f"{S.B_CO}: CommOverlapConfig.defer_embedding_wgrad_compute; {GITHUB_ONLY} "
         "scripts/performance/utils/overrides.py: _set_megatron_fsdp_overrides: 'Disabling deferring embedding "
         "wgrad compute because it cannot work with FSDP together.'",
+    ),
+    Rule(
+        id="MFSDP-WORLD-LAYOUT",
+        severity="error",
+        stage="validate",
+        topic="parallel",
+        paths=(
+            "model.tensor_model_parallel_size",
+            "model.pipeline_model_parallel_size",
+            "model.context_parallel_size",
+            "model.expert_model_parallel_size",
+            "model.expert_tensor_parallel_size",
+        ),
+        when=lambda e: world_problem(e) is not None,
+        message=_world_message,
+        fix=_world_fix,
+        source=f"{S.B_CFG}: ConfigContainer.get_data_parallel_size (line 1024): assert "
+        "'is not divisible by total_model_size'; megatron/core/parallel_state.py: initialize_model_parallel "
+        "(line 881): RuntimeError 'is not divisible by expert_tensor_model_pipeline_parallel size'",
+    ),
+    Rule(
+        id="MFSDP-TRAIN-BATCH-DP",
+        severity="error",
+        stage="runtime",
+        topic="parallel",
+        paths=("train.global_batch_size", "train.micro_batch_size", "train.decrease_batch_size_if_needed"),
+        when=lambda e: train_batch_problem(e) is not None,
+        message=_train_batch_message,
+        fix=_train_batch_fix,
+        source="megatron/core/num_microbatches_calculator.py: ConstantNumMicroBatchesCalculator.__init__ (lines "
+        "381, 391): assert 'is not divisible by micro batch size', 'number of microbatches should be at least 1'; "
+        "megatron/bridge/training/initialize.py: init_num_microbatches_calculator (line 115, with "
+        "cfg.data_parallel_size, when training starts)",
+    ),
+    Rule(
+        id="MFSDP-EVAL-BATCH-DP",
+        severity="error",
+        stage="validate",
+        topic="parallel",
+        paths=(
+            "validation.eval_global_batch_size",
+            "validation.eval_micro_batch_size",
+            "train.global_batch_size",
+            "dist.eval_context_parallel_size",
+        ),
+        when=lambda e: eval_batch_problem(e) is not None,
+        message=_eval_batch_message,
+        fix=_eval_batch_fix,
+        source=f"{S.B_CFG}: ConfigContainer.validate (line 1335): assert "
+        "'eval_micro_batch_size * eval_data_parallel_size' (eval_global_batch_size must be divisible by it)",
     ),
 ]
