@@ -191,3 +191,23 @@ def test_every_config_that_really_trained_passes(root):
         found = rules.evaluate(config_io.load_effective(str(p)), {"PATH": "/usr/bin"})
         errors = [f.rule for f in found if f.severity == "error"]
         assert not errors, f"{p.relative_to(root)} trained on a GPU, yet check reports {errors}"
+
+
+def test_gpus_judges_the_batch_at_the_jobs_world(cli, tmp_path):
+    """A batch that divides at the layout's smallest world can fail at the job's: --gpus says which world."""
+    # The embedded recipe has CP 2: at 8 GPUs DP is 4 and micro-batch 1 x 4 divides 8; at 32 GPUs DP 16 does not.
+    args = ["train.global_batch_size=8", "train.micro_batch_size=1", *CLEAN_ENV, "--format", "json"]
+    small = cli("check", *args)
+    assert small.returncode == 0, small.stdout + small.stderr
+    assert "MFSDP-TRAIN-BATCH-DP" not in {f["rule"] for f in _json(small)["findings"]}
+    big = cli("check", *args, "--gpus", "32")
+    assert big.returncode == 1, big.stdout + big.stderr
+    found = {f["rule"]: f for f in _json(big)["findings"]}
+    assert "MFSDP-TRAIN-BATCH-DP" in found and found["MFSDP-TRAIN-BATCH-DP"]["severity"] == "error"
+    assert "--gpus" in json.dumps(found["MFSDP-TRAIN-BATCH-DP"])
+
+
+@pytest.mark.parametrize("bad", ["0", "-4", "eight"])
+def test_gpus_must_be_a_positive_whole_number(cli, bad):
+    p = cli("check", "--gpus", bad, *CLEAN_ENV)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "--gpus" in p.stderr

@@ -46,6 +46,8 @@ examples:
   mfsdp.py check run_config.yaml --format json     # a checkpoint's config, machine-readable
   mfsdp.py check my.yaml --env CUDA_DEVICE_MAX_CONNECTIONS=1 --gpu-arch hopper
         # judge against the launcher's environment (this shell's is ignored without --shell-env)
+  mfsdp.py check fsdp.yaml --gpus 64
+        # batch sizes and layout judged at the job's 64 GPUs (DP = 64 / (TP x PP x CP))
   mfsdp.py check fsdp_overrides.yaml --base embedded
         # a partial --config-file as the recipe launcher will see it (over the recipe)
 
@@ -70,9 +72,31 @@ def configure(parser) -> None:
         help=f"GPU architecture of the job ({', '.join(rules.KNOWN_ARCHS)}, or a product name "
         "such as h100, gb200); enables architecture-specific advice",
     )
+    parser.add_argument(
+        "--gpus",
+        type=gpu_count,
+        default=None,
+        metavar="N",
+        help="the job's world size (number of GPUs): batch sizes and the layout are judged at this world, with "
+        "DP = N / (TP x PP x CP) as Bridge computes it (default: the smallest world the config's layout allows, "
+        "where a batch that does not divide divides at no world; a batch can still fail at a larger world)",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     add_base_argument(parser)
     allow_intermixed(parser)
+
+
+def gpu_count(text: str) -> int:
+    """``--gpus N``: a whole number of GPUs, at least one (argparse turns the error into exit 2)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 GPU, got {value}")
+    return value
 
 
 def add_env_arguments(parser) -> None:
@@ -159,7 +183,10 @@ def run(args) -> int:
         path = config_io.resolve_config_path(path)
     cfg = config_io.load_effective(path, overrides, base=args.base)
     env = job_env(args)
-    found = rules.evaluate(cfg, env, args.gpu_arch)
+    if args.gpus is not None:
+        found = rules.evaluate(cfg, env, args.gpu_arch, args.gpus, "given with --gpus")
+    else:
+        found = rules.evaluate(cfg, env, args.gpu_arch)
     name = path or config_io.EMBEDDED_NAME
     fsdp = bool(config_io.get(cfg, "dist.use_megatron_fsdp")) or bool(config_io.get(cfg, "ddp.use_megatron_fsdp"))
     if args.format == "json":

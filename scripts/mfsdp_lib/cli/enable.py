@@ -24,7 +24,7 @@ import os
 import sys
 
 from .. import config_io, enable, rules
-from ..cli.check import add_base_argument, add_env_arguments, allow_intermixed, job_env, split_items
+from ..cli.check import add_base_argument, add_env_arguments, allow_intermixed, gpu_count, job_env, split_items
 from ..findings import Finding, has_errors, render_text, sort_findings
 
 DESCRIPTION = """\
@@ -128,7 +128,7 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--gpus",
-        type=_positive_int,
+        type=gpu_count,
         metavar="N",
         help="the job's world size (number of GPUs): the batch sizes are checked against micro-batch x DP "
         "with DP = N / (TP x PP x CP), as Bridge computes it (default: the smallest world the config's layout "
@@ -146,18 +146,6 @@ def configure(parser) -> None:
     )
     add_base_argument(parser)
     allow_intermixed(parser)
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1 GPU, got {value}")
-    return value
 
 
 def _bridge_installed() -> str | None:
