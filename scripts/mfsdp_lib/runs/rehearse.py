@@ -221,7 +221,16 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
             category="environment",
             why="hybrid (Mamba) layers import mamba-ssm when the model is built; this machine does not have it",
             fix="install mamba-ssm and causal-conv1d into the training image (pip install mamba-ssm causal-conv1d "
-            "--no-build-isolation), then rehearse again",
+            "--no-build-isolation), then rehearse again; for a rehearsal alone mamba-ssm's Triton kernels are "
+            "enough (references/rehearse.md, 'Hybrid (Mamba) models')",
+        )
+    elif etype == "AbsentKernelError":
+        out.update(
+            category="environment",
+            why="something called mamba-ssm's compiled Mamba-1 kernel, which this machine does not have (the "
+            "rehearsal let mamba-ssm import without it because megatron-core's Mamba-2 layers do not use it)",
+            fix="install mamba-ssm with its CUDA extension (pip install mamba-ssm --no-build-isolation), then "
+            "rehearse again",
         )
     elif etype in ("OutOfMemoryError", "torch.OutOfMemoryError") or "CUDA out of memory" in first_line:
         out.update(
@@ -335,6 +344,14 @@ def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None 
             "mirrored_collectives": list(report.get("mirror_collectives") or []),
             "balanced_routing": bool(req.get("balanced_routing")),
         }
+    deviations = [
+        {k: d.get(k) for k in ("id", "what", "why", "memory_effect")}
+        for d in report.get("deviations") or []
+        if isinstance(d, Mapping)
+    ]
+    mamba = report.get("mamba_ssm") if isinstance(report.get("mamba_ssm"), Mapping) else None
+    if failure and failure.get("type") in ("ImportError", "ModuleNotFoundError") and mamba and mamba.get("error"):
+        failure["why"] = f"{failure['why']} (mamba-ssm: {mamba['error']})"
     out = {
         "rank": req.get("rank", 0),
         "role": role,
@@ -350,6 +367,7 @@ def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None 
         "nccl": nccl_allowance(report.get("process_groups")),
         "moe": moe,
         "settings_changed": report.get("settings_summary") or {},
+        "deviations": deviations,
         "save_load": report.get("save_load"),
         "device": report.get("device"),
         "versions": report.get("versions"),
@@ -481,6 +499,10 @@ def render_text(summary: Mapping) -> str:
                 if c.get("rule") != f.get("rule"):
                     lines.append(f"  check also says [{c['rule']}] {c['message']}")
                     lines.append(f"    fix: {c['fix']}")
+        for d in r.get("deviations") or []:
+            lines.append(f"  DEVIATION from a production run [{d.get('id')}]: {d.get('what')}")
+            lines.append(f"    why: {d.get('why')}")
+            lines.append(f"    memory: {d.get('memory_effect')}")
         m = r.get("memory") or {}
         p = r.get("predicted") or {}
         if any(v is not None for v in m.values()):
