@@ -111,33 +111,4 @@ if [ ! -f "$DS_DIR/Makefile" ]; then
 fi
 make -q -C "$DS_DIR" && echo "dataset helpers: up to date"
 
-SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../scripts" && pwd)"
-"$PY" - "$SCRIPTS_DIR" <<'PYEOF'
-import sys
-import torch  # first: it loads libnccl.so.2 that TE's core library needs
-from importlib import metadata, util
-
-mamba = None
-if util.find_spec("mamba_ssm") is not None:  # before megatron: its Mamba mixer binds the kernels at import
-    sys.path.insert(0, sys.argv[1])
-    from rehearse_train import prepare_mamba_ssm
-    missing = [m for m in ("triton", "einops", "transformers") if util.find_spec(m) is None]
-    if missing:
-        print("mamba-ssm: this image lacks", ", ".join(missing), "(its wheel is installed without dependencies)")
-    mamba = prepare_mamba_ssm()
-import transformer_engine.pytorch  # noqa: F401
-import megatron.core, megatron.bridge  # noqa: F401
-print("ready:", ", ".join(f"{d} {metadata.version(d)}" for d in (
-    "torch", "transformer-engine", "megatron-core", "megatron-bridge", "megatron-fsdp")),
-    "| CUDA devices:", torch.cuda.device_count())
-if mamba is not None:
-    if mamba["importable"]:
-        import megatron.core.ssm.mamba_mixer as mixer
-        print(f"mamba-ssm {mamba['version']}: Triton kernels import; megatron-core's Mamba mixer sees them:",
-              mixer.HAVE_MAMBA_SSM, f"| Mamba-1 kernel: {mamba['mamba1_kernel']}",
-              "| memory-efficient path:", "available" if mamba["mem_eff_kernels"] else
-              "unavailable (no causal-conv1d): rehearsals use the unfused path, reported as a deviation")
-    else:
-        # dense runs are unaffected; hybrid rehearsals will fail at model_build with this as the cause
-        print(f"mamba-ssm {mamba['version']}: NOT importable: {mamba['error']}")
-PYEOF
+"$PY" "$(dirname "${BASH_SOURCE[0]}")/check_device.py"
