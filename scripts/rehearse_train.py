@@ -573,7 +573,7 @@ def unfused_mamba_extra_bytes(model, micro_batch_size: int) -> int | None:
     the norm's input (d): about 4d + g (ssd_combined.py:883, MambaSplitConv1dScanCombinedFn;
     mamba_mixer.py:727-781, _ssm_training). The unfused path saves the conv1d input and the
     SiLU input (2 x (d + g)), contiguous x, B, C for the chunked scan (d + g), its output (d),
-    and the gated norm's y and z (2d): about 6d + 3g (mamba_mixer.py:838-1097, _ssm_prefill;
+    and the gated norm's y and z (2d): about 6d + 3g (mamba_mixer.py:784-1097, _ssm_prefill;
     ssd_combined.py:603). The difference, 2 x (d + g) elements per token per layer, is what a
     rehearsal on the unfused path holds above a job on the fused path, per micro-batch whose
     activations are alive (the last one's, without pipeline parallelism). None when the shape

@@ -3,8 +3,9 @@
 # that has PyTorch but no CUDA toolkit and no network.
 #
 # usage: tests/gpu/build_mamba_wheel.sh SDIST OUT_DIR
-#   SDIST    mamba-ssm's source distribution (mamba_ssm-2.3.2.post1.tar.gz, from
-#            `pip download --no-deps --no-binary :all: mamba-ssm==2.3.2.post1`) or its unpacked folder
+#   SDIST    mamba-ssm's source distribution (mamba_ssm-2.3.2.post1.tar.gz), its unpacked folder, or a
+#            requirement such as mamba-ssm==2.3.2.post1 to fetch it from the package index (a plain
+#            `pip download` of it fails without torch: pip runs setup.py to read its metadata)
 #   OUT_DIR  where the wheel goes (created); carry it to the GPU machine and give it to setup_device.sh
 # env: PY (default python3): an interpreter with setuptools>=61, wheel and packaging (no torch needed)
 #
@@ -31,15 +32,22 @@ PY=${PY:-python3}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
+INDEX=(--no-index)
 if [ -d "$SDIST" ]; then
   cp -r "$SDIST" "$WORK/src"
-else
+elif [ -f "$SDIST" ]; then
   mkdir "$WORK/unpack"
   tar -xzf "$SDIST" -C "$WORK/unpack"
   mv "$WORK"/unpack/* "$WORK/src"
+else  # a requirement: pip fetches the source distribution (never a prebuilt binary wheel)
+  SRC="$SDIST"
+  INDEX=(--no-binary :all:)
 fi
-[ -f "$WORK/src/setup.py" ] && [ -d "$WORK/src/mamba_ssm" ] || {
-  echo "build_mamba_wheel: $SDIST is not mamba-ssm's source (no setup.py and mamba_ssm/)" >&2; exit 2; }
+if [ -z "${SRC:-}" ]; then
+  [ -f "$WORK/src/setup.py" ] && [ -d "$WORK/src/mamba_ssm" ] || {
+    echo "build_mamba_wheel: $SDIST is not mamba-ssm's source (no setup.py and mamba_ssm/)" >&2; exit 2; }
+  SRC="$WORK/src"
+fi
 
 # The build-time stand-in for torch (see above): only the names setup.py reads at import.
 mkdir -p "$WORK/shim/torch/utils"
@@ -68,7 +76,7 @@ EOF
 
 mkdir -p "$OUT"
 MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE PYTHONPATH="$WORK/shim" PYTHONDONTWRITEBYTECODE=1 \
-  "$PY" -m pip wheel --no-deps --no-build-isolation --no-index -q -w "$WORK/dist" "$WORK/src"
+  "$PY" -m pip wheel --no-deps --no-build-isolation "${INDEX[@]}" -q -w "$WORK/dist" "$SRC"
 
 WHL=$(ls "$WORK"/dist/mamba_ssm-*.whl)
 case "$(basename "$WHL")" in
