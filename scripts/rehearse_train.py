@@ -452,20 +452,27 @@ MAMBA_EXPAND = 2
 MAMBA_ENV: dict | None = None
 
 
-class AbsentKernelError(RuntimeError):
-    """Something used the compiled Mamba-1 kernel that this machine does not have."""
+class AbsentKernelError(AttributeError, RuntimeError):
+    """Something used the compiled Mamba-1 kernel that this machine does not have.
+
+    An AttributeError too, so that generic introspection over ``sys.modules`` (``inspect``,
+    ``pickle.whichmodule``, ``getattr(module, name, default)``) treats the guard like a module
+    without that name instead of crashing; every real use still raises this error."""
 
 
 class AbsentKernelModule(types.ModuleType):
     """Stands in for ``selective_scan_cuda`` so mamba-ssm's package import completes.
 
     Every attribute a caller asks for raises ``AbsentKernelError`` naming what was asked,
-    so a call into the Mamba-1 kernel fails loudly, never silently. Dunder names raise
-    AttributeError (the import machinery and ``hasattr`` probe those)."""
+    so a call into the Mamba-1 kernel fails loudly, never silently."""
+
+    def __init__(self, name: str):
+        import importlib.machinery
+
+        super().__init__(name, "stands in for an absent compiled kernel (rehearse_train.py)")
+        self.__spec__ = importlib.machinery.ModuleSpec(name, None)  # find_spec() answers, as for any module
 
     def __getattr__(self, attr: str):
-        if attr.startswith("__") and attr.endswith("__"):
-            raise AttributeError(attr)
         raise AbsentKernelError(
             f"{self.__name__}.{attr}: mamba-ssm's compiled Mamba-1 kernel is not installed on this machine "
             "(the rehearsal registered this module only so that mamba-ssm's package import completes; "
@@ -626,8 +633,8 @@ def mamba_deviations(env: dict | None, mem_eff_requested: bool, extra_bytes: int
             {
                 "id": "mamba-mem-eff-path-off",
                 "what": "model.use_mamba_mem_eff_path: true -> false (megatron-core's unfused Mamba path)",
-                "why": "causal-conv1d's compiled functions are not installed; the memory-efficient kernel needs "
-                "them, the unfused path convolves with torch's conv1d",
+                "why": "causal-conv1d's compiled functions are not installed (or do not import); the "
+                "memory-efficient kernel needs them, the unfused path convolves with torch's conv1d",
                 "memory_effect": f"measured peak is ABOVE a run on the memory-efficient path by {size} per "
                 "micro-batch in flight (more saved activations per Mamba layer); memory between steps is the same",
                 "extra_activation_bytes": extra_bytes,

@@ -14,6 +14,7 @@ is imported, megatron/core/ssm/mamba_mixer.py:61-79), prepared the way rehearse_
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from importlib import metadata, util
@@ -35,10 +36,9 @@ def main() -> int:
         if missing:
             print("mamba-ssm: this image lacks", ", ".join(missing), "(its wheel is installed without dependencies)")
         mamba = prepare_mamba_ssm()
-    import transformer_engine.pytorch  # noqa: F401, I001  (after torch, before megatron)
-
-    import megatron.core  # noqa: F401
+    importlib.import_module("transformer_engine.pytorch")  # after torch, before megatron
     import megatron.bridge  # noqa: F401
+    import megatron.core  # noqa: F401
 
     dists = ("torch", "transformer-engine", "megatron-core", "megatron-bridge", "megatron-fsdp")
     print(
