@@ -383,7 +383,7 @@ def group_h() -> list[Run]:
         ("H_nano4b_recipe_n8_optim_grads_params", NANO4B_RECIPE, 8, 40.0,
          "Bridge's Nemotron 3 Nano 4B pretrain recipe (seq 4096, asks for the memory-efficient Mamba path)"),
         ("H_nano4b_recipe_n64_optim_grads_params", NANO4B_RECIPE, 64, 32.0, "the same recipe at N = 64"),
-        ("H_nemotronh4b_recipe_n8_optim_grads_params", NEMOTRONH4B_RECIPE, 8, 50.0,
+        ("H_nemotronh4b_recipe_n8_optim_grads_params", NEMOTRONH4B_RECIPE, 8, 60.0,
          "Bridge's Nemotron-H 4B pretrain recipe (seq 8192; ships with the unfused Mamba path)"),
     ):  # fmt: skip
         runs.append(
