@@ -274,6 +274,14 @@ def test_a_call_into_the_absent_kernel_is_explained_as_an_environment_failure():
     assert got["category"] == "environment" and "CUDA extension" in got["fix"]
 
 
+def test_no_c_compiler_for_triton_is_an_environment_failure():
+    msg = "Failed to find C compiler. Please specify via CC environment variable or set triton.knobs.build.impl."
+    got = rh.explain_failure({"type": "RuntimeError", "message": msg, "phase": "train", "frames": {}})
+    assert got["category"] == "environment" and "C compiler" in got["fix"]
+    other = rh.explain_failure({"type": "RuntimeError", "message": "C compiler warnings", "phase": "train"})
+    assert other["category"] == "unknown"
+
+
 def test_a_broken_mamba_install_is_named_in_the_explanation():
     ff = {
         "type": "ImportError",

@@ -239,6 +239,15 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
             fix="'mfsdp.py memory CONFIG --gpu-mem-gib G' for the strategy and data-parallel size that fit; "
             "model.init_model_with_meta_device=true when it failed while building the model",
         )
+    elif etype == "RuntimeError" and first_line.startswith("Failed to find C compiler"):
+        # triton/runtime/build.py: Triton builds its CUDA driver module and kernel launchers with the
+        # host's C compiler the first time a Triton kernel runs (mamba-ssm's kernels are Triton)
+        out.update(
+            category="environment",
+            why="Triton compiles a small C module the first time one of its kernels runs (hybrid Mamba layers "
+            "run on Triton kernels), and this machine has no C compiler",
+            fix="install a C compiler into the image (gcc or clang; or point CC at one), then rehearse again",
+        )
     elif etype == "CheckpointException" and "global plan" in msg:
         out.update(
             category="rehearsal-limit",
