@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import sys
 from importlib import metadata, util
 
@@ -35,6 +36,10 @@ def main() -> int:
         missing = [m for m in MAMBA_RUNTIME if util.find_spec(m) is None]
         if missing:
             print("mamba-ssm: this image lacks", ", ".join(missing), "(its wheel is installed without dependencies)")
+        if not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
+            print(
+                "mamba-ssm: no C compiler (gcc, clang or CC): Triton cannot build its launcher, hybrid runs will fail"
+            )
         mamba = prepare_mamba_ssm()
     importlib.import_module("transformer_engine.pytorch")  # after torch, before megatron
     import megatron.bridge  # noqa: F401
