@@ -262,10 +262,20 @@ def test_the_text_report_prints_each_deviation_with_its_memory_effect():
     run = rh.summarize_run(_report(deviations=devs))
     assert [d["id"] for d in run["deviations"]] == ["mamba1-kernel-absent", "mamba-mem-eff-path-off"]
     text = rh.render_text({**s, "ranks": [run]})
+    assert "hybrid (Mamba):" not in text  # no hybrid facts in this report
+    hybrid = {"mamba_layers": 12, "mem_eff_path_requested": True, "mem_eff_path_used": False}
+    text = rh.render_text({**s, "ranks": [rh.summarize_run(_report(deviations=devs, facts={"hybrid": hybrid}))]})
+    assert "hybrid (Mamba): 12 Mamba layers; Mamba path: unfused (the fused kernel cannot run here" in text
     assert "DEVIATION from a production run [mamba-mem-eff-path-off]" in text
     assert "DEVIATION from a production run [mamba1-kernel-absent]" in text
     assert "ABOVE a run on the memory-efficient path by about 1.00 GiB" in text
     assert "DEVIATION" not in rh.render_text({**s, "ranks": [rh.summarize_run(_report())]})
+
+
+def test_a_config_that_asks_for_the_unfused_path_says_so():
+    hybrid = {"mamba_layers": 24, "mem_eff_path_requested": False, "mem_eff_path_used": False}
+    run = rh.summarize_run(_report(facts={"hybrid": hybrid}))
+    assert "Mamba path: unfused, as the config asks" in rh.render_text({**rh.summarize([], None), "ranks": [run]})
 
 
 def test_a_call_into_the_absent_kernel_is_explained_as_an_environment_failure():

@@ -376,6 +376,7 @@ def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None 
         "nccl": nccl_allowance(report.get("process_groups")),
         "moe": moe,
         "settings_changed": report.get("settings_summary") or {},
+        "hybrid": facts.get("hybrid") if isinstance(facts.get("hybrid"), Mapping) else None,
         "deviations": deviations,
         "save_load": report.get("save_load"),
         "device": report.get("device"),
@@ -508,6 +509,15 @@ def render_text(summary: Mapping) -> str:
                 if c.get("rule") != f.get("rule"):
                     lines.append(f"  check also says [{c['rule']}] {c['message']}")
                     lines.append(f"    fix: {c['fix']}")
+        hy = r.get("hybrid")
+        if hy:
+            if hy.get("mem_eff_path_used"):
+                path = "memory-efficient (fused kernel)"
+            elif hy.get("mem_eff_path_requested"):
+                path = "unfused (the fused kernel cannot run here: see the deviation below)"
+            else:
+                path = "unfused, as the config asks (use_mamba_mem_eff_path=false)"
+            lines.append(f"  hybrid (Mamba): {hy.get('mamba_layers')} Mamba layers; Mamba path: {path}")
         for d in r.get("deviations") or []:
             lines.append(f"  DEVIATION from a production run [{d.get('id')}]: {d.get('what')}")
             lines.append(f"    why: {d.get('why')}")
