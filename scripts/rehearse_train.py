@@ -1236,10 +1236,19 @@ def preset_config(a):
     if kind == "hybrid":
         from megatron.bridge.models.hybrid.hybrid_provider import HybridModelProvider
         from megatron.core.activations import squared_relu
+        from megatron.core.transformer.enums import AttnBackend
 
-        # Nemotron-H: no position embedding, squared-ReLU MLP without a gate (the nemotronh recipes)
+        # Nemotron-H: no position embedding, squared-ReLU MLP without a gate (the nemotronh recipes).
+        # The hybrid provider defaults to attention_backend=flash (hybrid_provider.py:144), which lets
+        # Transformer Engine use FlashAttention only (language_module.py:_set_attention_backend) and needs
+        # the flash-attn package; auto (TransformerConfig's default, as the GPT presets have) lets it pick.
         model = HybridModelProvider(
-            position_embedding_type="none", activation_func=squared_relu, gated_linear_unit=False, **common, **shape
+            position_embedding_type="none",
+            activation_func=squared_relu,
+            gated_linear_unit=False,
+            attention_backend=AttnBackend.auto,
+            **common,
+            **shape,
         )
     else:
         from megatron.bridge.models.gpt_provider import GPTModelProvider

@@ -34,6 +34,7 @@ from mfsdp_lib.runs import rehearse as rh
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCRIPTS = ROOT / "scripts"
 RECIPES = ROOT / "tests" / "fixtures" / "recipes"
+RAW = ROOT / "benchmarks" / "results" / "raw" / "rehearse_1xh200"
 
 # --------------------------------------------------------------------------- a package laid out like mamba-ssm
 
@@ -290,6 +291,15 @@ def test_no_c_compiler_for_triton_is_an_environment_failure():
     assert got["category"] == "environment" and "C compiler" in got["fix"]
     other = rh.explain_failure({"type": "RuntimeError", "message": "C compiler warnings", "phase": "train"})
     assert other["category"] == "unknown"
+
+
+def test_no_attention_backend_is_explained_with_the_setting_that_decides_it():
+    # the failure the hybrid preset met on the H200 before it set attention_backend=auto (the provider's
+    # default, flash, needs the flash-attn package)
+    rep = json.loads((RAW / "H_nemotronh_small_n8_optim_grads_params" / "report_attention_flash.json").read_text())
+    f = rh.summarize_run(rep)["failure"]
+    assert f["phase"] == "train" and f["category"] == "environment"
+    assert "model.attention_backend=auto" in f["fix"] and "flash-attn" in f["why"]
 
 
 def test_a_broken_mamba_install_is_named_in_the_explanation():

@@ -239,6 +239,17 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
             fix="'mfsdp.py memory CONFIG --gpu-mem-gib G' for the strategy and data-parallel size that fit; "
             "model.init_model_with_meta_device=true when it failed while building the model",
         )
+    elif etype == "ValueError" and first_line.startswith("No dot product attention backend is available"):
+        # transformer_engine/pytorch/attention/dot_product_attention: every backend it may use was ruled out;
+        # megatron-core sets which ones it may use from model.attention_backend (language_module.py)
+        out.update(
+            category="environment",
+            why="Transformer Engine found no attention kernel it is allowed to use for these inputs; "
+            "model.attention_backend decides which are allowed (flash, the hybrid provider's default, allows "
+            "FlashAttention only, which needs the flash-attn package)",
+            fix="model.attention_backend=auto (Transformer Engine then picks among flash, cuDNN fused and unfused "
+            "attention), or install flash-attn; NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 prints why each was ruled out",
+        )
     elif etype == "RuntimeError" and first_line.startswith("Failed to find C compiler"):
         # triton/runtime/build.py: Triton builds its CUDA driver module and kernel launchers with the
         # host's C compiler the first time a Triton kernel runs (mamba-ssm's kernels are Triton)
