@@ -702,6 +702,14 @@ REFERENCE_1B = {
 REFERENCE_TOLERANCE = 0.03  # a rehearsal agrees with the reference when both figures are within 3 %
 
 
+def _model_label(source) -> str:
+    """'preset llama-1b' -> 'llama-1b'; 'recipe module:function' -> 'recipe function'."""
+    text = str(source or "")
+    if text.startswith("recipe "):
+        return "recipe " + text.rpartition(":")[2]
+    return text.replace("preset ", "")
+
+
 def summarize_raw(raw: Path) -> dict:
     """The result JSON behind BENCHMARK.md's rehearsal section, from the recorded run folders.
 
@@ -792,7 +800,7 @@ def summarize_raw(raw: Path) -> dict:
         rows.append(
             [
                 name,
-                str(r["source"] or "").replace("preset ", ""),
+                _model_label(r["source"]),
                 r["world_size"],
                 r["rank"],
                 r["strategy"],
@@ -816,6 +824,12 @@ def summarize_raw(raw: Path) -> dict:
         and (r.get("failure") or {}).get("category") == "environment"
         and "mamba" in str((r.get("failure") or {}).get("fix"))
     ]
+    no_attention = [
+        n
+        for n, r in runs.items()
+        if r.get("kind") == "rank"
+        and str((r.get("failure") or {}).get("message")).startswith("No dot product attention backend")
+    ]
     deviated = {n: r["deviations"] for n, r in runs.items() if r.get("deviations")}
     notes = [
         "each run is one process on one GPU playing rank R of a world of N under PyTorch's fake process-group "
@@ -838,14 +852,45 @@ def summarize_raw(raw: Path) -> dict:
             "environment failure, reported as such)"
             if no_mamba
             else ""
+        )
+        + (
+            f"; with the hybrid provider's default attention_backend=flash and no flash-attn on the machine, Transformer "
+            f"Engine has no attention kernel it may use ({', '.join(no_attention)}: an environment failure at the first "
+            "attention layer, reported as such)"
+            if no_attention
+            else ""
         ),
     ]
     if deviated:
-        effects = {d["id"]: d["memory_effect"] for ds in deviated.values() for d in ds}
+        by_id: dict[str, dict[str, dict]] = {}
+        for name, ds in deviated.items():
+            for d in ds:
+                by_id.setdefault(d["id"], {})[name] = d
+        parts = []
+        for dev_id, named in sorted(by_id.items()):
+            amounts = [
+                f"{n} {d['extra_activation_bytes'] / GIB:.2f} GiB"
+                for n, d in named.items()
+                if d.get("extra_activation_bytes")
+            ]
+            if amounts:
+                parts.append(
+                    f"{dev_id} in {len(named)} runs: the unfused Mamba path; the measured peak is above a run on the "
+                    "memory-efficient path by about " + ", ".join(amounts)
+                )
+            else:
+                effect = next(iter(named.values())).get("memory_effect")
+                parts.append(f"{dev_id} in {len(named)} runs: memory effect {effect}")
+        plain = [
+            n
+            for n, r in runs.items()
+            if n in deviated and not any(d["id"] == "mamba-mem-eff-path-off" for d in deviated[n])
+        ]
+        if plain:
+            parts.append(f"{', '.join(plain)} ran the unfused path because the recipe asks for it (no path deviation)")
         notes.append(
-            f"hybrid (Mamba) runs on mamba-ssm's Triton kernels ({', '.join(deviated)}) differ from a production run "
-            "in labelled deviations (raw.runs.<run>.deviations; the text report prints them): "
-            + "; ".join(f"{k}: {v}" for k, v in sorted(effects.items()))
+            "hybrid (Mamba) runs on mamba-ssm's Triton kernels differ from a production run in labelled deviations "
+            "(raw.runs.<run>.deviations; the text report prints them): " + "; ".join(parts)
         )
     if parity:
         notes.append(

@@ -365,7 +365,7 @@ def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None 
             "balanced_routing": bool(req.get("balanced_routing")),
         }
     deviations = [
-        {k: d.get(k) for k in ("id", "what", "why", "memory_effect")}
+        {k: d.get(k) for k in ("id", "what", "why", "memory_effect", "extra_activation_bytes") if k in d}
         for d in report.get("deviations") or []
         if isinstance(d, Mapping)
     ]
