@@ -344,3 +344,32 @@ def test_the_wheel_builder_refuses_a_folder_that_is_not_mamba_ssm(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 2 and "not mamba-ssm's source" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the recorded H200 runs
+
+
+def test_the_h200_hybrid_runs_passed_on_the_real_mamba_ssm_with_their_deviations_recorded():
+    passed = []
+    for d in sorted(RAW.glob("H_*")):
+        rep = json.loads((d / "report.json").read_text())
+        if rep["result"] != "passed":
+            continue
+        passed.append(rep)
+        env = rep["mamba_ssm"]
+        assert env["importable"] and env["version"] == "2.3.2.post1" and env["mamba1_kernel"] == "absent (guarded)"
+        hybrid = rep["facts"]["hybrid"]
+        ids = [x["id"] for x in rep["deviations"]]
+        assert ids[0] == "mamba1-kernel-absent"
+        assert ("mamba-mem-eff-path-off" in ids) == hybrid["mem_eff_path_requested"], d.name
+        assert hybrid["mem_eff_path_used"] is False  # no causal-conv1d on that machine
+        # the stated extra activations follow from the shape Bridge built (run_config.yaml)
+        built = config_io.load_yaml(str(d / "run_config.yaml"))
+        model, mbs = SimpleNamespace(**built["model"]), built["train"]["micro_batch_size"]
+        for dev in rep["deviations"]:
+            if dev["id"] == "mamba-mem-eff-path-off":
+                assert dev["extra_activation_bytes"] == rt.unfused_mamba_extra_bytes(model, mbs) > 0
+        steps = rep["memory"]["steps"]
+        assert len(steps) == 3 and all(s["loss"] is not None for s in steps)
+    worlds = {(p["source"].startswith("recipe"), p["request"]["world_size"]) for p in passed}
+    assert {(True, 8), (True, 64)} <= worlds, worlds
