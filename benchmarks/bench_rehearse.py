@@ -881,13 +881,15 @@ def summarize_raw(raw: Path) -> dict:
             else:
                 effect = next(iter(named.values())).get("memory_effect")
                 parts.append(f"{dev_id} in {len(named)} runs: memory effect {effect}")
-        plain = [
+        unfused_by_config = [
             n
             for n, r in runs.items()
             if n in deviated and not any(d["id"] == "mamba-mem-eff-path-off" for d in deviated[n])
         ]
-        if plain:
-            parts.append(f"{', '.join(plain)} ran the unfused path because the recipe asks for it (no path deviation)")
+        if unfused_by_config:
+            parts.append(
+                f"{', '.join(unfused_by_config)} ran the unfused path because the recipe asks for it (no path deviation)"
+            )
         notes.append(
             "hybrid (Mamba) runs on mamba-ssm's Triton kernels differ from a production run in labelled deviations "
             "(raw.runs.<run>.deviations; the text report prints them): " + "; ".join(parts)
