@@ -373,3 +373,5 @@ def test_the_h200_hybrid_runs_passed_on_the_real_mamba_ssm_with_their_deviations
         assert len(steps) == 3 and all(s["loss"] is not None for s in steps)
     worlds = {(p["source"].startswith("recipe"), p["request"]["world_size"]) for p in passed}
     assert {(True, 8), (True, 64)} <= worlds, worlds
+    preset = {(p["request"]["world_size"], p["facts"]["strategy"]) for p in passed if "nemotronh-small" in p["source"]}
+    assert preset == {(n, s) for n in (8, 64) for s in ("optim_grads_params", "distopt")}
