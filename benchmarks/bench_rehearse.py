@@ -17,11 +17,14 @@ The matrix is split into groups that each fit one call of a time-limited machine
 
 * ``A``: llama 1.1 B at N = 1, 2, 8, 64 under DDP, the distributed optimizer and
   Megatron FSDP's three strategies;
-* ``B``: the Llama 3 8 B and 70 B trunks, the MoE trunk with EP 8, the hybrid
-  trunk, LoRA, and the pipeline-parallel wrap failure;
+* ``B``: the Llama 3 8 B and 70 B trunks, the MoE trunk with EP 8, LoRA, and the
+  pipeline-parallel wrap failure;
 * ``C``: DDP-vs-FSDP loss parity and checkpoint save/load, rank positions of a
   pipeline, the effect of mirrored collectives and forced routing, then any run of
-  A or B that has no report yet.
+  A or B that has no report yet;
+* ``H``: hybrid Mamba (Nemotron-H): the preset trunk at N = 8 and 64 under Megatron
+  FSDP and the distributed optimizer, and Bridge's Nemotron 3 Nano 4B and Nemotron-H
+  4B recipes (needs mamba-ssm on the machine; see tests/gpu/README.md).
 
 Runs are ordered by importance inside a group: when the group's time budget
 (``--budget-s``) runs out, no new run starts and running ones are stopped, so a
@@ -55,7 +58,7 @@ GIB = 2**30
 # context (about 0.5 GiB each) and the caching allocator's slack.
 GPU_BUDGET_GIB = 120.0
 MAX_CONCURRENT = 6  # 16 CPU cores; each run imports Bridge (~15 s of one core) and feeds one data worker
-GROUP_BUDGET_S = {"A": 360, "B": 330, "C": 240}
+GROUP_BUDGET_S = {"A": 360, "B": 330, "C": 240, "H": 400}
 LOG_TAIL_LINES = 300  # keep result files small: the report holds the numbers
 
 
@@ -200,23 +203,6 @@ def group_b() -> list[Run]:
             tags={"model": "llama-1b", "n": 8, "strategy": "optim_grads_params", "pp": 2},
         ),
         Run(
-            "B_hybrid_n8_optim_grads_params",
-            [
-                "--model-preset",
-                "nemotronh-small",
-                "--world-size",
-                "8",
-                "--strategy",
-                "optim_grads_params",
-                "--iters",
-                "3",
-            ],
-            est_gib=12.0,
-            est_s=60,
-            why="hybrid Mamba trunk (needs mamba-ssm in the image)",
-            tags={"model": "nemotronh-small", "n": 8, "strategy": "optim_grads_params"},
-        ),
-        Run(
             "B_moe_n64_ep8_distopt",
             [*moe, "--world-size", "64", "--strategy", "distopt", "--iters", "3"],
             est_gib=22.0,
@@ -239,22 +225,6 @@ def group_b() -> list[Run]:
             ],
             est_gib=10.0,
             tags={"model": "llama-1b", "n": 64, "strategy": "optim_grads_params", "peft": "lora"},
-        ),
-        Run(
-            "B_hybrid_n64_optim_grads_params",
-            [
-                "--model-preset",
-                "nemotronh-small",
-                "--world-size",
-                "64",
-                "--strategy",
-                "optim_grads_params",
-                "--iters",
-                "3",
-            ],
-            est_gib=10.0,
-            est_s=60,
-            tags={"model": "nemotronh-small", "n": 64, "strategy": "optim_grads_params"},
         ),
     ]
 
@@ -381,7 +351,57 @@ def group_c() -> list[Run]:
     ]
 
 
-GROUPS = {"A": group_a, "B": group_b, "C": group_c}
+# Bridge recipes of hybrid Mamba models, rehearsed as shipped plus the strategy (module:function).
+NANO4B_RECIPE = (
+    "megatron.bridge.recipes.nemotronh.h100.nemotron_3_nano_4b:nemotron_3_nano_4b_pretrain_8gpu_h100_bf16_config"
+)
+NEMOTRONH4B_RECIPE = "megatron.bridge.recipes.nemotronh.h100.nemotronh:nemotronh_4b_pretrain_1gpu_h100_bf16_config"
+
+
+def group_h() -> list[Run]:
+    """Hybrid Mamba (Nemotron-H): the preset trunk at N = 8 and 64 under Megatron FSDP and the
+    distributed optimizer, then real Bridge recipes. The first hybrid runs compile mamba-ssm's
+    Triton kernels (minutes on a fresh machine; later runs reuse Triton's cache), hence the
+    longer time estimates. Recipes keep their own shape and sequence length; their global batch
+    is set to one micro-batch per data-parallel rank (the recipe's 1024 or 768 would run hundreds
+    of micro-batches per step, with the same memory per micro-batch)."""
+    runs = []
+    for n, strategy, est in ((8, "optim_grads_params", 16.0), (64, "optim_grads_params", 12.0),
+                             (8, "distopt", 26.0), (64, "distopt", 22.0)):  # fmt: skip
+        runs.append(
+            Run(
+                f"H_nemotronh_small_n{n}_{strategy}",
+                ["--model-preset", "nemotronh-small", "--world-size", str(n), "--strategy", strategy, "--iters", "3"],
+                est_gib=est,
+                timeout_s=380,
+                est_s=200,
+                why="Nemotron-H 4B layer shapes, 26 of its 52 layers (2.0 B), seq 2048, MBS 1",
+                tags={"model": "nemotronh-small", "n": n, "strategy": strategy, "hybrid": True},
+            )
+        )
+    for name, recipe, n, est, why in (
+        ("H_nano4b_recipe_n8_optim_grads_params", NANO4B_RECIPE, 8, 40.0,
+         "Bridge's Nemotron 3 Nano 4B pretrain recipe (seq 4096, asks for the memory-efficient Mamba path)"),
+        ("H_nano4b_recipe_n64_optim_grads_params", NANO4B_RECIPE, 64, 32.0, "the same recipe at N = 64"),
+        ("H_nemotronh4b_recipe_n8_optim_grads_params", NEMOTRONH4B_RECIPE, 8, 60.0,
+         "Bridge's Nemotron-H 4B pretrain recipe (seq 8192; ships with the unfused Mamba path)"),
+    ):  # fmt: skip
+        runs.append(
+            Run(
+                name,
+                ["--recipe", recipe, "--world-size", str(n), "--strategy", "optim_grads_params", "--iters", "3"]
+                + [f"train.global_batch_size={n}"],
+                est_gib=est,
+                timeout_s=380,
+                est_s=220,
+                why=why,
+                tags={"model": recipe.rpartition(":")[2], "n": n, "strategy": "optim_grads_params", "hybrid": True},
+            )
+        )
+    return runs
+
+
+GROUPS = {"A": group_a, "B": group_b, "C": group_c, "H": group_h}
 
 
 def all_runs() -> dict[str, Run]:
@@ -682,6 +702,14 @@ REFERENCE_1B = {
 REFERENCE_TOLERANCE = 0.03  # a rehearsal agrees with the reference when both figures are within 3 %
 
 
+def _model_label(source) -> str:
+    """'preset llama-1b' -> 'llama-1b'; 'recipe module:function' -> 'recipe function'."""
+    text = str(source or "")
+    if text.startswith("recipe "):
+        return "recipe " + text.rpartition(":")[2]
+    return text.replace("preset ", "")
+
+
 def summarize_raw(raw: Path) -> dict:
     """The result JSON behind BENCHMARK.md's rehearsal section, from the recorded run folders.
 
@@ -720,6 +748,7 @@ def summarize_raw(raw: Path) -> dict:
             "nccl": s["nccl"],
             "moe": s["moe"],
             "save_load": s["save_load"],
+            "deviations": s["deviations"],
         }
         ref = REFERENCE_1B.get((s["world_size"], s["strategy"]))
         req = rep.get("request") or {}
@@ -771,7 +800,7 @@ def summarize_raw(raw: Path) -> dict:
         rows.append(
             [
                 name,
-                str(r["source"] or "").replace("preset ", ""),
+                _model_label(r["source"]),
                 r["world_size"],
                 r["rank"],
                 r["strategy"],
@@ -788,11 +817,26 @@ def summarize_raw(raw: Path) -> dict:
             ]
         )
     parity = next((r for r in runs.values() if r.get("kind") == "parity"), None)
+    no_mamba = [
+        n
+        for n, r in runs.items()
+        if r.get("kind") == "rank"
+        and (r.get("failure") or {}).get("category") == "environment"
+        and "mamba" in str((r.get("failure") or {}).get("fix"))
+    ]
+    no_attention = [
+        n
+        for n, r in runs.items()
+        if r.get("kind") == "rank"
+        and str((r.get("failure") or {}).get("message")).startswith("No dot product attention backend")
+    ]
+    deviated = {n: r["deviations"] for n, r in runs.items() if r.get("deviations")}
     notes = [
         "each run is one process on one GPU playing rank R of a world of N under PyTorch's fake process-group "
         "backend (collectives move no data; every allocation is real); rank, world and strategy as listed; llama "
-        "1.1 B, 8 B, 70 B trunks, a 16-layer 128-expert MoE trunk (EP 8) and a hybrid Mamba trunk, seq 2048, MBS 1, "
-        "mock data, 2-3 steps; the verdict and explanations are those `mfsdp.py rehearse` prints for the same reports",
+        "1.1 B, 8 B, 70 B trunks, a 16-layer 128-expert MoE trunk (EP 8) and a hybrid Mamba trunk (Nemotron-H "
+        "shapes), seq 2048, MBS 1; Bridge recipes (--recipe) at their own sequence length; mock data, 2-3 steps; "
+        "the verdict and explanations are those `mfsdp.py rehearse` prints for the same reports",
         "measured: torch.cuda.memory_allocated() between steps and max_memory_allocated() / max_memory_reserved() "
         "over the run; for a failed run, the peak up to the failure. 'memory' columns: mfsdp_lib.memory's "
         "after_step_gib and total_gib for the run's own run_config.yaml and data-parallel size (the memory model "
@@ -802,9 +846,54 @@ def summarize_raw(raw: Path) -> dict:
         f"{'yes' if refs and all(x['within_tolerance'] for x in refs) else 'NO'}",
         "NCCL allowance: " + str((first.get("nccl") or {}).get("basis")),
         "failures are part of the result: pipeline parallelism with Megatron FSDP fails at model wrapping "
-        "(MFSDP-PIPELINE-PARALLEL, as expected); the hybrid trunk needs mamba-ssm, absent on the machine "
-        "(an environment failure, reported as such)",
+        "(MFSDP-PIPELINE-PARALLEL, as expected)"
+        + (
+            f"; on a machine without mamba-ssm the hybrid trunk fails at model_build ({', '.join(no_mamba)}: an "
+            "environment failure, reported as such)"
+            if no_mamba
+            else ""
+        )
+        + (
+            f"; with the hybrid provider's default attention_backend=flash and no flash-attn on the machine, Transformer "
+            f"Engine has no attention kernel it may use ({', '.join(no_attention)}: an environment failure at the first "
+            "attention layer, reported as such)"
+            if no_attention
+            else ""
+        ),
     ]
+    if deviated:
+        by_id: dict[str, dict[str, dict]] = {}
+        for name, ds in deviated.items():
+            for d in ds:
+                by_id.setdefault(d["id"], {})[name] = d
+        parts = []
+        for dev_id, named in sorted(by_id.items()):
+            amounts = [
+                f"{n} {d['extra_activation_bytes'] / GIB:.2f} GiB"
+                for n, d in named.items()
+                if d.get("extra_activation_bytes")
+            ]
+            if amounts:
+                parts.append(
+                    f"{dev_id} in {len(named)} runs: the unfused Mamba path; the measured peak is above a run on the "
+                    "memory-efficient path by about " + ", ".join(amounts)
+                )
+            else:
+                effect = next(iter(named.values())).get("memory_effect")
+                parts.append(f"{dev_id} in {len(named)} runs: memory effect {effect}")
+        unfused_by_config = [
+            n
+            for n, r in runs.items()
+            if n in deviated and not any(d["id"] == "mamba-mem-eff-path-off" for d in deviated[n])
+        ]
+        if unfused_by_config:
+            parts.append(
+                f"{', '.join(unfused_by_config)} ran the unfused path because the recipe asks for it (no path deviation)"
+            )
+        notes.append(
+            "hybrid (Mamba) runs on mamba-ssm's Triton kernels differ from a production run in labelled deviations "
+            "(raw.runs.<run>.deviations; the text report prints them): " + "; ".join(parts)
+        )
     if parity:
         notes.append(
             f"parity (a real world of 1, DDP vs Megatron FSDP optim_grads_params, same seed and data): "

@@ -62,6 +62,7 @@ import subprocess
 import sys
 import time
 import traceback
+import types
 
 SCHEMA = "rehearse-run/1"
 FSDP_STRATEGIES = ("optim", "optim_grads", "optim_grads_params")
@@ -77,7 +78,11 @@ NULL_TOKENIZER_VOCAB = 32000
 # "llama-1b" is Llama 3.2 1B's trunk (1.1 B parameters with the 32000 vocabulary).
 # "qwen3-moe-16l" is Qwen3-30B-A3B's layer shape (128 experts, top-8, expert FFN 768,
 # QK layernorm) with 16 layers instead of 48 (10.1 B parameters) and EP 8.
-# "nemotronh-small" is a Nemotron-H-like hybrid (Mamba-2 / attention / MLP layers).
+# "nemotronh-small" is Nemotron-H 4B's layer shapes (Bridge's nemotronh_4b recipe: hidden 3072,
+# 112 Mamba-2 heads of 64, state 128, 8 groups; 32 attention heads, 8 query groups; squared-ReLU
+# MLP 12288) with the first 26 of its 52 layers (12 Mamba, 2 attention, 12 MLP): 2.0 B parameters
+# with the 32000 vocabulary.
+NEMOTRONH_4B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 PRESETS = {
     "tiny": dict(
         kind="gpt", num_layers=2, hidden_size=256, ffn_hidden_size=688, num_attention_heads=4, num_query_groups=2
@@ -111,13 +116,13 @@ PRESETS = {
     ),
     "nemotronh-small": dict(
         kind="hybrid",
-        hybrid_layer_pattern="M-M*-M-M*-",
-        hidden_size=2048,
-        ffn_hidden_size=8192,
-        num_attention_heads=16,
+        hybrid_layer_pattern=NEMOTRONH_4B_PATTERN[:26],
+        hidden_size=3072,
+        ffn_hidden_size=12288,
+        num_attention_heads=32,
         num_query_groups=8,
         kv_channels=128,
-        mamba_num_heads=64,
+        mamba_num_heads=112,
         mamba_head_dim=64,
         mamba_state_dim=128,
         mamba_num_groups=8,
@@ -305,7 +310,9 @@ def use_fake_pg(a) -> bool:
 
 
 def estimate_params(shape: dict, vocab: int = NULL_TOKENIZER_VOCAB) -> int:
-    """Rough parameter count of a GPT-style trunk (for the meta-init decision only)."""
+    """Rough parameter count of a GPT-style or hybrid trunk (for the meta-init decision only)."""
+    if shape.get("hybrid_layer_pattern"):
+        return _estimate_hybrid_params(shape, vocab)
     h = shape["hidden_size"]
     heads = shape["num_attention_heads"]
     kv = shape.get("kv_channels") or h // heads
@@ -317,6 +324,23 @@ def estimate_params(shape: dict, vocab: int = NULL_TOKENIZER_VOCAB) -> int:
         mlp = 3 * h * shape["ffn_hidden_size"]
     layers = shape.get("num_layers") or len((shape.get("hybrid_layer_pattern") or "").replace("|", ""))
     return layers * (attn + mlp) + 2 * vocab * h
+
+
+def _estimate_hybrid_params(shape: dict, vocab: int) -> int:
+    """Per layer symbol: Mamba-2 in/out projections, attention, non-gated MLP (norms left out)."""
+    h = shape["hidden_size"]
+    heads = shape["num_attention_heads"]
+    kv = shape.get("kv_channels") or h // heads
+    groups = shape.get("num_query_groups") or heads
+    m_heads = shape.get("mamba_num_heads") or h * MAMBA_EXPAND // shape.get("mamba_head_dim", 64)
+    d_inner = m_heads * shape.get("mamba_head_dim", 64)
+    gn = shape.get("mamba_num_groups", 8) * shape.get("mamba_state_dim", 128)
+    per = {
+        "M": h * (2 * d_inner + 2 * gn + m_heads) + d_inner * h,
+        "*": h * (heads * kv + 2 * groups * kv) + heads * kv * h,
+        "-": 2 * h * shape["ffn_hidden_size"],
+    }
+    return sum(per.get(c, 0) for c in shape["hybrid_layer_pattern"]) + 2 * vocab * h
 
 
 def decide_meta_init(requested, fsdp: bool, param_count: int | None, gpu_bytes: int | None) -> tuple[bool, str]:
@@ -399,6 +423,224 @@ def _short_path(path: str) -> str:
         if i >= 0:
             return path[i:]
     return os.path.basename(path)
+
+
+# --------------------------------------------------------------------------- hybrid (Mamba) models
+
+# What megatron-core 0.19.2's Mamba-2 mixer imports when megatron/core/ssm/mamba_mixer.py is
+# imported (lines 61-79): RMSNormGated from mamba_ssm.ops.triton.layernorm_gated and the chunked
+# scans from mamba_ssm.ops.triton.ssd_combined (Triton kernels: Python files compiled on the GPU
+# at first use), and causal_conv1d_fn from causal-conv1d (a compiled extension; None when absent).
+# Without mamba-ssm the mixer's constructor raises "MambaSSM is not installed" (line 203).
+MAMBA_MODULES = ("mamba_ssm.ops.triton.layernorm_gated", "mamba_ssm.ops.triton.ssd_combined")
+# mamba-ssm's package __init__ imports ops/selective_scan_interface.py, which imports this compiled
+# Mamba-1 kernel at module level. A wheel built without its CUDA extension (MAMBA_SKIP_CUDA_BUILD)
+# lacks it; the Mamba-2 mixer never calls it.
+MAMBA1_KERNEL = "selective_scan_cuda"
+# The memory-efficient path (model.use_mamba_mem_eff_path, default True) runs
+# mamba_split_conv1d_scan_combined, whose forward calls causal-conv1d's compiled
+# causal_conv1d_fwd_function (mamba_ssm/ops/triton/ssd_combined.py:840); ssd_combined binds it
+# to None when causal-conv1d is absent (lines 21-28). The other path (mamba_mixer.py:502,
+# _ssm_prefill) convolves with torch's conv1d when causal_conv1d_fn is None (line 913).
+MEM_EFF_KERNEL_ATTR = "causal_conv1d_fwd_function"
+# Mamba layers in a hybrid pattern (megatron/core/models/hybrid/hybrid_layer_allocation.py: Symbols).
+MAMBA_SYMBOL = "M"
+# d_inner when mamba_num_heads is unset: hidden_size x expand (TransformerConfig, expand 2).
+MAMBA_EXPAND = 2
+
+# What this process found when it prepared mamba-ssm (prepare_mamba_ssm); read by configure().
+MAMBA_ENV: dict | None = None
+
+
+class AbsentKernelError(AttributeError, RuntimeError):
+    """Something used the compiled Mamba-1 kernel that this machine does not have.
+
+    An AttributeError too, so that generic introspection over ``sys.modules`` (``inspect``,
+    ``pickle.whichmodule``, ``getattr(module, name, default)``) treats the guard like a module
+    without that name instead of crashing; every real use still raises this error."""
+
+
+class AbsentKernelModule(types.ModuleType):
+    """Stands in for ``selective_scan_cuda`` so mamba-ssm's package import completes.
+
+    Every attribute a caller asks for raises ``AbsentKernelError`` naming what was asked,
+    so a call into the Mamba-1 kernel fails loudly, never silently."""
+
+    def __init__(self, name: str):
+        import importlib.machinery
+
+        super().__init__(name, "stands in for an absent compiled kernel (rehearse_train.py)")
+        self.__spec__ = importlib.machinery.ModuleSpec(name, None)  # find_spec() answers, as for any module
+
+    def __getattr__(self, attr: str):
+        raise AbsentKernelError(
+            f"{self.__name__}.{attr}: mamba-ssm's compiled Mamba-1 kernel is not installed on this machine "
+            "(the rehearsal registered this module only so that mamba-ssm's package import completes; "
+            "megatron-core's Mamba-2 layers do not use it). Install mamba-ssm with its CUDA extension."
+        )
+
+
+def _forget_modules(prefix: str) -> None:
+    for name in [m for m in sys.modules if m == prefix or m.startswith(prefix + ".")]:
+        del sys.modules[name]
+
+
+def _import_error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def prepare_mamba_ssm(modules=MAMBA_MODULES) -> dict:
+    """Import the mamba-ssm modules megatron-core's Mamba-2 mixer needs, before megatron is imported.
+
+    When the import fails only because the compiled Mamba-1 kernel ``selective_scan_cuda`` is
+    absent, that name is registered as an ``AbsentKernelModule`` and the import is tried again;
+    any other failure is reported as it is (``error``), and nothing is registered. Returns what
+    was found: ``installed``, ``version``, ``importable``, ``mamba1_kernel`` ("present" or
+    "absent (guarded)"), ``mem_eff_kernels`` (causal-conv1d's compiled functions reached
+    ssd_combined), ``causal_conv1d_installed`` and ``error``.
+    """
+    import importlib
+    import importlib.util
+    from importlib import metadata
+
+    info: dict = {
+        "installed": False,
+        "version": None,
+        "importable": False,
+        "mamba1_kernel": None,
+        "mem_eff_kernels": False,
+        "causal_conv1d_installed": importlib.util.find_spec("causal_conv1d") is not None,
+        "error": None,
+    }
+    try:
+        info["version"] = metadata.version("mamba-ssm")
+    except metadata.PackageNotFoundError:
+        pass
+    if importlib.util.find_spec("mamba_ssm") is None:
+        info["error"] = "mamba-ssm is not installed"
+        return info
+    info["installed"] = True
+
+    def import_all():
+        for name in modules:
+            importlib.import_module(name)
+
+    try:
+        import_all()
+        info["mamba1_kernel"] = "present"
+    except ModuleNotFoundError as exc:
+        if exc.name != MAMBA1_KERNEL or MAMBA1_KERNEL in sys.modules:
+            _forget_modules("mamba_ssm")  # megatron-core then meets the same failure itself, from scratch
+            info["error"] = _import_error_text(exc)
+            return info
+        _forget_modules("mamba_ssm")
+        sys.modules[MAMBA1_KERNEL] = AbsentKernelModule(MAMBA1_KERNEL)
+        try:
+            import_all()
+        except Exception as exc2:  # another cause behind the first: report it, leave nothing registered
+            del sys.modules[MAMBA1_KERNEL]
+            _forget_modules("mamba_ssm")
+            info["error"] = _import_error_text(exc2)
+            return info
+        info["mamba1_kernel"] = "absent (guarded)"
+    except Exception as exc:
+        _forget_modules("mamba_ssm")
+        info["error"] = _import_error_text(exc)
+        return info
+    info["importable"] = True
+    ssd = sys.modules.get(modules[-1])
+    info["mem_eff_kernels"] = getattr(ssd, MEM_EFF_KERNEL_ATTR, None) is not None
+    return info
+
+
+def mamba_layer_count(pattern) -> int:
+    """Mamba layers in a hybrid layer pattern (MTP copies after '/' included)."""
+    return str(pattern or "").count(MAMBA_SYMBOL)
+
+
+def model_has_mamba(model) -> bool:
+    """A Bridge model config with Mamba layers: a hybrid pattern holding 'M', or a hybrid
+    provider without a pattern (layers then allocated by ratio, Mamba first)."""
+    if model is None:
+        return False
+    pattern = getattr(model, "hybrid_layer_pattern", None) or getattr(model, "hybrid_override_pattern", None)
+    if pattern:
+        return mamba_layer_count(pattern) > 0
+    if not hasattr(model, "mamba_num_groups"):
+        return False
+    ratios = (getattr(model, "hybrid_attention_ratio", 0) or 0) + (getattr(model, "hybrid_mlp_ratio", 0) or 0)
+    return ratios < 1
+
+
+def unfused_mamba_extra_bytes(model, micro_batch_size: int) -> int | None:
+    """Activations the non-memory-efficient Mamba path saves beyond the memory-efficient one.
+
+    Per Mamba layer and token, in bf16 elements (d = d_inner / TP, g = 2 x groups x state / TP):
+    the fused kernel saves its input zxBCdt (2d + g + heads), its output before gating (d), and
+    the norm's input (d): about 4d + g (ssd_combined.py:883, MambaSplitConv1dScanCombinedFn;
+    mamba_mixer.py:727-781, _ssm_training). The unfused path saves the conv1d input and the
+    SiLU input (2 x (d + g)), contiguous x, B, C for the chunked scan (d + g), its output (d),
+    and the gated norm's y and z (2d): about 6d + 3g (mamba_mixer.py:784-1097, _ssm_prefill;
+    ssd_combined.py:603). The difference, 2 x (d + g) elements per token per layer, is what a
+    rehearsal on the unfused path holds above a job on the fused path, per micro-batch whose
+    activations are alive (the last one's, without pipeline parallelism). None when the shape
+    is unknown.
+    """
+    try:
+        hidden = int(model.hidden_size)
+        heads = getattr(model, "mamba_num_heads", None)
+        head_dim = int(getattr(model, "mamba_head_dim", 64) or 64)
+        d_inner = int(heads) * head_dim if heads else hidden * MAMBA_EXPAND
+        groups = int(getattr(model, "mamba_num_groups", 8) or 8)
+        state = int(getattr(model, "mamba_state_dim", 128) or 128)
+        tp = int(getattr(model, "tensor_model_parallel_size", 1) or 1)
+        cp = int(getattr(model, "context_parallel_size", 1) or 1)
+        seq = int(model.seq_length)
+        pattern = getattr(model, "hybrid_layer_pattern", None) or getattr(model, "hybrid_override_pattern", None)
+        layers = mamba_layer_count(pattern)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if not layers:
+        return None
+    pp = int(getattr(model, "pipeline_model_parallel_size", 1) or 1)
+    per_token = 2 * (d_inner + 2 * groups * state) // tp
+    return per_token * 2 * (seq // cp) * max(int(micro_batch_size), 1) * -(-layers // pp)
+
+
+def mamba_deviations(env: dict | None, mem_eff_requested: bool, extra_bytes: int | None) -> tuple[list[dict], bool]:
+    """The labelled deviations from a production run that this machine's mamba-ssm forces.
+
+    Returns ``(deviations, turn the memory-efficient path off)``. Nothing when mamba-ssm is
+    absent or broken: the model build then fails with megatron-core's own ImportError, reported
+    as an environment failure."""
+    if not env or not env.get("importable"):
+        return [], False
+    out: list[dict] = []
+    if env.get("mamba1_kernel") == "absent (guarded)":
+        out.append(
+            {
+                "id": "mamba1-kernel-absent",
+                "what": f"the module '{MAMBA1_KERNEL}' is registered as a guard that raises on any use",
+                "why": "mamba-ssm is installed without its compiled Mamba-1 kernel, which its package import "
+                "needs; megatron-core's Mamba-2 layers never call it",
+                "memory_effect": "none: the kernel is not on the Mamba-2 path, and a call into it fails the run",
+            }
+        )
+    turn_off = bool(mem_eff_requested and not env.get("mem_eff_kernels"))
+    if turn_off:
+        size = f"about {extra_bytes / GIB:.2f} GiB" if extra_bytes else "an amount that depends on the shape"
+        out.append(
+            {
+                "id": "mamba-mem-eff-path-off",
+                "what": "model.use_mamba_mem_eff_path: true -> false (megatron-core's unfused Mamba path)",
+                "why": "causal-conv1d's compiled functions are not installed (or do not import); the "
+                "memory-efficient kernel needs them, the unfused path convolves with torch's conv1d",
+                "memory_effect": f"measured peak is ABOVE a run on the memory-efficient path by {size} per "
+                "micro-batch in flight (more saved activations per Mamba layer); memory between steps is the same",
+                "extra_activation_bytes": extra_bytes,
+            }
+        )
+    return out, turn_off
 
 
 def jsonable(v):
@@ -993,8 +1235,21 @@ def preset_config(a):
     )
     if kind == "hybrid":
         from megatron.bridge.models.hybrid.hybrid_provider import HybridModelProvider
+        from megatron.core.activations import squared_relu
+        from megatron.core.transformer.enums import AttnBackend
 
-        model = HybridModelProvider(position_embedding_type="none", **common, **shape)
+        # Nemotron-H: no position embedding, squared-ReLU MLP without a gate (the nemotronh recipes).
+        # The hybrid provider defaults to attention_backend=flash (hybrid_provider.py:144), which lets
+        # Transformer Engine use FlashAttention only (language_module.py:_set_attention_backend) and needs
+        # the flash-attn package; auto (TransformerConfig's default, as the GPT presets have) lets it pick.
+        model = HybridModelProvider(
+            position_embedding_type="none",
+            activation_func=squared_relu,
+            gated_linear_unit=False,
+            attention_backend=AttnBackend.auto,
+            **common,
+            **shape,
+        )
     else:
         from megatron.bridge.models.gpt_provider import GPTModelProvider
 
@@ -1207,6 +1462,27 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
             s.apply("model.moe_router_force_load_balancing", True, "rehearsal", "--balanced-routing")
         else:
             facts["balanced_routing_ignored"] = "the model has no experts"
+    # Hybrid (Mamba) layers: what this machine's mamba-ssm can run (prepare_mamba_ssm, before the import).
+    model = get_dotted(cfg, "model")
+    if model_has_mamba(model):
+        requested = bool(get_dotted(cfg, "model.use_mamba_mem_eff_path", True))
+        extra = unfused_mamba_extra_bytes(model, mbs) if requested else None
+        deviations, mem_eff_off = mamba_deviations(MAMBA_ENV, requested, extra)
+        if mem_eff_off:
+            s.apply(
+                "model.use_mamba_mem_eff_path",
+                False,
+                "environment",
+                "causal-conv1d's compiled functions are not installed; the memory-efficient Mamba kernel needs them",
+            )
+        pattern = get_dotted(cfg, "model.hybrid_layer_pattern") or get_dotted(cfg, "model.hybrid_override_pattern")
+        facts["hybrid"] = {
+            "mamba_layers": mamba_layer_count(pattern) if pattern else None,
+            "mem_eff_path_requested": requested,
+            "mem_eff_path_used": requested and not mem_eff_off,
+            "mamba_ssm": {k: (MAMBA_ENV or {}).get(k) for k in ("version", "importable", "mamba1_kernel", "error")},
+        }
+        facts["deviations"] = deviations
     # PEFT: Bridge validates that a pretrained checkpoint path exists; the rehearsal's
     # pre-wrap hook adds the adapters without reading it (peft_hook_without_checkpoint).
     if get_dotted(cfg, "peft") is not None:
@@ -1367,6 +1643,12 @@ def peft_hook_without_checkpoint(report):
     return create
 
 
+def wants_mamba_ssm(a) -> bool:
+    """Whether this run may build Mamba layers: a hybrid preset, or any YAML or recipe (its
+    model is known only after Bridge is imported, and mamba-ssm must be prepared before)."""
+    return not a.model_preset or PRESETS[a.model_preset]["kind"] == "hybrid"
+
+
 def run_once(a, report: Report, fake: bool) -> int:
     import gc
     import shutil
@@ -1399,6 +1681,11 @@ def run_once(a, report: Report, fake: bool) -> int:
     if fake and a.save_load:
         report.data["checkpoint_planner"] = install_lowest_rank_checkpoint_planner()
         report.data["global_plan_checks"] = GLOBAL_PLAN_CHECKS  # the same list: filled by each save
+    if wants_mamba_ssm(a):
+        # megatron-core's Mamba mixer binds mamba-ssm's kernels when it is imported: prepare them first
+        global MAMBA_ENV
+        MAMBA_ENV = prepare_mamba_ssm()
+        report.data["mamba_ssm"] = MAMBA_ENV
     import megatron.bridge  # noqa: F401
     from megatron.bridge.training.gpt_step import forward_step
 
@@ -1408,6 +1695,7 @@ def run_once(a, report: Report, fake: bool) -> int:
     cfg, est, source = load_config(a)
     settings, facts = configure(a, cfg, est, fake, out, ckpt_dir)
     report.data["source"] = source
+    report.data["deviations"] = facts.pop("deviations", [])
     report.data["facts"] = facts
     report.data["settings_applied"] = settings.rows
     report.data["settings_summary"] = {

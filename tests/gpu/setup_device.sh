@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Set up a bare GPU machine (PyTorch present, no network) for the Megatron-Bridge smoke test.
 #
-# usage: tests/gpu/setup_device.sh WHEEL_DIR TE_CORE
+# usage: tests/gpu/setup_device.sh WHEEL_DIR TE_CORE [EXTRA_DIR]
 #   WHEEL_DIR  folder of wheels: megatron-bridge 0.6.2, megatron-core 0.19.2, megatron-fsdp 0.6.1,
 #              transformer_engine 2.20.2 (meta), transformer_engine_torch 2.20.2 (built for this torch),
 #              and their pure dependencies (tests/gpu/device-wheels.txt; tests/gpu/README.md says how to make it)
 #   TE_CORE    transformer_engine_cu13 2.20.2 wheel, or a folder holding it split into parts
 #              (te.part.0, te.part.1, ...: a 276 MB wheel is larger than some transfer limits allow)
+#   EXTRA_DIR  optional folder of optional wheels, installed the same way when present: mamba-ssm's
+#              pure-Python wheel (tests/gpu/build_mamba_wheel.sh) for hybrid (Mamba) models
 # env: PY (default: python3, the interpreter that has torch), TE_SHA256 (expected digest of TE_CORE),
 #      ALL=1 (reinstall what is present), DRY=1 (print the plan only)
 #
@@ -20,11 +22,20 @@
 #   "Failed to compile the C++ dataset helper functions". We write a Makefile whose target is the
 #   shipped extension, so make finds it up to date and builds nothing;
 # * torch must be imported before transformer_engine (torch loads libnccl.so.2, which TE's core
-#   library links against), which the final import check does.
+#   library links against), which the final import check does;
+# * mamba-ssm's wheel is pure Python and is installed without its dependencies: it needs torch,
+#   triton and einops (and transformers for its package import), which the image must have; the
+#   final check imports it the way rehearse_train.py does (before megatron, so that megatron-core's
+#   Mamba mixer binds its kernels) and says what the rehearsal will have to work around.
 set -euo pipefail
 
-WHEEL_DIR=${1:?usage: setup_device.sh WHEEL_DIR TE_CORE}
-TE_CORE=${2:?usage: setup_device.sh WHEEL_DIR TE_CORE}
+WHEEL_DIR=${1:?usage: setup_device.sh WHEEL_DIR TE_CORE [EXTRA_DIR]}
+TE_CORE=${2:?usage: setup_device.sh WHEEL_DIR TE_CORE [EXTRA_DIR]}
+EXTRA_DIR=${3:-}
+if [ -n "$EXTRA_DIR" ] && [ ! -d "$EXTRA_DIR" ]; then
+  echo "setup_device: EXTRA_DIR $EXTRA_DIR is not a folder" >&2
+  exit 2
+fi
 PY=${PY:-python3}
 TE_SHA256=${TE_SHA256:-30063d3699e779cce63617c3458804f7a504ce8279f2749c98313db9daae273e}  # transformer_engine_cu13-2.20.2 manylinux_2_28 x86_64 on PyPI
 TE_NAME=transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl
@@ -45,7 +56,7 @@ if [ "$got" != "$TE_SHA256" ]; then
 fi
 
 # Pick the wheels to install (one line per decision on stderr, the paths on stdout).
-SELECTED=$(ALL=${ALL:-0} STAGE="$STAGE" "$PY" - "$WHEEL_DIR" "$TE_WHL" <<'PYEOF'
+SELECTED=$(ALL=${ALL:-0} STAGE="$STAGE" "$PY" - "$WHEEL_DIR" "$TE_WHL" ${EXTRA_DIR:+"$EXTRA_DIR"} <<'PYEOF'
 import glob, os, shutil, sys
 from importlib import metadata
 
@@ -100,12 +111,4 @@ if [ ! -f "$DS_DIR/Makefile" ]; then
 fi
 make -q -C "$DS_DIR" && echo "dataset helpers: up to date"
 
-"$PY" - <<'PYEOF'
-import torch  # first: it loads libnccl.so.2 that TE's core library needs
-import transformer_engine.pytorch  # noqa: F401
-import megatron.core, megatron.bridge  # noqa: F401
-from importlib import metadata
-print("ready:", ", ".join(f"{d} {metadata.version(d)}" for d in (
-    "torch", "transformer-engine", "megatron-core", "megatron-bridge", "megatron-fsdp")),
-    "| CUDA devices:", torch.cuda.device_count())
-PYEOF
+"$PY" "$(dirname "${BASH_SOURCE[0]}")/check_device.py"

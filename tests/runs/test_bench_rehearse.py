@@ -34,7 +34,7 @@ def test_group_a_is_the_full_llama_1b_grid():
     assert first == [(1, "ddp"), (8, "distopt"), (8, "optim_grads_params"), (64, "distopt"), (64, "optim_grads_params")]
 
 
-def test_group_b_covers_trunks_moe_hybrid_peft_and_pp():
+def test_group_b_covers_trunks_moe_peft_and_pp():
     tags = _tags("B")
     assert {"model": "llama3-70b", "n": 64, "strategy": "optim_grads_params"} in tags
     assert {(t["model"], t["n"]) for t in tags if t["model"] == "llama3-8b"} == {("llama3-8b", 8), ("llama3-8b", 64)}
@@ -42,7 +42,7 @@ def test_group_b_covers_trunks_moe_hybrid_peft_and_pp():
     assert {(8, "optim_grads_params"), (64, "optim_grads_params")} <= moe and all(
         t.get("ep") == 8 for t in tags if t["model"] == "qwen3-moe-16l"
     )
-    assert {t["n"] for t in tags if t["model"] == "nemotronh-small"} == {8, 64}
+    assert {t["n"] for t in _tags("H") if t["model"] == "nemotronh-small"} == {8, 64}  # hybrid: its own group
     assert {t["n"] for t in tags if t.get("peft") == "lora"} == {8, 64}
     assert any(t.get("pp") == 2 and t["strategy"] == "optim_grads_params" for t in tags)
 
@@ -72,7 +72,10 @@ def test_each_run_fits_the_gpu_and_groups_fit_their_budget():
         # ideal packing bound: total GiB-seconds over the GPU budget, must leave room in the group's time
         gib_s = sum(r.est_gib * r.est_s for r in runs)
         assert gib_s / br.GPU_BUDGET_GIB < br.GROUP_BUDGET_S[g], g
-    assert sum(br.GROUP_BUDGET_S.values()) <= 16 * 60  # the device time the whole matrix may use
+    # the device time the dense/MoE matrix may use; the hybrid group is one device call of its own (<= 9 min
+    # with the install and the archive)
+    assert sum(v for g, v in br.GROUP_BUDGET_S.items() if g != "H") <= 16 * 60
+    assert br.GROUP_BUDGET_S["H"] <= 8 * 60
 
 
 def _run(name, gib, est_s=60):

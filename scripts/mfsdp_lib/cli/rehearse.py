@@ -72,9 +72,11 @@ router to spread tokens evenly (the worst case is not a balanced one; say which 
 
 Limits: losses and time per step mean nothing under the fake backend; communicator
 memory is an allowance, not a measurement; hybrid (Mamba) models need mamba-ssm on this
-machine; save/load at N > 1 runs with torch's global-plan coverage check waived (this
-process holds one rank's shards), so --parity (a real world of 1) is the save/load
-proof that compares values.
+machine, and without causal-conv1d they run megatron-core's unfused Mamba path (a
+deviation the report labels, with its memory effect: references/rehearse.md); save/load
+at N > 1 runs with torch's global-plan coverage check waived (this process holds one
+rank's shards), so --parity (a real world of 1) is the save/load proof that compares
+values.
 
 Exit codes: 0 every phase passed (and the parity, if asked), 1 a phase or the parity
 failed, 2 the rehearsal cannot run here (no CUDA or Megatron-Bridge, bad options)."""

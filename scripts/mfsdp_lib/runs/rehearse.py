@@ -221,7 +221,16 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
             category="environment",
             why="hybrid (Mamba) layers import mamba-ssm when the model is built; this machine does not have it",
             fix="install mamba-ssm and causal-conv1d into the training image (pip install mamba-ssm causal-conv1d "
-            "--no-build-isolation), then rehearse again",
+            "--no-build-isolation), then rehearse again; for a rehearsal alone mamba-ssm's Triton kernels are "
+            "enough (references/rehearse.md, 'Hybrid (Mamba) models')",
+        )
+    elif etype == "AbsentKernelError":
+        out.update(
+            category="environment",
+            why="something called mamba-ssm's compiled Mamba-1 kernel, which this machine does not have (the "
+            "rehearsal let mamba-ssm import without it because megatron-core's Mamba-2 layers do not use it)",
+            fix="install mamba-ssm with its CUDA extension (pip install mamba-ssm --no-build-isolation), then "
+            "rehearse again",
         )
     elif etype in ("OutOfMemoryError", "torch.OutOfMemoryError") or "CUDA out of memory" in first_line:
         out.update(
@@ -229,6 +238,26 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
             why="this rank's allocations exceeded the GPU",
             fix="'mfsdp.py memory CONFIG --gpu-mem-gib G' for the strategy and data-parallel size that fit; "
             "model.init_model_with_meta_device=true when it failed while building the model",
+        )
+    elif etype == "ValueError" and first_line.startswith("No dot product attention backend is available"):
+        # transformer_engine/pytorch/attention/dot_product_attention: every backend it may use was ruled out;
+        # megatron-core sets which ones it may use from model.attention_backend (language_module.py)
+        out.update(
+            category="environment",
+            why="Transformer Engine found no attention kernel it is allowed to use for these inputs; "
+            "model.attention_backend decides which are allowed (flash, the hybrid provider's default, allows "
+            "FlashAttention only, which needs the flash-attn package)",
+            fix="model.attention_backend=auto (Transformer Engine then picks among flash, cuDNN fused and unfused "
+            "attention), or install flash-attn; NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 prints why each was ruled out",
+        )
+    elif etype == "RuntimeError" and first_line.startswith("Failed to find C compiler"):
+        # triton/runtime/build.py: Triton builds its CUDA driver module and kernel launchers with the
+        # host's C compiler the first time a Triton kernel runs (mamba-ssm's kernels are Triton)
+        out.update(
+            category="environment",
+            why="Triton compiles a small C module the first time one of its kernels runs (hybrid Mamba layers "
+            "run on Triton kernels), and this machine has no C compiler",
+            fix="install a C compiler into the image (gcc or clang; or point CC at one), then rehearse again",
         )
     elif etype == "CheckpointException" and "global plan" in msg:
         out.update(
@@ -335,6 +364,14 @@ def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None 
             "mirrored_collectives": list(report.get("mirror_collectives") or []),
             "balanced_routing": bool(req.get("balanced_routing")),
         }
+    deviations = [
+        {k: d.get(k) for k in ("id", "what", "why", "memory_effect", "extra_activation_bytes") if k in d}
+        for d in report.get("deviations") or []
+        if isinstance(d, Mapping)
+    ]
+    mamba = report.get("mamba_ssm") if isinstance(report.get("mamba_ssm"), Mapping) else None
+    if failure and failure.get("type") in ("ImportError", "ModuleNotFoundError") and mamba and mamba.get("error"):
+        failure["why"] = f"{failure['why']} (mamba-ssm: {mamba['error']})"
     out = {
         "rank": req.get("rank", 0),
         "role": role,
@@ -350,6 +387,8 @@ def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None 
         "nccl": nccl_allowance(report.get("process_groups")),
         "moe": moe,
         "settings_changed": report.get("settings_summary") or {},
+        "hybrid": facts.get("hybrid") if isinstance(facts.get("hybrid"), Mapping) else None,
+        "deviations": deviations,
         "save_load": report.get("save_load"),
         "device": report.get("device"),
         "versions": report.get("versions"),
@@ -481,6 +520,19 @@ def render_text(summary: Mapping) -> str:
                 if c.get("rule") != f.get("rule"):
                     lines.append(f"  check also says [{c['rule']}] {c['message']}")
                     lines.append(f"    fix: {c['fix']}")
+        hy = r.get("hybrid")
+        if hy:
+            if hy.get("mem_eff_path_used"):
+                path = "memory-efficient (fused kernel)"
+            elif hy.get("mem_eff_path_requested"):
+                path = "unfused (the fused kernel cannot run here: see the deviation below)"
+            else:
+                path = "unfused, as the config asks (use_mamba_mem_eff_path=false)"
+            lines.append(f"  hybrid (Mamba): {hy.get('mamba_layers')} Mamba layers; Mamba path: {path}")
+        for d in r.get("deviations") or []:
+            lines.append(f"  DEVIATION from a production run [{d.get('id')}]: {d.get('what')}")
+            lines.append(f"    why: {d.get('why')}")
+            lines.append(f"    memory: {d.get('memory_effect')}")
         m = r.get("memory") or {}
         p = r.get("predicted") or {}
         if any(v is not None for v in m.values()):
