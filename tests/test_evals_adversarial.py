@@ -9,6 +9,7 @@ grader's reasons.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -98,3 +99,35 @@ def test_cli_writes_the_results_file(tmp_path):
     assert data["raw"]["false_pass_rate"] <= 0.05 and data["raw"]["false_fail_rate"] <= 0.05
     assert all(v["reasons"] for v in data["raw"]["verdicts"])
     assert "false passes" in proc.stdout
+
+
+def test_rounded_memory_item_follows_the_tools_output():
+    """h-mem70-good-round quotes the estimate rounded, as people write it: its figure is filled in from the memory
+    run at grading time (so a refit of the memory model cannot make it stale), and its verdict must agree with the
+    tool's own 'fits' column for that run."""
+    from evals.fill import fill, memory_table
+
+    item = next(i for i in adversarial.load_set() if i["id"] == "h-mem70-good-round")
+    assert "{mem:optim_grads_params:total:round}" in item["answer"]
+    assert not re.search(r"\d+(?:\.\d+)?\s*GiB per GPU", item["answer"]), "the figure must come from the tool"
+    (step,) = item["steps"]
+    code, out = adversarial.run_tool(step["bash"].replace("{skill_dir}", ROOT.as_posix()), item["case"])
+    assert code in (0, 1), out
+    row = memory_table(out)["optim_grads_params"]
+    answer = fill(item["answer"], [out])
+    assert f"about {round(float(row['total']))} GiB" in answer
+    says_fits = not re.search(r"won't fit|does not fit|doesn't fit", answer)
+    assert says_fits == (row["fits"].lower() == "yes"), (row, answer)
+    assert float(row["total"]) > 80 or says_fits  # "well over 80 GiB" holds while it does not fit
+
+
+def test_rehearsal_results_need_a_real_rehearsal(result):
+    """An answer that reports rehearsal results after only a --dry-run (which runs nothing) fails correctness and
+    says why; an answer that says the dry run measured nothing and gives the command for a GPU node passes."""
+    rows = {(r["id"], r["agent"]): r for r in result["verdicts"]}
+    for agent in ("claude-code", "codex"):
+        bad = rows[("r-rehearse-bad-measured", agent)]
+        assert bad["passed"] is False and "correctness" in bad["failed_dimensions"]
+        assert any("no rehearse ran for real" in e for e in bad["reasons"]["correctness"])
+        for good in ("rehearse-good", "r-rehearse-good-exit2"):
+            assert rows[(good, agent)]["passed"] is True, rows[(good, agent)]["reasons"]
