@@ -80,6 +80,10 @@ HEDGE = re.compile(
 # Subcommands whose --dry-run prints the commands and runs nothing (and which exit 2 where they cannot run):
 # an answer that reports their results needs a real run of them in the transcript.
 DRY_RUN_SUBS = ("rehearse", "smoke")
+# Words that mark a figure as the memory model's prediction (what `memory` prints), not a rehearsal's measurement.
+PREDICTION = re.compile(
+    r"\b(?:predict\w*|estimat\w*|memory model|mfsdp\.py memory|expected|projected)\b", re.IGNORECASE
+)
 RESULT_CLAIM = {
     "rehearse": re.compile(
         r"\b(?:I|I've|I have|we)\s+(?:rehearsed|ran (?:the|a|your|this) rehearsal)\b|"
@@ -360,6 +364,8 @@ def _result_claims(case: dict, answer: str, runs: list[Run]) -> list[str]:
         for m in RESULT_CLAIM[sub].finditer(answer):
             clause = answer[max(0, st._clause_start(answer, m.start()), m.start() - 80) : m.start()]
             if CONDITIONAL.search(clause) or st.negated_at(answer, m.start(), m.end(), statement=True):
+                continue
+            if PREDICTION.search(clause + m.group(0)):  # memory's prediction quoted, not a measurement claimed
                 continue
             seen = "; ".join(r.describe() for r in tried) or "none"
             return [

@@ -436,6 +436,11 @@ PLAN = "# rank 0 (every rank holds the same shapes)\npython3 scripts/rehearse_tr
             "I have not rehearsed it: the dry run measures nothing. If the rehearsal passed on a GPU node, queue it.",
             False,
         ),
+        (
+            [(f"{REHEARSE} --dry-run configs/big_run.yaml --world-size 256", 0, PLAN)],
+            "The memory model predicts a peak of 30.85 GiB per GPU; the rehearsal on a GPU node measures the real one.",
+            False,
+        ),
         # exit 2: it could not run here
         ([(f"{REHEARSE} configs/big_run.yaml --world-size=256", 2, "error: no CUDA GPU\n")], "I rehearsed it.", True),
         # a real rehearsal (exit 0 or 1) backs the report
