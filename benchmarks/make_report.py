@@ -99,7 +99,8 @@ EXPECTED = (
         "evals-adversarial",
         "Eval grader's false-pass and false-fail rates on the adversarial regression set",
         lambda r: _bid(r) == "evals_adversarial",
-        "`python3 -m evals adversarial --out benchmarks/results/evals_adversarial.json`",
+        "`python3 -m evals adversarial --out benchmarks/results/evals_adversarial.json "
+        "--report benchmarks/results/evals_adversarial_report.md`",
     ),
     Expected(
         "memory-vs-measured",

@@ -14,6 +14,8 @@ recommendation ("use ckpt_format=torch_dist, not fsdp_dtensor") contains them al
 * ``forbidden``: claims that make the answer wrong or harmful (one un-negated match fails it);
 * ``exit_codes``: exit statuses of ``expected_script`` that mean it worked on usable input (2 never does);
 * ``script_input``: what the run must be pointed at (a file of the case's project, or an override word);
+* ``script_options``: options the run must carry, each ``--name=value`` (given as ``--name value`` or
+  ``--name=value``), e.g. the job's real world size;
 * ``decisive``: a hedge ("both are fine") fails; ``numbers_from_tool``: memory figures in the answer must be
   the tool's; ``policy``: the user's files and off-limits material (``evals.security.Policy``);
 * ``fixture``: the project tree under ``evals/fixtures/`` the agent starts in.
@@ -89,6 +91,7 @@ class CaseChecks:
     forbidden: tuple[Fact, ...] = ()
     exit_codes: tuple[int, ...] = DEFAULT_EXIT_CODES
     script_input: tuple[str, ...] = ()
+    script_options: tuple[str, ...] = ()
     decisive: bool = True
     numbers_from_tool: bool = False
     policy: Policy = field(default_factory=Policy)
@@ -783,16 +786,56 @@ CHECKS: dict[str, CaseChecks] = {
     "mfsdp-rehearse-before-cluster": CaseChecks(
         fixture="rehearse-before-cluster",
         facts=(
-            Fact("check the exact config first", near(word("check"), word(r"config\w*", r"yaml", r"run_config"), 120)),
             Fact(
-                "a small real run of the same setup before the cluster",
-                word(r"smoke", r"rehears\w*", r"1[- ]GPU", r"one GPU", r"single GPU", r"2[- ]GPUs?", r"small run"),
+                "gives the rehearse command for the job's world size",
+                near(word("rehearse"), r"--world-size[= ]256(?!\d)", 160),
+                negatable=False,
             ),
             Fact(
-                "memory at the target scale",
-                near(word(r"memory"), word(r"--dp", r"target", "256", "scale", "fit", "fits"), 200),
+                "one GPU plays a rank of the 256-GPU world",
+                near(
+                    word(r"one GPU", r"single GPU", r"1 GPU", r"a GPU node", r"one GPU node"),
+                    word(
+                        r"rank\s*0",
+                        r"ranks?",
+                        r"fake (?:world|process[- ]group|backend)",
+                        r"world (?:size )?(?:of )?256",
+                    ),
+                    240,
+                ),
+                negatable=False,
+            ),
+            Fact(
+                "says it shows failures at model wrap or in the first steps",
+                near(
+                    word(r"fail\w*", r"errors?", r"crash\w*", r"breaks?"),
+                    word(r"model[ _]wrap\w*", r"wrap\w*", r"first steps?"),
+                    160,
+                ),
+                negatable=False,
+            ),
+            Fact(
+                "says it shows the rank's memory",
+                word(r"memory", r"peak (?:allocated|reserved)", r"OOM", r"out of memory"),
+                negatable=False,
             ),
         ),
+        forbidden=(
+            Fact(
+                "sends the 256-GPU job without a rehearsal",
+                word(
+                    r"just (?:submit|launch|queue|run|start) (?:it|the (?:256[- ]GPU )?job)",
+                    r"(?:submit|launch|queue|start) (?:it|the (?:256[- ]GPU |big |full )?(?:job|run)) "
+                    r"(?:now|straight away|right away|directly|as is)",
+                    r"(?:safe|good|ready|fine|clear) to (?:launch|submit|queue|go)",
+                    r"rehears\w* (?:on (?:1-2|one|a few) GPUs? )?(?:tells|shows) (?:you )?nothing",
+                    r"no need to rehearse",
+                    r"skip the rehearsal",
+                ),
+            ),
+        ),
+        script_input=("configs/big_run.yaml",),
+        script_options=("--world-size=256",),
     ),
     "mfsdp-memory-70b-fit": CaseChecks(
         forbidden_settings=(NO_PP,),

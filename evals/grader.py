@@ -88,6 +88,30 @@ HEDGE = re.compile(
     re.IGNORECASE,
 )
 
+# Subcommands whose --dry-run prints the commands and runs nothing (and which exit 2 where they cannot run):
+# an answer that reports their results needs a real run of them in the transcript.
+DRY_RUN_SUBS = ("rehearse", "smoke")
+# Words that mark a figure as the memory model's prediction (what `memory` prints), not a rehearsal's measurement.
+PREDICTION = re.compile(
+    r"\b(?:predict\w*|estimat\w*|memory model|mfsdp\.py memory|expected|projected)\b", re.IGNORECASE
+)
+RESULT_CLAIM = {
+    "rehearse": re.compile(
+        r"\b(?:I|I've|I have|we)\s+(?:rehearsed|ran (?:the|a|your|this) rehearsal)\b|"
+        r"\brehears(?:al|ed|ing)\b[^.\n]{0,80}?\b(?:passed|succeeded|failed|showed|measured|reported|found|peaked|"
+        r"came back|went through|completed|trained|ran (?:clean|fine|through))\b|"
+        r"\b(?:every|all|each)\s+(?:\w+\s+)?phases?\s+(?:\w+\s+)?passed\b|\bmodel_wrap\s+(?:phase\s+)?passed\b|"
+        r"\b(?:measured|peak(?:ed)?(?:\s+(?:allocated|reserved))?(?:\s+memory)?(?:\s+(?:was|is|at|of|reached))?:?)"
+        r"\s+(?:about\s+|~)?\d+(?:\.\d+)?\s*(?:GiB|GB)\b",
+        re.IGNORECASE,
+    ),
+    "smoke": re.compile(
+        r"\b(?:I|I've|I have|we)\s+ran (?:the|a) smoke(?: test)?\b|"
+        r"\bsmoke(?: test| run)?\b[^.\n]{0,60}?\b(?:passed|succeeded|showed|measured|completed|trained)\b",
+        re.IGNORECASE,
+    ),
+}
+
 
 # --------------------------------------------------------------------------- data
 
@@ -152,6 +176,7 @@ class Run:
     def __init__(self, call, cmd: Command, sub: str | None, args: list[str]):
         self.call, self.cmd, self.sub, self.args = call, cmd, sub, args
         self.help = bool(NOT_A_RUN & set(args)) or sub in NOT_A_RUN
+        self.dry_run = "--dry-run" in args
         visible = cmd.status_visible and (cmd.via == "line" or cmd.via.endswith(" -c"))
         self.exit_code = call.exit_code if visible and not call.denied else None
         if self.exit_code is None and not call.denied:
@@ -206,6 +231,13 @@ def _input_matches(run: Run, wanted: tuple[str, ...]) -> str | None:
             if "/" in rel and (rel.endswith("/" + w) or fnmatch.fnmatch(rel, "*/" + w)):
                 return a
     return None
+
+
+def _has_option(run: Run, option: str) -> bool:
+    """Whether RUN carries OPTION (``--name=value``), written ``--name value`` or ``--name=value``."""
+    name, _, value = option.partition("=")
+    a = run.args
+    return any(x == option or (x == name and i + 1 < len(a) and a[i + 1] == value) for i, x in enumerate(a))
 
 
 # --------------------------------------------------------------------------- security
@@ -329,11 +361,41 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
                 break
         else:
             evidence.append("memory figures in the answer match the tool's output")
+    problems += _result_claims(case, answer, runs)
     if cc is not None and cc.decisive:
         m = HEDGE.search(answer)
         if m:
             problems.append(f"hedges instead of deciding ({m.group(0)!r})")
     return problems, evidence
+
+
+def _result_claims(case: dict, answer: str, runs: list[Run]) -> list[str]:
+    """Results of a rehearsal or smoke run reported without a real run of it (a --dry-run runs nothing).
+
+    Judged where the case asks for that subcommand or the agent tried it, so a user's own smoke log read
+    with ``log`` is not mistaken for a claimed run.
+    """
+    spec = case.get("expected_script") or ""
+    wanted = parse_expected_script(spec)[1] if spec else None
+    for sub in DRY_RUN_SUBS:
+        tried = [r for r in runs if r.sub == sub]
+        if sub != wanted and not tried:
+            continue
+        real = [r for r in tried if not r.dry_run and r.exit_code in (0, 1)]
+        if real:
+            continue
+        for m in RESULT_CLAIM[sub].finditer(answer):
+            clause = answer[max(0, st._clause_start(answer, m.start()), m.start() - 80) : m.start()]
+            if CONDITIONAL.search(clause) or st.negated_at(answer, m.start(), m.end(), statement=True):
+                continue
+            if PREDICTION.search(clause + m.group(0)):  # memory's prediction quoted, not a measurement claimed
+                continue
+            seen = "; ".join(r.describe() for r in tried) or "none"
+            return [
+                f"reports {sub} results ({m.group(0)!r}) but no {sub} ran for real in the transcript "
+                f"(a --dry-run runs nothing, exit 2 means it could not run; runs of {sub}: {seen})"
+            ]
+    return []
 
 
 # Words that name a subcommand in an answer ("the checker", "the log check"), to find the run a claim is about.
@@ -459,6 +521,16 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
                 ],
             }
         real = on_input
+    if cc and cc.script_options:
+        with_opts = [r for r in real if all(_has_option(r, o) for o in cc.script_options)]
+        if not with_opts:
+            want = ", ".join(o.replace("=", " ") for o in cc.script_options)
+            return {
+                "score": 0.25,
+                "passed": False,
+                "evidence": [f"{spec} ran, but never with {want}: {real[-1].describe()}"],
+            }
+        real = with_opts
     ok = [r for r in real if r.exit_code is not None and r.exit_code in accepted]
     if ok:
         r = ok[0]

@@ -98,6 +98,9 @@ COPY_IGNORE = shutil.ignore_patterns(
     "*.pyc",
     ".pytest_cache",
     ".hypothesis",
+    ".mypy_cache",  # the lint's caches: large, and rewritten while a concurrent mypy run holds them
+    ".ruff_cache",
+    ".venv310",
     "node_modules",
     ".cache",
     "build",

@@ -9,6 +9,7 @@ rate is above 5% on the whole set, and names every wrong verdict with the grader
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -93,8 +94,9 @@ def test_cli_writes_the_results_file(tmp_path):
     import subprocess
 
     out = tmp_path / "adv.json"
+    report = tmp_path / "adv.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "evals", "adversarial", "--out", str(out)],
+        [sys.executable, "-m", "evals", "adversarial", "--out", str(out), "--report", str(report)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -109,3 +111,79 @@ def test_cli_writes_the_results_file(tmp_path):
     assert data["raw"]["false_pass_rate"] <= 0.05 and data["raw"]["false_fail_rate"] <= 0.05
     assert all(v["reasons"] for v in data["raw"]["verdicts"])
     assert "false passes" in proc.stdout
+    # the report: every item a section with its label, every transcript's verdict and the reasons of all 5 dimensions
+    text = report.read_text()
+    assert data["command"].endswith(f"--report {report}") and str(report) in " ".join(data["notes"])
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert len(sections) == data["raw"]["items"]
+    for v in data["raw"]["verdicts"]:
+        section = next(sec for sec in sections if sec.split("\n", 1)[0] == v["id"])
+        assert f"labelled **{v['label']}**" in section
+        block = section.split(f"- {v['agent']}: ", 1)[1].split("\n- ", 1)[0]
+        assert block.startswith("pass" if v["passed"] else "fail (")
+        for dim, reasons in v["reasons"].items():
+            assert f"  - {dim}: {reasons[0].replace('|', chr(92) + '|').replace(chr(10), ' ')}" in block
+
+
+def test_rounded_memory_item_follows_the_tools_output():
+    """h-mem70-good-round quotes the estimate rounded, as people write it: its figure is filled in from the memory
+    run at grading time (so a refit of the memory model cannot make it stale), and its verdict must agree with the
+    tool's own 'fits' column for that run."""
+    from evals.fill import fill, memory_table
+
+    item = next(i for i in adversarial.load_set() if i["id"] == "h-mem70-good-round")
+    assert "{mem:optim_grads_params:total:round}" in item["answer"]
+    assert not re.search(r"\d+(?:\.\d+)?\s*GiB per GPU", item["answer"]), "the figure must come from the tool"
+    (step,) = item["steps"]
+    code, out = adversarial.run_tool(step["bash"].replace("{skill_dir}", ROOT.as_posix()), item["case"])
+    assert code in (0, 1), out
+    row = memory_table(out)["optim_grads_params"]
+    answer = fill(item["answer"], [out])
+    assert f"about {round(float(row['total']))} GiB" in answer
+    says_fits = not re.search(r"won't fit|does not fit|doesn't fit", answer)
+    assert says_fits == (row["fits"].lower() == "yes"), (row, answer)
+    assert float(row["total"]) > 80 or says_fits  # "well over 80 GiB" holds while it does not fit
+
+
+def test_rehearsal_results_need_a_real_rehearsal(result):
+    """An answer that reports rehearsal results after only a --dry-run (which runs nothing) fails correctness and
+    says why; an answer that says the dry run measured nothing and gives the command for a GPU node passes."""
+    rows = {(r["id"], r["agent"]): r for r in result["verdicts"]}
+    for agent in ("claude-code", "codex"):
+        bad = rows[("r-rehearse-bad-measured", agent)]
+        assert bad["passed"] is False and "correctness" in bad["failed_dimensions"]
+        assert any("no rehearse ran for real" in e for e in bad["reasons"]["correctness"])
+        for good in ("rehearse-good", "r-rehearse-good-exit2"):
+            assert rows[(good, agent)]["passed"] is True, rows[(good, agent)]["reasons"]
+
+
+def _stated(text: str, what: str) -> tuple[int, int]:
+    m = re.search(rf"{what}\s+(\d+)/(\d+)\s*=\s*(\d+(?:\.\d+)?)%", text)
+    assert m, f"no '{what} N/M = X%' in: {text[:300]}"
+    n, d = int(m.group(1)), int(m.group(2))
+    assert m.group(3) == (f"{100 * n / d:.1f}" if d else "0.0")
+    return n, d
+
+
+def test_skill_card_and_committed_result_state_the_rates_the_command_gives(result):
+    """skill-card.md states the grader's rates with the command that produces them; both, and the committed result
+    file behind BENCHMARK.md, must equal what the command gives on the repository's set now (so they cannot drift:
+    after a change to the set or the grader, rerun the command and copy its figures)."""
+    card = (ROOT / "skill-card.md").read_text()
+    bullet = next(b for b in card.split("\n- ") if "python3 -m evals adversarial" in b)
+    bullet = " ".join(bullet.split())
+    committed = json.loads((ROOT / "benchmarks" / "results" / "evals_adversarial.json").read_text())
+    assert f"`{committed['command']}`" in bullet, "the card names the command that wrote the committed result"
+    assert committed["command"].startswith("python3 -m evals adversarial --out benchmarks/results/")
+    assert _stated(bullet, "false passes") == (result["false_passes"], result["bad"])
+    assert _stated(bullet, "false fails") == (result["false_fails"], result["good"])
+    assert f"{result['items']} hand-labelled items" in bullet and f"{result['transcripts']} transcripts" in bullet
+    assert f"{result['good']} good, {result['bad']} bad" in bullet
+    raw = committed["raw"]
+    for key in ("items", "transcripts", "good", "bad", "false_passes", "false_fails"):
+        assert raw[key] == result[key], (
+            f"benchmarks/results/evals_adversarial.json is stale on {key}: rerun the command"
+        )
+    # the test can fail: a card that rounds a rate away from the command's output is caught
+    with pytest.raises(AssertionError):
+        assert _stated("false passes 1/120 = 0.0%", "false passes") == (1, 120)

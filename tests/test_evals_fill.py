@@ -62,3 +62,13 @@ def test_scripted_model_fills_the_final_text_from_the_tool_result_it_was_sent():
     message, index = model.anthropic_message(body, 100)
     total = memory_table(out)["optim_grads_params"]["total"]
     assert index == 1 and message["content"][-1]["text"] == sm.labelled(f"{total} GiB")
+
+
+def test_round_form_gives_the_whole_number_people_write():
+    out = _memory_output()
+    total = memory_table(out)["optim_grads_params"]["total"]
+    assert fill("about {mem:optim_grads_params:total:round} GiB", [out]) == f"about {round(float(total))} GiB"
+    # a cell that is not a number ("-" for no DP that fits, YES/NO) keeps the placeholder, which the grader fails
+    row = memory_table(out)["ddp"]
+    assert row["min_dp"] == "-" or row["min_dp"].isdigit()
+    assert fill("{mem:ddp:fits:round}", [out]) == "{mem:ddp:fits:round}"

@@ -470,3 +470,82 @@ def test_pipeline_parallel_above_one_is_never_recommended_for_a_megatron_fsdp_jo
         assert any("pipeline_model_parallel_size=4" in h["fact"] for h in res["forbidden"]), case
         res = checks.evaluate(case, "Your config has pipeline_model_parallel_size=4; use PP=1 instead.")
         assert not res["forbidden"], case
+
+
+def _claude_events(commands: list[tuple[str, int, str]], answer: str) -> list[dict]:
+    """A minimal Claude Code stream-json transcript: the skill loaded, COMMANDS run (command, exit, output), ANSWER."""
+    from evals import adversarial
+
+    item = {"id": "t", "answer": answer}
+    steps = [{"bash": c, "exit": code, "output": out} for c, code, out in commands]
+    return adversarial.render_claude(item, steps)
+
+
+REHEARSE = "python3 .claude/skills/nemo-mbridge-perf-megatron-fsdp/scripts/mfsdp.py rehearse"
+PLAN = "# rank 0 (every rank holds the same shapes)\npython3 scripts/rehearse_train.py --yaml configs/big_run.yaml\n"
+
+
+@pytest.mark.parametrize(
+    "runs, answer, claim_fails",
+    [
+        # only a dry run: reported results are a false claim, an honest plan is not
+        ([(f"{REHEARSE} --dry-run configs/big_run.yaml --world-size 256", 0, PLAN)], "The rehearsal passed.", True),
+        ([(f"{REHEARSE} --dry-run configs/big_run.yaml --world-size 256", 0, PLAN)], "Rank 0 peaked at 61 GiB.", True),
+        (
+            [(f"{REHEARSE} --dry-run configs/big_run.yaml --world-size 256", 0, PLAN)],
+            "I have not rehearsed it: the dry run measures nothing. If the rehearsal passed on a GPU node, queue it.",
+            False,
+        ),
+        (
+            [(f"{REHEARSE} --dry-run configs/big_run.yaml --world-size 256", 0, PLAN)],
+            "The memory model predicts a peak of 30.85 GiB per GPU; the rehearsal on a GPU node measures the real one.",
+            False,
+        ),
+        # exit 2: it could not run here
+        ([(f"{REHEARSE} configs/big_run.yaml --world-size=256", 2, "error: no CUDA GPU\n")], "I rehearsed it.", True),
+        # a real rehearsal (exit 0 or 1) backs the report
+        (
+            [(f"{REHEARSE} configs/big_run.yaml --world-size 256", 0, "every phase passed\n")],
+            "The rehearsal passed.",
+            False,
+        ),
+    ],
+)
+def test_rehearsal_results_need_a_real_rehearsal(runs, answer, claim_fails):
+    case = grader.get_case("mfsdp-rehearse-before-cluster")
+    t = read_transcript_events(_claude_events(runs, answer))
+    problems, _ = grader.tool_claims(case, grader.checks_mod.CHECKS[case["id"]], t)
+    assert any("no rehearse ran for real" in p for p in problems) is claim_fails, problems
+
+
+def test_smoke_results_in_a_log_case_are_about_the_users_log():
+    """'The smoke run passed' about the user's own log (read with `log`) is no claim of a smoke run of ours."""
+    case = grader.get_case("mfsdp-log-smoke-pass")
+    log = "python3 .claude/skills/nemo-mbridge-perf-megatron-fsdp/scripts/mfsdp.py log logs/smoke.log"
+    t = read_transcript_events(_claude_events([(log, 0, "log: healthy\n")], "The smoke run passed: healthy."))
+    problems, _ = grader.tool_claims(case, grader.checks_mod.CHECKS[case["id"]], t)
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    "args, ok",
+    [
+        ("--dry-run configs/big_run.yaml --world-size 256", True),
+        ("--dry-run configs/big_run.yaml --world-size=256", True),
+        ("--dry-run configs/big_run.yaml --world-size 8", False),
+        ("--dry-run configs/big_run.yaml", False),
+    ],
+)
+def test_effectiveness_needs_the_cases_options(args, ok):
+    case = grader.get_case("mfsdp-rehearse-before-cluster")
+    t = read_transcript_events(_claude_events([(f"{REHEARSE} {args}", 0, PLAN)], "answer"))
+    eff = grader.grade_effectiveness(case, t)
+    assert eff["passed"] is ok, eff["evidence"]
+    if not ok:
+        assert "never with --world-size 256" in eff["evidence"][0]
+
+
+def read_transcript_events(events: list[dict]):
+    from evals.transcripts import read_events
+
+    return read_events(events, agent="claude-code")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +222,59 @@ def test_mcore_facts_in_megatron_core_0192(mcore_src):
     assert re.search(r"cuda_graph_impl: Literal\[[^\]]*'transformer_engine'", tc)
     training = (mcore_src / "megatron" / "training" / "config" / "training_config.py").read_text()
     assert re.search(r'ckpt_format: Literal\[[^\]]*\] = "torch_dist"', training)
+
+
+def _dispatcher_subcommands() -> list[str]:
+    """The subcommands scripts/mfsdp.py really dispatches: its COMMANDS table, loaded from the script itself, and
+    the same names in the order its top-level --help lists them (what a user and an agent see)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mfsdp_entry_for_coverage", ROOT / "scripts" / "mfsdp.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = list(module.COMMANDS)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "mfsdp.py"), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    listed = re.findall(r"^  (\w+)  ", proc.stdout.split("\ncommands:\n", 1)[1].split("\n\n", 1)[0], re.M)
+    assert listed == table, (listed, table)
+    return table
+
+
+def uncovered_subcommands(subcommands, cases, good_scripts) -> dict[str, str]:
+    """Subcommand -> why no case exercises it: none names it as expected_script, or no case's good scripted run
+    runs it (so the end-to-end tests with both CLIs never call it)."""
+    named = {
+        c["expected_script"].split()[1] for c in cases if c.get("expected_script", "") and " " in c["expected_script"]
+    }
+    ran = set()
+    for turns in good_scripts.values():
+        for t in turns:
+            words = shlex.split(t.get("run", ""))
+            if len(words) >= 3 and words[1] == "{skill_dir}/scripts/mfsdp.py":
+                ran.add(words[2])
+    out = {}
+    for sub in subcommands:
+        if sub not in named:
+            out[sub] = "no case has expected_script 'scripts/mfsdp.py " + sub + "'"
+        elif sub not in ran:
+            out[sub] = "no good scripted run (evals/scripted/*.json) runs it"
+    return out
+
+
+def test_every_subcommand_of_the_dispatcher_is_exercised_by_a_case():
+    from evals import runner
+    from evals import scripted_model as sm
+
+    subs = _dispatcher_subcommands()
+    assert "rehearse" in subs and len(subs) >= 9
+    scripts = {cid: sm.load_script(p)["turns"] for cid, p in runner.scripted_cases().items()}
+    assert uncovered_subcommands(subs, EVALS, scripts) == {}
+    # the test can fail: a subcommand the dispatcher gains without a case is reported
+    missing = uncovered_subcommands([*subs, "newcmd"], EVALS, scripts)
+    assert list(missing) == ["newcmd"] and "expected_script" in missing["newcmd"]
+    # ... and so is one that a case names but no scripted run calls
+    no_runs = {cid: [t for t in turns if "mfsdp.py rehearse" not in t.get("run", "")] for cid, turns in scripts.items()}
+    assert list(uncovered_subcommands(subs, EVALS, no_runs)) == ["rehearse"]
