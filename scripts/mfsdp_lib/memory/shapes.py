@@ -628,6 +628,82 @@ def _lora_numel(part: Part, lora: Lora | None) -> int:
 
 
 @dataclass(frozen=True)
+class UnitGroup:
+    """One Megatron FSDP parameter group of an FSDP unit (a decoder layer) on this rank.
+
+    megatron_fsdp/param_and_grad_buffer.py:1786-1816 (``_get_parameter_groups``) groups a unit's
+    parameters by dtype, expert or not, and ``requires_grad``: a layer is one group, plus one for its
+    routed experts; with PEFT the frozen base weights and the trainable adapters are separate groups.
+    ``elements``: the group's parameters laid out in ``chunk``-sized rows (``chunk_size_factor``,
+    :1873-1905; ``build_data_parallel_buffer_index`` rounds an item that is not a whole number of
+    rows up to one, :323-331); the bucket is then padded to a multiple of DP x ``chunk`` (:284-286).
+    """
+
+    expert: bool
+    lora: bool
+    elements: float
+    chunk: int
+
+    def bucket(self, dp: int) -> float:
+        """Elements of the group's bucket (its all-gathered size) for a data-parallel group of ``dp``."""
+        if dp <= 1:
+            return self.elements
+        step = dp * self.chunk
+        return math.ceil(self.elements / step) * step
+
+
+def fsdp_chunk_factor(items: list[tuple[float, int]]) -> int:
+    """``chunk_size_factor`` of a group of ``(numel, numel of shape[1:])`` items, by Megatron FSDP's
+    rule (param_and_grad_buffer.py:1873-1905): items sorted by row size, largest first; an item
+    whose row neither equals nor divides the factor (with whole rows) widens it to the lcm."""
+    rows = sorted(items, key=lambda x: -x[1])
+    if not rows:
+        return 1
+    chunk = max(1, rows[0][1])
+    for numel, row in rows:
+        row = max(1, row)
+        if row == chunk or (chunk % row == 0 and numel % chunk == 0) or numel < chunk:
+            continue
+        chunk = math.lcm(chunk, row)
+    return chunk
+
+
+def _group_elements(items: list[tuple[float, int]], chunk: int) -> float:
+    """Elements of a bucket before padding: items of at least one row rounded up to whole rows
+    (an upper bound: Megatron FSDP may pair two remainders in one row), smaller ones as they are."""
+    total = 0.0
+    for numel, _ in items:
+        total += math.ceil(numel / chunk) * chunk if numel >= chunk else numel
+    return total
+
+
+def _unit_groups(parts: list[Part], lora: Lora | None, div: dict[str, int]) -> tuple[UnitGroup, ...]:
+    """The Megatron FSDP parameter groups of one layer on this rank (see ``UnitGroup``). A weight
+    ``in x out`` is a ``[out, in]`` tensor (rows of ``in``); per copy for grouped experts; LoRA's
+    ``linear_in`` is ``[dim, in]`` and ``linear_out`` ``[out, dim]`` (peft/utils.py:1862-1865)."""
+    groups: dict[tuple[bool, bool], list[tuple[float, int]]] = {}
+    for p in parts:
+        expert = p.split == "ep"
+        share = div[p.split]
+        # copies on this rank: EP hands each rank whole experts; other copies are all local
+        n = max(1, round(p.copies / share)) if expert else max(1, round(p.copies))
+        part_share = share / (p.copies / n) if expert else share  # what is left to split per copy (ETP)
+        if p.matrix and p.fan[0]:
+            groups.setdefault((expert, False), []).extend([(p.numel / p.copies / part_share, p.fan[0])] * n)
+        else:
+            groups.setdefault((expert, False), []).append((p.numel / share, 1))
+        if lora is not None and _lora_numel(p, lora):
+            adapters = groups.setdefault((expert, True), [])
+            adapters.extend([(lora.dim * p.fan[0] / part_share, p.fan[0])] * n)
+            adapters.extend([(lora.dim * p.fan[1] / part_share, lora.dim)] * n)
+    out = []
+    for (expert, is_lora), items in groups.items():
+        chunk = fsdp_chunk_factor(items)
+        out.append(UnitGroup(expert, is_lora, _group_elements(items, chunk), chunk))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Counts:
     """Parameter counts: global, and on the most-loaded GPU (one TP/PP/EP shard)."""
 
@@ -657,6 +733,10 @@ class Counts:
     gpu_largest_matrix: float = 0.0  # largest 2-D weight on the GPU (Muon's orthogonalisation works on one)
     first_stage_total: float = 0.0  # parameters on a rank of the first pipeline stage (global rank 0)
     gpu_unit_experts: float = 0.0  # of gpu_unit, the routed experts (sharded over the expert-data-parallel group)
+    # Megatron FSDP's parameter groups of the largest layer (``fsdp_unit_groups``) and the parameters
+    # outside the FSDP units in module order (``nonunit_items``), for its bucket layout.
+    unit_groups: tuple = ()
+    nonunit_items: tuple = ()
 
     @property
     def gpu_total(self) -> float:
@@ -794,6 +874,25 @@ def count_parameters(
         if last["dense"] + last["experts"] > first["dense"] + first["experts"]:
             chosen, where = last, "last"
     biggest = max(layers + mtp_layers, key=lambda x: x[2] + x[3])
+    big_idx = (layers + mtp_layers).index(biggest)
+    if big_idx < len(layers):
+        big_parts = _layer_parts(shape, kinds[big_idx], big_idx + 1)
+    else:
+        depth = big_idx - len(layers)  # an MTP depth: its inner layer is the FSDP unit
+        big_parts = [p for k in shape.mtp_kinds()[depth] for p in _layer_parts(shape, k, depth + 1)]
+    unit_groups = _unit_groups(big_parts, lora, div)
+    # Parameters outside the FSDP units, in module order (word and position embeddings, final norm,
+    # output layer): Megatron FSDP puts them in one group and cuts it into buckets (see strategies).
+    nonunit: list[tuple[float, int]] = []
+    if where == "first":
+        nonunit.append((word / tp, h))
+        if position:
+            nonunit.append((float(position), h))
+    if pp == 1 or where == "last":
+        nonunit.append((float(final_norm), 1))
+        head = (output or (word if pp > 1 else 0)) / tp
+        if head:
+            nonunit.append((head, h))
     unit = biggest[2] + biggest[3]
     return Counts(
         total=total,
@@ -807,6 +906,8 @@ def count_parameters(
         gpu_non_unit=chosen["non_unit"],
         gpu_unit=unit,
         gpu_unit_experts=biggest[3],
+        unit_groups=unit_groups,
+        nonunit_items=tuple(nonunit),
         gpu_first_grads=chosen["first_grads"],
         layers_on_gpu=max(first["layers"], chosen["layers"]),
         padded_vocab=vocab,

@@ -46,6 +46,10 @@ class Precision:
     fsdp_double_buffer: bool = False  # ddp.fsdp_double_buffer (or nccl_ub, max-pool double buffer)
     suggested_communication_unit_size: int | None = None
     bucket_size: int | None = None  # ddp.bucket_size
+    # ddp.overlap_grad_reduce: with it, Bridge's wrapper (megatron/training/models/dist_utils.py:291-295)
+    # sets an unset bucket_size to max(40e6, 1e6 x DP x CP), which also cuts Megatron FSDP's group of
+    # non-unit parameters into buckets; without it there is one bucket (default off: Megatron-Core's).
+    overlap_grad_reduce: bool = False
     # model.init_model_with_meta_device / use_cpu_initialization: when both are off, the model
     # is first built whole (its TP/PP shard) on the GPU and only then wrapped and sharded.
     built_on_gpu: bool = True
@@ -164,6 +168,7 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
         if unit is not None
         else None,
         bucket_size=_int(bucket, "ddp.bucket_size") if bucket is not None else None,
+        overlap_grad_reduce=_bool(_get(cfg, "ddp.overlap_grad_reduce"), False),
         gather_after_step=_bool(_get(cfg, "ddp.fsdp_all_gather_in_start_param_sync"), True),
         built_on_gpu=not any(
             _bool(_get(cfg, k)) for k in ("model.init_model_with_meta_device", "model.use_cpu_initialization")
