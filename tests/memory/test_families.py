@@ -93,6 +93,40 @@ def test_mamba_layer_by_hand():
     assert c.total == layer + 2 * 1000 * 2048 + 2048
 
 
+def test_mamba_unfused_path_saves_two_more_copies(mcore_src):
+    """model.use_mamba_mem_eff_path=false runs megatron-core's unfused Mamba path, where torch's conv1d
+    and the SiLU after it each keep a (d_inner + 2 x groups x state)-wide bf16 input for backward:
+    Nemotron-H 4B's Mamba shapes (64 heads x 64 = 4096 channels, B C = 2 x 8 x 128) at seq 2048,
+    MBS 1: 2 x 2 x 2048 x (4096 + 2048) bytes = 48 MiB more per Mamba layer; the parameters are the same."""
+    s = m.Shape(
+        name="h",
+        hidden_size=3072,
+        num_layers=1,
+        num_attention_heads=32,
+        vocab_size=1000,
+        normalization="RMSNorm",
+        add_bias_linear=False,
+        hybrid_layer_pattern="M",
+        mamba_num_heads=64,
+        mamba_head_dim=64,
+        mamba_num_groups=8,
+        mamba_state_dim=128,
+    )
+    fused = m.ActivationSettings(seq_length=2048, micro_batch_size=1)
+    unfused = replace(fused, mamba_mem_eff_path=False)
+    extra = m.layer_activation_bytes(s, "mamba", unfused) - m.layer_activation_bytes(s, "mamba", fused)
+    assert extra == 2 * 2 * 2048 * (4096 + 2 * 8 * 128) == 48 * 2**20
+    extra_tp2 = m.layer_activation_bytes(s, "mamba", unfused, tp=2) - m.layer_activation_bytes(s, "mamba", fused, tp=2)
+    assert extra_tp2 == extra / 2  # split over TP with the mixer's channels
+    cfg = {"model": {"hidden_size": 3072, "num_layers": 1, "num_attention_heads": 32, "vocab_size": 1000,
+                     "hybrid_layer_pattern": "M", "mamba_num_heads": 64, "use_mamba_mem_eff_path": False}}  # fmt: skip
+    assert m.activation_settings(cfg, None).mamba_mem_eff_path is False
+    assert m.activation_settings({"model": {}}, None).mamba_mem_eff_path is True
+    src = (mcore_src / MCORE / "ssm/mamba_mixer.py").read_text()
+    assert "if in_inference_mode or not self.use_mem_eff_path:" in src
+    assert "xBC = self.act(self.cp.conv1d(xBC)[..., :seqlen])" in src
+
+
 def test_hybrid_pattern_kinds_and_mtp():
     s = m.shape_from_config(
         {

@@ -197,6 +197,9 @@ class ActivationSettings:
     fp8: bool = False  # model.fp8: TE saves linear inputs as FP8
     # model.recompute_modules with selective recompute (transformer_config.py:546-560; default core_attn)
     recompute_modules: tuple = ("core_attn",)
+    # model.use_mamba_mem_eff_path (default True): off, Mamba layers run megatron-core's unfused path
+    # (ssm/mamba_mixer.py:502, _ssm_prefill), which saves more for backward (layer_activation_bytes).
+    mamba_mem_eff_path: bool = True
 
     def recomputes(self, module: str) -> bool:
         return self.recompute_granularity == "selective" and module in self.recompute_modules
@@ -313,6 +316,11 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
             total += 2 * s * b * (2 * d_inner + bc + heads) / tp  # zxBCdt (contiguous copy)
             total += 2 * s * b * d_inner / tp  # scan output kept by the fused function
             total += (2 + lin) * s * b * d_inner / tp  # gated norm input, out_proj input
+            if not a.mamba_mem_eff_path:
+                # Unfused path (mamba_mixer.py:784-1097, _ssm_prefill): torch's conv1d keeps its input and
+                # SiLU its input (2 x (d_inner + B C)), the chunked scan its contiguous x, B, C, the gated
+                # norm y and z: 2 x (d_inner + B C) bf16 elements per token more than the fused kernel.
+                total += MAMBA_UNFUSED_EXTRA_COPIES * 2 * s * b * (d_inner + bc) / tp
         else:  # pragma: no cover
             raise ModelError(f"unknown layer kind {piece!r}")
     return total
@@ -410,6 +418,9 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
 
 
 LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 exp buffer
+# The unfused Mamba path's extra saved tensors, in (d_inner + 2 groups x state)-wide bf16 copies per token:
+# conv1d's input and SiLU's input (mamba_mixer.py:914), beyond what the fused kernel keeps.
+MAMBA_UNFUSED_EXTRA_COPIES = 2
 MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 MCORE_HIDDEN_DROPOUT = 0.1  # TransformerConfig.hidden_dropout default
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
@@ -484,6 +495,7 @@ def activation_settings(
         offload_layers=offload,
         fp8=_fp8_from_config(cfg)[0],
         recompute_modules=_recompute_modules(cfg),
+        mamba_mem_eff_path=_bool(_get(cfg, "model.use_mamba_mem_eff_path"), True),
     )
 
 
