@@ -184,7 +184,11 @@ def compare_run(run: Path, raw: Path | None = None) -> dict:
     cp = int(model.get("context_parallel_size") or 1)
     dp = int(facts.get("data_parallel_size") or world // (tp * pp * cp))
     strategy = out["strategy"]
-    est = memory.estimate(cfg, dp=dp, strategies=(strategy,))
+    try:
+        est = memory.estimate(cfg, dp=dp, strategies=(strategy,))
+    except memory.ModelError as exc:  # a finished run the model cannot size: a miss, listed as one
+        out["no_prediction"] = f"no prediction: {exc}"
+        return out
     part = est.breakdown(strategy)
     params = rep.get("params") or {}
     measured_between = mem["between_steps_bytes"]
@@ -252,9 +256,15 @@ def assemble(raws: Path | list[Path], machine: str, command: str) -> tuple[dict,
         return round(x / GIB, 2) if x else None
 
     for r in runs:
-        if "excluded" in r or "skipped" in r:
-            status = f"excluded: {r['excluded']}" if "excluded" in r else r["skipped"]
-            (excluded if "excluded" in r else skipped).append(
+        if "excluded" in r or "skipped" in r or "no_prediction" in r:
+            if "excluded" in r:
+                status, into = f"excluded: {r['excluded']}", excluded
+            elif "skipped" in r:
+                status, into = r["skipped"], skipped
+            else:  # finished, but the model cannot size it: held to the targets, and missed
+                status, into = r["no_prediction"], rows
+                problems.append(f"{r['run']}: {r['no_prediction']}")
+            into.append(
                 [
                     r["run"],
                     r.get("model"),

@@ -160,3 +160,16 @@ def test_folders_combine_once_and_later_attempts_supersede(tmp_path):
     assert "--raw-dir " + str(a) in data["command"] and "--raw-dir " + str(b) in data["command"]
     superseded = [r for r in data["raw"]["runs"] if "superseded" in r.get("excluded", "")]
     assert [r["run"] for r in superseded] == ["retried"] and superseded[0]["result"] == "failed"
+
+
+def test_a_finished_run_the_model_cannot_size_is_a_miss(tmp_path):
+    raw = tmp_path / "raw"
+    run = make_run(raw, "unsized", between_scale=1.0, peak_scale=0.99)
+    cfg = yaml.safe_load((run / "run_config.yaml").read_text())
+    cfg["model"]["experimental_attention_variant"] = "gated_delta_net"
+    (run / "run_config.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "o.json"
+    proc = bench("--raw-dir", raw, "--out", out, "--check")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row[-1].startswith("no prediction:") and "gated delta net" in row[-1]
