@@ -371,6 +371,37 @@ def test_layers_gathered_after_the_step_by_hand(mcore_src):
     )
 
 
+def test_layers_gathered_after_the_step_follow_the_layer_order():
+    """A hybrid model's FSDP units differ in size (a Mamba layer, an attention layer, an MLP layer):
+    the prefetch after the step adds them in model order, each at its own padded bucket size."""
+    base = dict(hidden_size=3072, num_attention_heads=32, num_query_groups=8, vocab_size=32000,
+                ffn_hidden_size=12288, normalization="RMSNorm", add_bias_linear=False,
+                position_embedding_type="none", share_embeddings_and_output_weights=False,
+                mamba_num_heads=112, mamba_head_dim=64)  # fmt: skip
+    pattern = "M-M*" * 4
+    c = m.count_parameters(m.Shape(name="h", num_layers=len(pattern), hybrid_layer_pattern=pattern, **base))
+    one = {k: m.count_parameters(m.Shape(name=k, num_layers=1, hybrid_layer_pattern=k, **base)) for k in "M-*"}
+    bucket = {k: sum(g.bucket(8) for g in one[k].unit_groups) for k in one}
+    assert len({bucket["M"], bucket["-"], bucket["*"]}) == 3
+    out_bucket = one["M"].nonunit_items[-1][0] + 3072  # output layer + final norm, padded below
+    step = 8 * 3072
+    offset = -(-out_bucket // step) * step
+    expected, total, layers = 0.0, offset, 0
+    for k in pattern:
+        if total >= 500_000_000:
+            break
+        total += bucket[k]
+        expected += bucket[k]
+        layers += 1
+    assert 1 < layers < len(pattern)
+    p = m.Precision(overlap_grad_reduce=True)
+    got = m.strategies.gathered_after_step(c, p, n_dense=8, n_expert=8, dp=8, cp=1, peft=False, limit=500_000_000)
+    assert got == (layers, expected)
+    # the largest layer taken for every layer would count a different amount
+    biggest = max(bucket.values())
+    assert expected != biggest * layers
+
+
 def test_double_buffer_replaces_windows():
     plain = rows_for(None, model="llama3-8b", dp=8)["optim_grads_params"]
     double = rows_for({"ddp": {"fsdp_double_buffer": True}}, model="llama3-8b", dp=8)["optim_grads_params"]

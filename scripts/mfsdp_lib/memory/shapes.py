@@ -736,6 +736,7 @@ class Counts:
     # Megatron FSDP's parameter groups of the largest layer (``fsdp_unit_groups``) and the parameters
     # outside the FSDP units in module order (``nonunit_items``), for its bucket layout.
     unit_groups: tuple = ()
+    stage_unit_groups: tuple = ()  # per decoder layer of the most-loaded stage, in order
     nonunit_items: tuple = ()
 
     @property
@@ -881,6 +882,15 @@ def count_parameters(
         depth = big_idx - len(layers)  # an MTP depth: its inner layer is the FSDP unit
         big_parts = [p for k in shape.mtp_kinds()[depth] for p in _layer_parts(shape, k, depth + 1)]
     unit_groups = _unit_groups(big_parts, lora, div)
+    # The FSDP units of the chosen stage, in order (hybrid and dense-then-MoE models have layers of
+    # different sizes); the parts of a kind are the same for every layer but DSA's computing ones.
+    cache: dict[tuple, tuple[UnitGroup, ...]] = {}
+    stage_groups = []
+    for i in first_idx if where == "first" else last_idx:
+        key = (kinds[i], shape.experimental_attention_variant == "dsa" and dsa_computes_topk(shape, i + 1))
+        if key not in cache:
+            cache[key] = _unit_groups(_layer_parts(shape, kinds[i], i + 1), lora, div)
+        stage_groups.append(cache[key])
     # Parameters outside the FSDP units, in module order (word and position embeddings, final norm,
     # output layer): Megatron FSDP puts them in one group and cuts it into buckets (see strategies).
     nonunit: list[tuple[float, int]] = []
@@ -907,6 +917,7 @@ def count_parameters(
         gpu_unit=unit,
         gpu_unit_experts=biggest[3],
         unit_groups=unit_groups,
+        stage_unit_groups=tuple(stage_groups),
         nonunit_items=tuple(nonunit),
         gpu_first_grads=chosen["first_grads"],
         layers_on_gpu=max(first["layers"], chosen["layers"]),

@@ -56,11 +56,18 @@ def gathered_after_step(
     Measured on H200 rehearsals (1.1 B Llama, with and without LoRA, at DP 8 and 64; 8 B and 70 B
     trunks; a 16-layer MoE), this gives the bytes gathered between steps exactly.
     """
-    groups = [g for g in counts.unit_groups if peft or not g.lora]
-    if not groups or counts.layers_on_gpu <= 0:
+    per_layer = counts.stage_unit_groups or (counts.unit_groups,) * counts.layers_on_gpu
+    sizes = []  # (dense, expert) bucket-group elements per layer, in order
+    for layer in per_layer:
+        groups = [g for g in layer if peft or not g.lora]
+        sizes.append(
+            (
+                sum(g.bucket(n_dense) for g in groups if not g.expert),
+                sum(g.bucket(n_expert) for g in groups if g.expert),
+            )
+        )
+    if not sizes:
         return 0, 0.0
-    dense = sum(g.bucket(n_dense) for g in groups if not g.expert)
-    expert = sum(g.bucket(n_expert) for g in groups if g.expert)
     bucket_size = p.bucket_size
     if bucket_size is None and p.overlap_grad_reduce:
         bucket_size = max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
@@ -78,7 +85,7 @@ def gathered_after_step(
         step = n_dense * chunk if n_dense > 1 else 1
         offset += math.ceil(elems / step) * step
     prefetched, layers, gathered = offset, 0, 0.0
-    for _ in range(counts.layers_on_gpu):
+    for dense, expert in sizes:
         if prefetched >= limit:
             break
         for size, n in ((dense, n_dense), (expert, n_expert)):
@@ -87,6 +94,7 @@ def gathered_after_step(
                 gathered += size if n > 1 else 0.0
         layers += 1
     if layers == 0:
+        dense, expert = max(sizes, key=sum)
         layers = 1
         gathered = dense * (n_dense > 1) + expert * (n_expert > 1)
     return layers, gathered

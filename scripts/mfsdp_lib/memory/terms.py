@@ -46,7 +46,7 @@ class Precision:
     fsdp_double_buffer: bool = False  # ddp.fsdp_double_buffer (or nccl_ub, max-pool double buffer)
     suggested_communication_unit_size: int | None = None
     bucket_size: int | None = None  # ddp.bucket_size
-    # ddp.overlap_grad_reduce: with it, Bridge's wrapper (megatron/training/models/dist_utils.py:291-295)
+    # ddp.overlap_grad_reduce: with it, Bridge's wrapper (dist_utils.py:291-295, _ddp_wrap)
     # sets an unset bucket_size to max(40e6, 1e6 x DP x CP), which also cuts Megatron FSDP's group of
     # non-unit parameters into buckets; without it there is one bucket (default off: Megatron-Core's).
     overlap_grad_reduce: bool = False
