@@ -68,16 +68,7 @@ def gathered_after_step(
         )
     if not sizes:
         return 0, 0.0
-    bucket_size = p.bucket_size
-    if bucket_size is None and p.overlap_grad_reduce:
-        bucket_size = max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
-    buckets: list[list[tuple[float, int]]] = [[]]
-    for item in counts.nonunit_items:
-        if not buckets[-1] or not bucket_size or sum(x[0] for x in buckets[-1]) < bucket_size:
-            buckets[-1].append(item)
-        else:
-            buckets.append([item])
-    later = buckets[1:]  # the embedding's own bucket is the one gathered; these are prefetched
+    later = _nonunit_buckets(counts, p, dp=dp, cp=cp)[1:]  # the embedding's bucket is gathered; these prefetched
     offset = 0.0
     for b in later:
         chunk = fsdp_chunk_factor(b)
@@ -98,6 +89,48 @@ def gathered_after_step(
         layers = 1
         gathered = dense * (n_dense > 1) + expert * (n_expert > 1)
     return layers, gathered
+
+
+def fsdp_padding(counts: Counts, *, n_dense: int, n_expert: int, dp: int, cp: int, p: Precision, peft: bool,
+                 trainable_only: bool) -> float:  # fmt: skip
+    """Elements per rank that Megatron FSDP's sharded buffers hold beyond the parameters: each bucket is
+    laid out in rows of its ``chunk_size_factor`` and padded to DP x chunk before it is split
+    (param_and_grad_buffer.py:284-286, ``UnitGroup.bucket``), and every rank keeps an equal shard of it.
+    Small for Llama layers (rows of ``ffn``); large when a layer's rows are of unlike widths (a Mamba
+    layer's lcm(hidden, d_inner) rows: 376,320 elements for Nemotron 3 Nano 4B, 24 M at DP 64).
+    ``trainable_only``: the groups that have gradients and optimizer state (with PEFT, the adapters)."""
+    extra = 0.0
+    for layer in counts.stage_unit_groups:
+        for g in layer:
+            if g.lora and not peft:
+                continue
+            if trainable_only and peft and not g.lora:
+                continue
+            n = n_expert if g.expert else n_dense
+            if n > 1:
+                extra += (g.bucket(n) - g.elements) / n
+    if not (trainable_only and peft) and n_dense > 1:
+        for b in _nonunit_buckets(counts, p, dp=dp, cp=cp):
+            chunk = fsdp_chunk_factor(b)
+            elems = _group_elements(b, chunk)
+            step = n_dense * chunk
+            extra += (math.ceil(elems / step) * step - sum(x[0] for x in b)) / n_dense
+    return extra
+
+
+def _nonunit_buckets(counts: Counts, p: Precision, *, dp: int, cp: int) -> list[list[tuple[float, int]]]:
+    """The group of parameters outside the FSDP units, cut into buckets of ``bucket_size`` elements
+    (param_and_grad_buffer.py:1849-1866; see ``Precision.overlap_grad_reduce`` for who sets it)."""
+    bucket_size = p.bucket_size
+    if bucket_size is None and p.overlap_grad_reduce:
+        bucket_size = max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
+    buckets: list[list[tuple[float, int]]] = [[]]
+    for item in counts.nonunit_items:
+        if not buckets[-1] or not bucket_size or sum(x[0] for x in buckets[-1]) < bucket_size:
+            buckets[-1].append(item)
+        else:
+            buckets.append([item])
+    return [b for b in buckets if b]
 
 
 # --------------------------------------------------------------------------- model state per strategy
@@ -233,8 +266,13 @@ def strategy_memory(
     ep: int = 1,
     etp: int | None = None,
     peft: bool = False,
+    loss_headroom: float = 0.0,
 ) -> StrategyMemory:
     """Model-state and buffer bytes for one strategy on the most-loaded GPU.
+
+    ``loss_headroom``: bytes by which the loss forward exceeds the start of backward
+    (``terms.loss_forward_headroom``); the unsharded gradient buffers alive at the start of backward
+    fit in it, since they do not exist yet at the loss forward.
 
     ``peft``: only the LoRA adapters in ``counts`` train; the base weights are frozen and
     keep no gradient, main weight or optimizer state (Megatron FSDP creates grad and main
@@ -309,6 +347,15 @@ def strategy_memory(
     sharded = n_dense > 1 or n_expert > 1
     w_sharded = strategy == "optim_grads_params" and sharded
     g_sharded = strategy in ("optim_grads", "optim_grads_params") and sharded
+    if sharded:  # the sharded buffers are padded (fsdp_padding); each rank holds an equal shard
+        for trainable in (False, True):
+            pad = fsdp_padding(
+                counts, n_dense=n_dense, n_expert=n_expert, dp=dp, cp=cp, p=p, peft=peft, trainable_only=trainable
+            )
+            if trainable:
+                t_shard += pad
+            else:
+                shard += pad
     held = t_full if strategy == "no_shard" else t_shard  # no_shard keeps whole optimizer state
     mem = StrategyMemory(
         strategy,
@@ -337,7 +384,7 @@ def strategy_memory(
         notes.append("non-FSDP-unit modules (embedding, output layer) stay all-gathered after first use")
         if p.fsdp_double_buffer:
             mem.buffers_persistent += FSDP_DOUBLE_BUFFER_SLOTS * unit * (pbytes + g)
-            mem.buffers_at_peak = g * first
+            mem.buffers_at_peak = g * first - min(g * first, loss_headroom)
             mem.buffers_late = g * max(first, rest)
             notes.append("fsdp_double_buffer: two persistent layer-sized pools, for weights and for grads")
         else:
@@ -357,7 +404,8 @@ def strategy_memory(
             if p.gather_after_step:
                 mem.gathered_after_step = pbytes * gathered_elems
             rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
-            mem.buffers_at_peak = pbytes * at_peak * gathered + g * (first + unit)
+            grads_at_peak = g * (first + unit)
+            mem.buffers_at_peak = pbytes * at_peak * gathered + grads_at_peak - min(grads_at_peak, loss_headroom)
             mem.buffers_late = pbytes * at_peak * gathered + g * rs
             notes.append(
                 f"all-gather window: {at_peak} layer(s) at the activation peak, {after_layers} gathered between "
@@ -372,7 +420,7 @@ def strategy_memory(
         grads_in_backward = [first] + _buckets(full - first - rest, bucket, capacity) + [rest]
         rs = _rs_queue_peak([x for x in grads_in_backward if x > 0], capacity)
         first = max(first, grads_in_backward[1] if len(grads_in_backward) > 2 else 0.0)
-        mem.buffers_at_peak = g * first
+        mem.buffers_at_peak = g * first - min(g * first, loss_headroom)
         mem.buffers_late = g * rs
         notes.append(f"reduce-scatter queue: up to {rs / 1e6:.0f}M unsharded gradient elements")
     mem.notes = tuple(notes)
