@@ -43,7 +43,17 @@ CFG = {
 }
 
 
-def make_run(root: Path, name: str, *, between_scale: float, peak_scale: float, world: int = 8, result="passed"):
+def make_run(
+    root: Path,
+    name: str,
+    *,
+    between_scale: float,
+    peak_scale: float,
+    world: int = 8,
+    result="passed",
+    started="2026-01-01T00:00:00+00:00",
+    **request,
+):
     run = root / name
     run.mkdir(parents=True)
     (run / "run_config.yaml").write_text(yaml.safe_dump(CFG))
@@ -53,8 +63,9 @@ def make_run(root: Path, name: str, *, between_scale: float, peak_scale: float, 
         "schema": "rehearse-run/1",
         "result": result,
         "source": "preset tiny",
-        "request": {"world_size": world, "strategy": "optim_grads_params"},
-        "facts": {"strategy": "optim_grads_params", "data_parallel_size": world},
+        "started_utc": started,
+        "request": {"world_size": world, "strategy": "optim_grads_params", **request},
+        "facts": {"strategy": "optim_grads_params", "data_parallel_size": world, "moe": bool(request.get("moe"))},
         "params": {"local_numel": 1, "global_numel": 2},
         "memory": {
             "between_steps_bytes": int(b["after_step"] * between_scale),
@@ -79,10 +90,12 @@ def test_assembles_rows_in_the_report_shape(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     data = json.loads(out.read_text())
     assert data["benchmark"] == "memory_vs_measured"
-    assert len(data["rows"]) == 1 and len(data["columns"]) == len(data["rows"][0])
+    assert len(data["rows"]) == 2 and all(len(data["columns"]) == len(r) for r in data["rows"])
     row = dict(zip(data["columns"], data["rows"][0], strict=True))
-    assert row["error %"] == pytest.approx(round(100 * (1 / 0.98 - 1), 2), abs=0.02)
-    assert any("broken" in n and "wrap failed" in n for n in data["notes"])  # failures are listed, not dropped
+    assert row["peak error %"] == pytest.approx(round(100 * (1 / 0.98 - 1), 2), abs=0.02)
+    assert row["status"] == "compared"
+    broken = dict(zip(data["columns"], data["rows"][1], strict=True))  # failures are listed, not dropped
+    assert broken["run"] == "broken" and "wrap failed" in broken["status"] and broken["peak error %"] is None
 
 
 @pytest.mark.parametrize(
@@ -108,3 +121,55 @@ def test_unusable_raw_dir_exits_2(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = bench("--raw-dir", tmp_path / "empty")
     assert proc.returncode == 2 and "no report.json" in proc.stderr
+
+
+def test_controls_are_excluded_and_named(tmp_path):
+    """A save/load control and a MoE run on plain fake collectives are listed with the reason and kept
+    out of the rows and the targets, even when their figures would miss them."""
+    raw = tmp_path / "raw"
+    make_run(raw, "train", between_scale=1.0, peak_scale=0.99)
+    make_run(raw, "saveload", between_scale=1.0, peak_scale=1.9, save_load=True)
+    make_run(raw, "plainfake", between_scale=1.0, peak_scale=1.9, mirror_collectives=False, moe=True)
+    out = tmp_path / "o.json"
+    proc = bench("--raw-dir", raw, "--out", out, "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    status = {r[0]: r[-1] for r in data["rows"]}
+    assert status["train"] == "compared"
+    assert "save and load" in status["saveload"] and status["saveload"].startswith("excluded: ")
+    assert "plain fake collectives" in status["plainfake"]
+    # the same run without the control flags is held to the targets, and misses them
+    make_run(raw, "plain", between_scale=1.0, peak_scale=1.9)
+    assert bench("--raw-dir", raw, "--out", out, "--check").returncode == 1
+
+
+def test_folders_combine_once_and_later_attempts_supersede(tmp_path):
+    """The same run kept in two folders counts once; a failed first attempt is superseded by the
+    later passing one and listed as such."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_run(a, "twice", between_scale=1.0, peak_scale=0.99)
+    make_run(b, "twice", between_scale=1.0, peak_scale=0.99)
+    make_run(b, "retried", between_scale=1.0, peak_scale=1, result="failed", started="2026-01-01T00:00:00+00:00")
+    make_run(a, "retried", between_scale=1.0, peak_scale=0.99, started="2026-01-01T01:00:00+00:00")
+    out = tmp_path / "o.json"
+    proc = bench("--raw-dir", a, "--raw-dir", b, "--out", out, "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert sorted(r[0] for r in data["rows"] if r[-1] == "compared") == ["retried", "twice"]
+    assert [r[-1] for r in data["rows"] if r[-1] != "compared"][0].startswith("excluded: superseded")
+    assert "--raw-dir " + str(a) in data["command"] and "--raw-dir " + str(b) in data["command"]
+    superseded = [r for r in data["raw"]["runs"] if "superseded" in r.get("excluded", "")]
+    assert [r["run"] for r in superseded] == ["retried"] and superseded[0]["result"] == "failed"
+
+
+def test_a_finished_run_the_model_cannot_size_is_a_miss(tmp_path):
+    raw = tmp_path / "raw"
+    run = make_run(raw, "unsized", between_scale=1.0, peak_scale=0.99)
+    cfg = yaml.safe_load((run / "run_config.yaml").read_text())
+    cfg["model"]["experimental_attention_variant"] = "gated_delta_net"
+    (run / "run_config.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "o.json"
+    proc = bench("--raw-dir", raw, "--out", out, "--check")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row[-1].startswith("no prediction:") and "gated delta net" in row[-1]

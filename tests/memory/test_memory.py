@@ -233,9 +233,16 @@ def test_deepspeed_zero3_fully_sharded_case():
     row, c = est.rows["optim_grads_params"], est.counts
     P, layer = c.total, c.gpu_unit
     deepspeed = 4 * layer + 18 * P / n
-    assert row.params + row.grads + row.optimizer == pytest.approx(18 * P / n)
+    # + Megatron FSDP's bucket padding (rows of lcm(14336, 4096) padded to DP x chunk: 0.4 % at DP 64)
+    pad = m.strategies.fsdp_padding(
+        c, n_dense=n, n_expert=n, dp=n, cp=1, p=est.precision, peft=False, trainable_only=False
+    )
+    assert 0 < pad < 0.005 * P / n
+    assert row.params + row.grads + row.optimizer == pytest.approx(18 * (P / n + pad))
     # Megatron FSDP gathers more than one layer at once and keeps embedding/output gathered.
     assert row.model_state + row.buffers_late > deepspeed
+    # two bf16 layers are gathered at the peak; the unsharded gradients of the start of backward fit in
+    # what the 128 K-vocabulary loss forward holds beyond it (terms.loss_forward_headroom)
     assert row.buffers_at_peak >= 4 * layer
 
 
@@ -300,7 +307,112 @@ def test_fsdp_buffers_for_llama3_8b_by_hand():
     assert row.buffers_persistent == pytest.approx(2 * (2 * vocab_h + 4096))
     layer = 218_112_000
     assert 500_000_000 // layer == 2
-    assert row.buffers_at_peak == pytest.approx(2 * 2 * layer + 2 * (vocab_h + layer))
+    # The loss forward (10 bytes per logit) exceeds the start of backward (6) by 4 x 8192 x 128256 =
+    # 4.2 GB, more than the unsharded output-layer and layer gradients (1.5 GB): they fit in it.
+    logits = 8192 * 128256
+    assert est.loss_headroom == pytest.approx(4 * logits)
+    assert row.buffers_at_peak == pytest.approx(2 * 2 * layer)
+    no_room = m.strategies.strategy_memory("optim_grads_params", est.counts, est.precision, dp=8)
+    assert no_room.buffers_at_peak == pytest.approx(2 * 2 * layer + 2 * (vocab_h + layer))
+
+
+LLAMA_1B = dict(
+    hidden_size=2048,
+    num_layers=16,
+    num_attention_heads=32,
+    num_query_groups=8,
+    ffn_hidden_size=8192,
+    vocab_size=32000,
+    gated_linear_unit=True,
+    normalization="RMSNorm",
+    add_bias_linear=False,
+    share_embeddings_and_output_weights=False,
+    position_embedding_type="rope",
+)
+
+
+def test_fsdp_chunk_factor_and_bucket_padding(mcore_src):
+    """Megatron FSDP lays a group out in rows of its chunk_size_factor (the widest row; the lcm when a
+    row does not divide it) and pads the bucket to DP x chunk. A Llama 1.1 B layer: rows of 8192 (FC2),
+    60,821,504 elements, padded at DP 8 to 929 x 65,536; its LoRA adapters (dim 32): 1,212,416 in
+    rows of 8192, padded to 19 x 65,536."""
+    assert m.shapes.fsdp_chunk_factor([(14336 * 4096, 14336), (6144 * 4096, 4096), (4096, 1)]) == 28672
+    assert m.shapes.fsdp_chunk_factor([(2048 * 8192, 8192), (3072 * 2048, 2048), (2048, 1)]) == 8192
+    c = m.count_parameters(m.Shape(name="l", **LLAMA_1B), lora=m.Lora())
+    base, lora = sorted(c.unit_groups, key=lambda g: g.lora)
+    assert (base.elements, base.chunk, lora.elements, lora.chunk) == (60_821_504, 8192, 1_212_416, 8192)
+    assert base.bucket(8) == 929 * 65_536 == 60_882_944 and lora.bucket(8) == 19 * 65_536
+    assert base.bucket(64) == 117 * 524_288 and base.bucket(1) == 60_821_504
+    src = (mcore_src / FSDP_PKG / "param_and_grad_buffer.py").read_text()
+    assert "return _pad(data_index, data_parallel_world_size * chunk_size_factor)" in src
+    assert "lcm_chunk_size_factor = math.lcm(chunk_size_factor, param_shape[1:].numel())" in src
+
+
+def test_layers_gathered_after_the_step_by_hand(mcore_src):
+    """start_param_sync gathers the embedding's bucket and prefetches bucket groups while the added
+    ones hold fewer than 500 M elements. With overlap_grad_reduce Bridge's bucket_size (40 M) cuts the
+    non-unit group after the 65.5 M embedding, so the final norm + output bucket (65,552,384 padded at
+    DP 8) counts first. Dense 1.1 B: 65.55 M + 7 x 60.88 M = 491.7 M < 500 M, so 8 layers (929.0 MiB,
+    as measured); with LoRA a layer is 62.13 M and 7 reach 500.4 M: 7 layers (829.5 MiB, as measured).
+    Without the bucket cut the output layer is in the embedding's bucket: 9 layers."""
+    p = m.Precision(overlap_grad_reduce=True)
+    shape = m.Shape(name="l", **LLAMA_1B)
+    dense = m.count_parameters(shape)
+    lora = m.count_parameters(shape, lora=m.Lora())
+    kw = dict(n_dense=8, n_expert=8, dp=8, cp=1, limit=500_000_000)
+    assert m.strategies.gathered_after_step(dense, p, peft=False, **kw) == (8, 8 * 60_882_944)
+    assert m.strategies.gathered_after_step(lora, p, peft=True, **kw) == (7, 7 * (60_882_944 + 1_245_184))
+    assert round(8 * 60_882_944 * 2 / 2**20, 1) == 929.0
+    assert round(7 * 62_128_128 * 2 / 2**20, 1) == 829.5
+    one_bucket = m.Precision(overlap_grad_reduce=False)
+    assert m.strategies.gathered_after_step(dense, one_bucket, peft=False, **kw)[0] == 9
+    # An output layer past the limit leaves no layer in the window: one is still counted (safe side).
+    big_vocab = m.count_parameters(replace(shape, vocab_size=256_000))
+    assert m.strategies.gathered_after_step(big_vocab, p, peft=False, **kw) == (1, 60_882_944)
+    # The estimate uses it: between steps, LoRA holds one gathered layer fewer than the dense model.
+    base_cfg = {"model": dict(LLAMA_1B, seq_length=2048), "ddp": {"overlap_grad_reduce": True}}
+    e_dense = m.estimate(base_cfg, dp=8, strategies=("optim_grads_params",))
+    e_lora = m.estimate(dict(base_cfg, peft={"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 32}), dp=8,
+                        strategies=("optim_grads_params",))  # fmt: skip
+    assert e_dense.rows["optim_grads_params"].gathered_after_step == 2 * 8 * 60_882_944
+    assert e_lora.rows["optim_grads_params"].gathered_after_step == 2 * 7 * 62_128_128
+    src = (mcore_src / FSDP_PKG / "param_and_grad_buffer.py").read_text()
+    assert "if prefetch_all_gather_size >= suggested_AG_prefetch_size:" in src
+    assert (
+        "ddp_config.bucket_size = max(40000000, 1000000 * pg_collection.dp_cp.size())"
+        in (mcore_src / "megatron/training/models/dist_utils.py").read_text()
+    )
+
+
+def test_layers_gathered_after_the_step_follow_the_layer_order():
+    """A hybrid model's FSDP units differ in size (a Mamba layer, an attention layer, an MLP layer):
+    the prefetch after the step adds them in model order, each at its own padded bucket size."""
+    base = dict(hidden_size=3072, num_attention_heads=32, num_query_groups=8, vocab_size=32000,
+                ffn_hidden_size=12288, normalization="RMSNorm", add_bias_linear=False,
+                position_embedding_type="none", share_embeddings_and_output_weights=False,
+                mamba_num_heads=112, mamba_head_dim=64)  # fmt: skip
+    pattern = "M-M*" * 4
+    c = m.count_parameters(m.Shape(name="h", num_layers=len(pattern), hybrid_layer_pattern=pattern, **base))
+    one = {k: m.count_parameters(m.Shape(name=k, num_layers=1, hybrid_layer_pattern=k, **base)) for k in "M-*"}
+    bucket = {k: sum(g.bucket(8) for g in one[k].unit_groups) for k in one}
+    assert len({bucket["M"], bucket["-"], bucket["*"]}) == 3
+    out_bucket = one["M"].nonunit_items[-1][0] + 3072  # output layer + final norm, padded below
+    step = 8 * 3072
+    offset = -(-out_bucket // step) * step
+    expected, total, layers = 0.0, offset, 0
+    for k in pattern:
+        if total >= 500_000_000:
+            break
+        total += bucket[k]
+        expected += bucket[k]
+        layers += 1
+    assert 1 < layers < len(pattern)
+    p = m.Precision(overlap_grad_reduce=True)
+    got = m.strategies.gathered_after_step(c, p, n_dense=8, n_expert=8, dp=8, cp=1, peft=False, limit=500_000_000)
+    assert got == (layers, expected)
+    # the largest layer taken for every layer would count a different amount
+    biggest = max(bucket.values())
+    assert expected != biggest * layers
 
 
 def test_double_buffer_replaces_windows():
@@ -678,9 +790,18 @@ def test_layers_gathered_after_the_step(mcore_src):
     assert "if self.ddp_config.fsdp_all_gather_in_start_param_sync:" in src
     opt_src = (mcore_src / "megatron/core/optimizer/distrib_optimizer.py").read_text()
     assert "model_chunk.start_param_sync()" in opt_src
-    row = rows_for(None, model="llama3-8b", dp=8)["optim_grads_params"]
-    layer = 218_112_000
-    assert row.gathered_after_step == pytest.approx(2 * 2 * layer)  # 500M elements of prefetch: 2 whole layers
+    est = m.estimate(None, model="llama3-8b", dp=8, strategies=("optim_grads_params",))
+    row = est.rows["optim_grads_params"]
+    (unit,) = est.counts.unit_groups
+    layer = unit.bucket(8)  # 218,112,000 elements, in rows of lcm(14336, 4096), padded
+    assert 218_112_000 <= layer < 218_112_000 * 1.003
+    # No config: overlap_grad_reduce off, one bucket for embedding + output: 3 layers reach 500 M.
+    assert row.gathered_after_step == pytest.approx(2 * 3 * layer)
+    # Bridge's recipes (overlap_grad_reduce on) cut the output layer (128256 x 4096 = 525 M) into its own
+    # bucket, which alone reaches the limit: no layer is prefetched, one is counted (the safe side).
+    p = m.Precision(overlap_grad_reduce=True)
+    kw = dict(n_dense=8, n_expert=8, dp=8, cp=1, peft=False, limit=500_000_000)
+    assert m.strategies.gathered_after_step(est.counts, p, **kw) == (1, layer)
     assert row.after_step == pytest.approx(row.model_state + row.step_transient + row.gathered_after_step)
     off = rows_for({"ddp": {"fsdp_all_gather_in_start_param_sync": False}}, model="llama3-8b", dp=8)[
         "optim_grads_params"

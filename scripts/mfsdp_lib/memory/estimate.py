@@ -21,6 +21,7 @@ from .terms import (
     Precision,
     activation_bytes,
     activation_settings,
+    loss_forward_headroom,
     megatron_activation_bytes,
     precision_from_config,
 )
@@ -217,6 +218,7 @@ class Estimate:
     source: str
     notes: list[str]
     lora: Lora | None = None
+    loss_headroom: float = 0.0  # terms.loss_forward_headroom: gradient buffers fit in it
 
     @property
     def peft(self) -> bool:
@@ -388,15 +390,26 @@ def estimate(
             "assumed; if your recipe sets mixed_precision, add model.bf16=true"
         )
     act = activations = megatron_lm = None
+    headroom = 0.0
     if shape is not None:
         act = activation_settings(
             cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp, builtin=model is not None
         )
         activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
         megatron_lm = megatron_activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
+        headroom = loss_forward_headroom(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
     rows = {
         s: strategy_memory(
-            s, counts, precision, dp=par.dp, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp, peft=lora is not None
+            s,
+            counts,
+            precision,
+            dp=par.dp,
+            cp=par.cp,
+            tp=par.tp,
+            ep=par.ep,
+            etp=par.etp,
+            peft=lora is not None,
+            loss_headroom=headroom,
         )
         for s in _resolve_strategies(strategies)
     }
@@ -413,6 +426,7 @@ def estimate(
         source,
         notes,
         lora,
+        headroom,
     )
 
 
@@ -455,6 +469,7 @@ def smallest_dp(est: Estimate, strategy: str, gpu_mem_gib: float) -> int | None:
             ep=par.ep,
             etp=par.etp,
             peft=est.peft,
+            loss_headroom=est.loss_headroom,
         )
         return row.total(act) + calibration_bytes(est, strategy, k * step) <= limit
 

@@ -79,6 +79,13 @@ MAMBA_CONV_KERNEL = 4  # MambaMixer(d_conv=4): conv1d weight [conv_dim, 1, 4] (s
 # Hybrid layer symbols (megatron/core/models/hybrid/hybrid_layer_allocation.py, class Symbols).
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "+": "mla", "-": "mlp", "E": "moe", "G": "gdn", "D": "dsa"}
 HYBRID_UNSUPPORTED = {"G": "gated delta net", "D": "DeepSeek sparse attention"}
+# ``model.experimental_attention_variant`` (transformer_config.py:294; Bridge's DeepSeek-V4 provider
+# adds "dsv4_hybrid", models/model_provider.py:173): sized ones, and a name for the refusal of the rest.
+SIZED_ATTENTION_VARIANTS = ("dsa",)
+UNSIZED_ATTENTION_VARIANTS = {
+    "gated_delta_net": "gated delta net (linear attention)",
+    "dsv4_hybrid": "DeepSeek-V4's hybrid attention",
+}
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,17 @@ class Shape:
     layer_post_norms: int = 0
     # "learnable": one softmax offset (attention sink) per head (dot_product_attention.py:126-136).
     softmax_type: str = "vanilla"
+    # OLMoE's attention (Bridge models/olmoe/olmoe_provider.py:120-135, OLMoESelfAttention): q/k norms
+    # over all heads (heads x head_dim) instead of Megatron-Core's per-head norms; read from ``_target_``.
+    qk_layernorm_full_width: bool = False
+    # DeepSeek sparse attention (experimental_attention_variant="dsa", transformer_config.py:294-316):
+    # an MLA layer whose core attention carries a lightning indexer, built on the layers that compute
+    # their own top-k (dsa.py:1578-1584; the others reuse an earlier layer's, is_dsa_skip_topk_layer).
+    experimental_attention_variant: str | None = None
+    dsa_indexer_n_heads: int | None = None
+    dsa_indexer_head_dim: int | None = None
+    dsa_indexer_topk_freq: int = 1
+    dsa_indexer_skip_topk_offset: int = 0
     # A vision tower's parameters (VLMs), counted whole on the first pipeline stage's ranks.
     vision_params: int = 0
     vision_params_tp: int = 0  # of vision_params, the part split over TP
@@ -259,8 +277,17 @@ _SHAPE_INTS = (
     "mamba_head_dim",
     "mamba_num_groups",
     "mamba_num_heads",
+    "dsa_indexer_n_heads",
+    "dsa_indexer_head_dim",
+    "dsa_indexer_topk_freq",
 )
-_SHAPE_ZERO_OK = ("mtp_num_layers", "layer_post_norms", "vision_params", "vision_params_tp")
+_SHAPE_ZERO_OK = (
+    "mtp_num_layers",
+    "layer_post_norms",
+    "vision_params",
+    "vision_params_tp",
+    "dsa_indexer_skip_topk_offset",
+)
 _SHAPE_BOOLS = (
     "gated_linear_unit",
     "add_bias_linear",
@@ -270,6 +297,7 @@ _SHAPE_BOOLS = (
     "should_pad_vocab",
     "moe_shared_expert_gate",
     "multi_latent_attention",
+    "qk_layernorm_full_width",
 )
 _REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size")
 
@@ -294,6 +322,12 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
     target = str(model.get("_target_") or "")
     if "layer_post_norms" not in model and re.search(r"Gemma[23]", target):
         model["layer_post_norms"] = 2
+    spec = model.get("transformer_layer_spec")
+    spec_target = str(spec.get("_target_") or "") if isinstance(spec, Mapping) else str(spec or "")
+    if "qk_layernorm_full_width" not in model and (
+        target.endswith("OlMoEModelProvider") or spec_target.endswith("olmoe_layer_spec")
+    ):
+        model["qk_layernorm_full_width"] = True
     vision = model.get("vision_config")
     if "vision_params" not in model and isinstance(vision, Mapping) and "Qwen3VL" in target:
         from .hf import qwen3_vl_vision_params  # Bridge's Qwen3-VL providers carry the HF vision_config
@@ -333,10 +367,27 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
             "hybrid_layer_pattern",
             "mtp_hybrid_override_pattern",
             "softmax_type",
+            "experimental_attention_variant",
         ):
             value = str(value)
         kwargs[key] = value
     shape = Shape(name=name, **kwargs)
+    variant = shape.experimental_attention_variant
+    if variant is not None and variant not in SIZED_ATTENTION_VARIANTS:
+        what = UNSIZED_ATTENTION_VARIANTS.get(variant, "its")
+        raise ModelError(
+            f"model.experimental_attention_variant={variant!r}: {what} layers are not sized yet "
+            "(pass --params N for a count-only estimate)"
+        )
+    if variant == "dsa":
+        if not shape.multi_latent_attention:
+            raise ModelError(
+                "model.experimental_attention_variant='dsa' needs model.multi_latent_attention=true "
+                "(experimental_attention_variant_module_specs.py:85: only MLA supports sparse attention)"
+            )
+        lacking = [f"model.{k}" for k in ("dsa_indexer_n_heads", "dsa_indexer_head_dim") if not kwargs.get(k)]
+        if lacking:
+            raise ModelError(f"config lacks {', '.join(lacking)}: the DSA indexer's size (dsa.py:1122-1123)")
     if shape.hybrid and len(_hybrid_main(shape.hybrid_layer_pattern or "")) != shape.num_layers:
         raise ModelError(
             f"model.num_layers ({shape.num_layers}) does not match the {len(_hybrid_main(shape.hybrid_layer_pattern or ''))}"
@@ -389,18 +440,22 @@ def _attention_parts(s: Shape) -> list[Part]:
     if s.add_bias_linear:
         parts.append(Part("attention", h, "rep"))  # row-parallel bias: whole on every rank
     if s.qk_layernorm:
-        parts.append(Part("norms", 2 * s.norm(hd), "rep"))  # q_layernorm, k_layernorm over head_dim
+        # q_layernorm, k_layernorm over head_dim (attention.py); OLMoE's over heads x head_dim, whole
+        # on every rank (Bridge olmoe_provider.py:120-135).
+        width = heads * hd if s.qk_layernorm_full_width else hd
+        parts.append(Part("norms", 2 * s.norm(width), "rep"))
     if s.softmax_type == "learnable":
         parts.append(Part("attention", heads, "tp"))  # softmax_offset, one per head
     return parts
 
 
-def _mla_parts(s: Shape) -> list[Part]:
+def _mla_parts(s: Shape, layer_number: int = 1) -> list[Part]:
     """Multi-latent attention (transformer/multi_latent_attention.py:477-630): query
     projection (direct, or down ``h x q_lora`` duplicated + up ``q_lora x heads x q_head_dim``
     column parallel), KV down ``h x (kv_lora + rope dim)`` duplicated, KV up
     ``kv_lora x heads x (qk + v)`` column parallel, q/kv norms when ``qk_layernorm``, output
-    ``heads x v_head_dim x h`` row parallel (attention.py, ``query_projection_size``)."""
+    ``heads x v_head_dim x h`` row parallel (attention.py, ``query_projection_size``); with DeepSeek
+    sparse attention, the indexer on the layers that compute their top-k (``dsa_computes_topk``)."""
     h, heads = s.hidden_size, s.num_attention_heads
     q_head = s.qk_head_dim + s.qk_pos_emb_head_dim
     parts = [Part("norms", s.norm(h), "rep")]
@@ -420,7 +475,41 @@ def _mla_parts(s: Shape) -> list[Part]:
     parts.append(_linear("attention", "linear_proj", heads * s.v_head_dim, h, "tp"))
     if s.add_bias_linear:
         parts.append(Part("attention", h, "rep"))
+    if s.experimental_attention_variant == "dsa" and dsa_computes_topk(s, layer_number):
+        parts += _dsa_indexer_parts(s)
     return parts
+
+
+def dsa_computes_topk(s: Shape, layer_number: int) -> bool:
+    """Whether 1-indexed ``layer_number`` computes its own DSA top-k, and so builds an indexer.
+
+    Megatron-Core (transformer/experimental_attention_variant/dsa.py:37-47 ``is_dsa_skip_topk_layer``,
+    used at dsa.py:1574-1584): with ``dsa_indexer_topk_freq`` f > 1, a layer reuses an earlier layer's
+    top-k (and builds no indexer) unless ``max(layer - max(offset, 1), 0) % f == 0``. MTP layers count
+    from 1 again (multi_token_prediction.py:1036-1043, transformer_layer.py:343-344).
+    """
+    freq = s.dsa_indexer_topk_freq or 1
+    if freq <= 1:
+        return True
+    offset = max(s.dsa_indexer_skip_topk_offset or 0, 1)
+    return max(layer_number - offset, 0) % freq == 0
+
+
+def _dsa_indexer_parts(s: Shape) -> list[Part]:
+    """The DSA lightning indexer (dsa.py:1159-1205), every linear ``parallel_mode="duplicated"``
+    (whole on each TP rank): ``linear_wq_b`` ``q_lora x (n_heads x head_dim)`` (``q_lora`` is
+    ``hidden`` without query compression, dsa.py:1116-1120), ``linear_wk`` ``h x head_dim``, ``k_norm``
+    a LayerNorm (weight and bias) over ``head_dim`` whatever ``normalization`` says (dsa.py:1183-1192),
+    ``linear_weights_proj`` ``h x n_heads``; no biases."""
+    h = s.hidden_size
+    heads, dim = s.dsa_indexer_n_heads or 0, s.dsa_indexer_head_dim or 0
+    q_in = s.q_lora_rank if s.q_lora_rank is not None else h
+    return [
+        _linear("dsa_indexer", "linear_wq_b", q_in, heads * dim, "rep"),
+        _linear("dsa_indexer", "linear_wk", h, dim, "rep"),
+        Part("dsa_indexer", 2 * dim, "rep"),
+        _linear("dsa_indexer", "linear_weights_proj", h, heads, "rep"),
+    ]
 
 
 def _mlp_parts(
@@ -491,7 +580,7 @@ def _mamba_parts(s: Shape) -> list[Part]:
     ]
 
 
-def _layer_parts(s: Shape, kind: str) -> list[Part]:
+def _layer_parts(s: Shape, kind: str, layer_number: int = 1) -> list[Part]:
     parts: list[Part] = []
     if "+" in kind and s.layer_post_norms:
         parts.append(Part("norms", s.layer_post_norms * s.norm(s.hidden_size), "rep"))
@@ -499,7 +588,7 @@ def _layer_parts(s: Shape, kind: str) -> list[Part]:
         if piece == "attention":
             parts += _attention_parts(s)
         elif piece == "mla":
-            parts += _mla_parts(s)
+            parts += _mla_parts(s, layer_number)
         elif piece == "mlp":
             parts += [Part("norms", s.norm(s.hidden_size), "rep")] + _mlp_parts(s, s.ffn, "mlp")
         elif piece == "moe":
@@ -511,13 +600,14 @@ def _layer_parts(s: Shape, kind: str) -> list[Part]:
     return parts
 
 
-def _mtp_parts(s: Shape, kinds: list[str]) -> list[Part]:
+def _mtp_parts(s: Shape, kinds: list[str], depth: int = 1) -> list[Part]:
     """One MTP depth (transformer/multi_token_prediction.py:983-1055): enorm, hnorm,
-    eh_proj ``2h x h`` (column parallel), its inner layer(s), final_layernorm."""
+    eh_proj ``2h x h`` (column parallel), its inner layer(s), final_layernorm. Its inner layer is
+    numbered by depth from 1 (multi_token_prediction.py:949, 1036-1043)."""
     h = s.hidden_size
     parts = [Part("mtp", 3 * s.norm(h), "rep"), _linear("mtp", "eh_proj", 2 * h, h, "tp")]
     for kind in kinds:
-        parts += [replace(p, term="mtp") for p in _layer_parts(s, kind)]
+        parts += [replace(p, term="mtp") for p in _layer_parts(s, kind, depth)]
     return parts
 
 
@@ -535,6 +625,82 @@ def _lora_numel(part: Part, lora: Lora | None) -> int:
     if lora is None or not part.module or part.module not in lora.target_modules:
         return 0
     return lora.dim * (part.fan[0] + part.fan[1]) * part.copies
+
+
+@dataclass(frozen=True)
+class UnitGroup:
+    """One Megatron FSDP parameter group of an FSDP unit (a decoder layer) on this rank.
+
+    megatron_fsdp/param_and_grad_buffer.py:1786-1816 (``_get_parameter_groups``) groups a unit's
+    parameters by dtype, expert or not, and ``requires_grad``: a layer is one group, plus one for its
+    routed experts; with PEFT the frozen base weights and the trainable adapters are separate groups.
+    ``elements``: the group's parameters laid out in ``chunk``-sized rows (``chunk_size_factor``,
+    :1873-1905; ``build_data_parallel_buffer_index`` rounds an item that is not a whole number of
+    rows up to one, :323-331); the bucket is then padded to a multiple of DP x ``chunk`` (:284-286).
+    """
+
+    expert: bool
+    lora: bool
+    elements: float
+    chunk: int
+
+    def bucket(self, dp: int) -> float:
+        """Elements of the group's bucket (its all-gathered size) for a data-parallel group of ``dp``."""
+        if dp <= 1:
+            return self.elements
+        step = dp * self.chunk
+        return math.ceil(self.elements / step) * step
+
+
+def fsdp_chunk_factor(items: list[tuple[float, int]]) -> int:
+    """``chunk_size_factor`` of a group of ``(numel, numel of shape[1:])`` items, by Megatron FSDP's
+    rule (param_and_grad_buffer.py:1873-1905): items sorted by row size, largest first; an item
+    whose row neither equals nor divides the factor (with whole rows) widens it to the lcm."""
+    rows = sorted(items, key=lambda x: -x[1])
+    if not rows:
+        return 1
+    chunk = max(1, rows[0][1])
+    for numel, row in rows:
+        row = max(1, row)
+        if row == chunk or (chunk % row == 0 and numel % chunk == 0) or numel < chunk:
+            continue
+        chunk = math.lcm(chunk, row)
+    return chunk
+
+
+def _group_elements(items: list[tuple[float, int]], chunk: int) -> float:
+    """Elements of a bucket before padding: items of at least one row rounded up to whole rows
+    (an upper bound: Megatron FSDP may pair two remainders in one row), smaller ones as they are."""
+    total = 0.0
+    for numel, _ in items:
+        total += math.ceil(numel / chunk) * chunk if numel >= chunk else numel
+    return total
+
+
+def _unit_groups(parts: list[Part], lora: Lora | None, div: dict[str, int]) -> tuple[UnitGroup, ...]:
+    """The Megatron FSDP parameter groups of one layer on this rank (see ``UnitGroup``). A weight
+    ``in x out`` is a ``[out, in]`` tensor (rows of ``in``); per copy for grouped experts; LoRA's
+    ``linear_in`` is ``[dim, in]`` and ``linear_out`` ``[out, dim]`` (peft/utils.py:1862-1865)."""
+    groups: dict[tuple[bool, bool], list[tuple[float, int]]] = {}
+    for p in parts:
+        expert = p.split == "ep"
+        share = div[p.split]
+        # copies on this rank: EP hands each rank whole experts; other copies are all local
+        n = max(1, round(p.copies / share)) if expert else max(1, round(p.copies))
+        part_share = share / (p.copies / n) if expert else share  # what is left to split per copy (ETP)
+        if p.matrix and p.fan[0]:
+            groups.setdefault((expert, False), []).extend([(p.numel / p.copies / part_share, p.fan[0])] * n)
+        else:
+            groups.setdefault((expert, False), []).append((p.numel / share, 1))
+        if lora is not None and _lora_numel(p, lora):
+            adapters = groups.setdefault((expert, True), [])
+            adapters.extend([(lora.dim * p.fan[0] / part_share, p.fan[0])] * n)
+            adapters.extend([(lora.dim * p.fan[1] / part_share, lora.dim)] * n)
+    out = []
+    for (expert, is_lora), items in groups.items():
+        chunk = fsdp_chunk_factor(items)
+        out.append(UnitGroup(expert, is_lora, _group_elements(items, chunk), chunk))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -567,6 +733,11 @@ class Counts:
     gpu_largest_matrix: float = 0.0  # largest 2-D weight on the GPU (Muon's orthogonalisation works on one)
     first_stage_total: float = 0.0  # parameters on a rank of the first pipeline stage (global rank 0)
     gpu_unit_experts: float = 0.0  # of gpu_unit, the routed experts (sharded over the expert-data-parallel group)
+    # Megatron FSDP's parameter groups of the largest layer (``fsdp_unit_groups``) and the parameters
+    # outside the FSDP units in module order (``nonunit_items``), for its bucket layout.
+    unit_groups: tuple = ()
+    stage_unit_groups: tuple = ()  # per decoder layer of the most-loaded stage, in order
+    nonunit_items: tuple = ()
 
     @property
     def gpu_total(self) -> float:
@@ -626,8 +797,8 @@ def count_parameters(
                 terms["lora"] = terms.get("lora", 0) + extra
         return dense, expert, g_dense, g_expert, g_matrix, g_lora, g_lora_exp, terms, g_terms
 
-    layers = [tally(_layer_parts(shape, k)) for k in kinds]
-    mtp_layers = [tally(_mtp_parts(shape, ks)) for ks in shape.mtp_kinds()]
+    layers = [tally(_layer_parts(shape, k, i + 1)) for i, k in enumerate(kinds)]
+    mtp_layers = [tally(_mtp_parts(shape, ks, d + 1)) for d, ks in enumerate(shape.mtp_kinds())]
     largest = 0.0
     for k in set(kinds):
         for p in _layer_parts(shape, k):
@@ -704,6 +875,34 @@ def count_parameters(
         if last["dense"] + last["experts"] > first["dense"] + first["experts"]:
             chosen, where = last, "last"
     biggest = max(layers + mtp_layers, key=lambda x: x[2] + x[3])
+    big_idx = (layers + mtp_layers).index(biggest)
+    if big_idx < len(layers):
+        big_parts = _layer_parts(shape, kinds[big_idx], big_idx + 1)
+    else:
+        depth = big_idx - len(layers)  # an MTP depth: its inner layer is the FSDP unit
+        big_parts = [p for k in shape.mtp_kinds()[depth] for p in _layer_parts(shape, k, depth + 1)]
+    unit_groups = _unit_groups(big_parts, lora, div)
+    # The FSDP units of the chosen stage, in order (hybrid and dense-then-MoE models have layers of
+    # different sizes); the parts of a kind are the same for every layer but DSA's computing ones.
+    cache: dict[tuple, tuple[UnitGroup, ...]] = {}
+    stage_groups = []
+    for i in first_idx if where == "first" else last_idx:
+        key = (kinds[i], shape.experimental_attention_variant == "dsa" and dsa_computes_topk(shape, i + 1))
+        if key not in cache:
+            cache[key] = _unit_groups(_layer_parts(shape, kinds[i], i + 1), lora, div)
+        stage_groups.append(cache[key])
+    # Parameters outside the FSDP units, in module order (word and position embeddings, final norm,
+    # output layer): Megatron FSDP puts them in one group and cuts it into buckets (see strategies).
+    nonunit: list[tuple[float, int]] = []
+    if where == "first":
+        nonunit.append((word / tp, h))
+        if position:
+            nonunit.append((float(position), h))
+    if pp == 1 or where == "last":
+        nonunit.append((float(final_norm), 1))
+        head = (output or (word if pp > 1 else 0)) / tp
+        if head:
+            nonunit.append((head, h))
     unit = biggest[2] + biggest[3]
     return Counts(
         total=total,
@@ -717,6 +916,9 @@ def count_parameters(
         gpu_non_unit=chosen["non_unit"],
         gpu_unit=unit,
         gpu_unit_experts=biggest[3],
+        unit_groups=unit_groups,
+        stage_unit_groups=tuple(stage_groups),
+        nonunit_items=tuple(nonunit),
         gpu_first_grads=chosen["first_grads"],
         layers_on_gpu=max(first["layers"], chosen["layers"]),
         padded_vocab=vocab,

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from .common import ADAM_STATES, FP32, ModelError
-from .shapes import Counts
+from .shapes import Counts, _group_elements, fsdp_chunk_factor
 from .terms import Precision
 
 STRATEGIES = ("ddp", "distopt", "no_shard", "optim", "optim_grads", "optim_grads_params")
@@ -33,6 +33,104 @@ DDP_BUCKET_PER_DP_RANK = 1_000_000
 
 # How far ``smallest_dp`` searches (data-parallel sizes beyond this are not built today).
 MAX_DP_SEARCH = 16384
+
+
+def gathered_after_step(
+    counts: Counts, p: Precision, *, n_dense: int, n_expert: int, dp: int, cp: int, peft: bool, limit: float
+) -> tuple[int, float]:
+    """(layers, elements) that Megatron FSDP all-gathers right after the optimizer step and holds
+    until the next forward, with ``optim_grads_params``.
+
+    ``start_param_sync`` gathers the bucket of the first parameter (the word embedding) with prefetch
+    (megatron_fsdp.py:1277-1282), and ``all_gather_params`` then adds the next bucket group, in bucket
+    order, while the buckets it has added so far hold fewer than ``limit`` elements
+    (``suggested_AG_prefetch_size``, param_and_grad_buffer.py:4479-4508). Bucket order follows the
+    parameter groups (:1786-1816): first the group of parameters outside the FSDP units (word and
+    position embeddings, final norm, output layer), cut into buckets of ``bucket_size`` elements
+    (:1849-1866; ``bucket_size`` is set by Bridge's wrapper when ``overlap_grad_reduce``, see
+    ``Precision``), then each layer's groups (one bucket group per layer for its dense parameters,
+    frozen and adapters together, one for its routed experts, :1935-1952). The non-unit buckets after
+    the embedding's count toward the limit but stay allocated anyway; each layer's bucket is its
+    padded size (``UnitGroup.bucket``). Only buckets that are sharded (group of more than one rank)
+    are newly allocated. At least one layer is counted, the safe side of a layout this cannot read.
+    Measured on H200 rehearsals (1.1 B Llama, with and without LoRA, at DP 8 and 64; 8 B and 70 B
+    trunks; a 16-layer MoE), this gives the bytes gathered between steps exactly.
+    """
+    per_layer = counts.stage_unit_groups or (counts.unit_groups,) * counts.layers_on_gpu
+    sizes = []  # (dense, expert) bucket-group elements per layer, in order
+    for layer in per_layer:
+        groups = [g for g in layer if peft or not g.lora]
+        sizes.append(
+            (
+                sum(g.bucket(n_dense) for g in groups if not g.expert),
+                sum(g.bucket(n_expert) for g in groups if g.expert),
+            )
+        )
+    if not sizes:
+        return 0, 0.0
+    later = _nonunit_buckets(counts, p, dp=dp, cp=cp)[1:]  # the embedding's bucket is gathered; these prefetched
+    offset = 0.0
+    for b in later:
+        chunk = fsdp_chunk_factor(b)
+        elems = _group_elements(b, chunk)
+        step = n_dense * chunk if n_dense > 1 else 1
+        offset += math.ceil(elems / step) * step
+    prefetched, layers, gathered = offset, 0, 0.0
+    for dense, expert in sizes:
+        if prefetched >= limit:
+            break
+        for size, n in ((dense, n_dense), (expert, n_expert)):
+            if size and prefetched < limit:
+                prefetched += size
+                gathered += size if n > 1 else 0.0
+        layers += 1
+    if layers == 0:
+        dense, expert = max(sizes, key=sum)
+        layers = 1
+        gathered = dense * (n_dense > 1) + expert * (n_expert > 1)
+    return layers, gathered
+
+
+def fsdp_padding(counts: Counts, *, n_dense: int, n_expert: int, dp: int, cp: int, p: Precision, peft: bool,
+                 trainable_only: bool) -> float:  # fmt: skip
+    """Elements per rank that Megatron FSDP's sharded buffers hold beyond the parameters: each bucket is
+    laid out in rows of its ``chunk_size_factor`` and padded to DP x chunk before it is split
+    (param_and_grad_buffer.py:284-286, ``UnitGroup.bucket``), and every rank keeps an equal shard of it.
+    Small for Llama layers (rows of ``ffn``); large when a layer's rows are of unlike widths (a Mamba
+    layer's lcm(hidden, d_inner) rows: 376,320 elements for Nemotron 3 Nano 4B, 24 M at DP 64).
+    ``trainable_only``: the groups that have gradients and optimizer state (with PEFT, the adapters)."""
+    extra = 0.0
+    for layer in counts.stage_unit_groups:
+        for g in layer:
+            if g.lora and not peft:
+                continue
+            if trainable_only and peft and not g.lora:
+                continue
+            n = n_expert if g.expert else n_dense
+            if n > 1:
+                extra += (g.bucket(n) - g.elements) / n
+    if not (trainable_only and peft) and n_dense > 1:
+        for b in _nonunit_buckets(counts, p, dp=dp, cp=cp):
+            chunk = fsdp_chunk_factor(b)
+            elems = _group_elements(b, chunk)
+            step = n_dense * chunk
+            extra += (math.ceil(elems / step) * step - sum(x[0] for x in b)) / n_dense
+    return extra
+
+
+def _nonunit_buckets(counts: Counts, p: Precision, *, dp: int, cp: int) -> list[list[tuple[float, int]]]:
+    """The group of parameters outside the FSDP units, cut into buckets of ``bucket_size`` elements
+    (param_and_grad_buffer.py:1849-1866; see ``Precision.overlap_grad_reduce`` for who sets it)."""
+    bucket_size = p.bucket_size
+    if bucket_size is None and p.overlap_grad_reduce:
+        bucket_size = max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
+    buckets: list[list[tuple[float, int]]] = [[]]
+    for item in counts.nonunit_items:
+        if not buckets[-1] or not bucket_size or sum(x[0] for x in buckets[-1]) < bucket_size:
+            buckets[-1].append(item)
+        else:
+            buckets.append([item])
+    return [b for b in buckets if b]
 
 
 # --------------------------------------------------------------------------- model state per strategy
@@ -168,8 +266,13 @@ def strategy_memory(
     ep: int = 1,
     etp: int | None = None,
     peft: bool = False,
+    loss_headroom: float = 0.0,
 ) -> StrategyMemory:
     """Model-state and buffer bytes for one strategy on the most-loaded GPU.
+
+    ``loss_headroom``: bytes by which the loss forward exceeds the start of backward
+    (``terms.loss_forward_headroom``); the unsharded gradient buffers alive at the start of backward
+    fit in it, since they do not exist yet at the loss forward.
 
     ``peft``: only the LoRA adapters in ``counts`` train; the base weights are frozen and
     keep no gradient, main weight or optimizer state (Megatron FSDP creates grad and main
@@ -244,6 +347,15 @@ def strategy_memory(
     sharded = n_dense > 1 or n_expert > 1
     w_sharded = strategy == "optim_grads_params" and sharded
     g_sharded = strategy in ("optim_grads", "optim_grads_params") and sharded
+    if sharded:  # the sharded buffers are padded (fsdp_padding); each rank holds an equal shard
+        for trainable in (False, True):
+            pad = fsdp_padding(
+                counts, n_dense=n_dense, n_expert=n_expert, dp=dp, cp=cp, p=p, peft=peft, trainable_only=trainable
+            )
+            if trainable:
+                t_shard += pad
+            else:
+                shard += pad
     held = t_full if strategy == "no_shard" else t_shard  # no_shard keeps whole optimizer state
     mem = StrategyMemory(
         strategy,
@@ -272,7 +384,7 @@ def strategy_memory(
         notes.append("non-FSDP-unit modules (embedding, output layer) stay all-gathered after first use")
         if p.fsdp_double_buffer:
             mem.buffers_persistent += FSDP_DOUBLE_BUFFER_SLOTS * unit * (pbytes + g)
-            mem.buffers_at_peak = g * first
+            mem.buffers_at_peak = g * first - min(g * first, loss_headroom)
             mem.buffers_late = g * max(first, rest)
             notes.append("fsdp_double_buffer: two persistent layer-sized pools, for weights and for grads")
         else:
@@ -282,15 +394,21 @@ def strategy_memory(
             # layer) layers (at least one) are gathered right after the optimizer step
             # (start_param_sync); at the activation peak (start of backward) the window is the
             # current layer plus half of that prefetch.
+            # In the passes, prefetch starts from a layer's bucket: about limit / layer layers.
             prefetched = min(layers, max(1, int((capacity // 2) // unit)))
             at_peak = min(layers, 1 + math.ceil(prefetched / 2))
+            # After the step it starts from the embedding's bucket (gathered_after_step).
+            after_layers, gathered_elems = gathered_after_step(
+                counts, p, n_dense=n_dense, n_expert=n_expert, dp=dp, cp=cp, peft=peft, limit=capacity // 2
+            )
             if p.gather_after_step:
-                mem.gathered_after_step = pbytes * prefetched * gathered
+                mem.gathered_after_step = pbytes * gathered_elems
             rs = _rs_queue_peak([first] + [unit] * min(layers, int(capacity // unit) + 3) + [rest], capacity)
-            mem.buffers_at_peak = pbytes * at_peak * gathered + g * (first + unit)
+            grads_at_peak = g * (first + unit)
+            mem.buffers_at_peak = pbytes * at_peak * gathered + grads_at_peak - min(grads_at_peak, loss_headroom)
             mem.buffers_late = pbytes * at_peak * gathered + g * rs
             notes.append(
-                f"all-gather window: {at_peak} layer(s) at the activation peak, {prefetched} gathered between "
+                f"all-gather window: {at_peak} layer(s) at the activation peak, {after_layers} gathered between "
                 f"steps; reduce-scatter queue: up to {rs / 1e6:.0f}M unsharded gradient elements"
             )
     elif w_sharded:
@@ -302,7 +420,7 @@ def strategy_memory(
         grads_in_backward = [first] + _buckets(full - first - rest, bucket, capacity) + [rest]
         rs = _rs_queue_peak([x for x in grads_in_backward if x > 0], capacity)
         first = max(first, grads_in_backward[1] if len(grads_in_backward) > 2 else 0.0)
-        mem.buffers_at_peak = g * first
+        mem.buffers_at_peak = g * first - min(g * first, loss_headroom)
         mem.buffers_late = g * rs
         notes.append(f"reduce-scatter queue: up to {rs / 1e6:.0f}M unsharded gradient elements")
     mem.notes = tuple(notes)

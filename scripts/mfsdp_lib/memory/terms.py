@@ -46,6 +46,10 @@ class Precision:
     fsdp_double_buffer: bool = False  # ddp.fsdp_double_buffer (or nccl_ub, max-pool double buffer)
     suggested_communication_unit_size: int | None = None
     bucket_size: int | None = None  # ddp.bucket_size
+    # ddp.overlap_grad_reduce: with it, Bridge's wrapper (dist_utils.py:291-295, _ddp_wrap)
+    # sets an unset bucket_size to max(40e6, 1e6 x DP x CP), which also cuts Megatron FSDP's group of
+    # non-unit parameters into buckets; without it there is one bucket (default off: Megatron-Core's).
+    overlap_grad_reduce: bool = False
     # model.init_model_with_meta_device / use_cpu_initialization: when both are off, the model
     # is first built whole (its TP/PP shard) on the GPU and only then wrapped and sharded.
     built_on_gpu: bool = True
@@ -164,6 +168,7 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
         if unit is not None
         else None,
         bucket_size=_int(bucket, "ddp.bucket_size") if bucket is not None else None,
+        overlap_grad_reduce=_bool(_get(cfg, "ddp.overlap_grad_reduce"), False),
         gather_after_step=_bool(_get(cfg, "ddp.fsdp_all_gather_in_start_param_sync"), True),
         built_on_gpu=not any(
             _bool(_get(cfg, k)) for k in ("model.init_model_with_meta_device", "model.use_cpu_initialization")
@@ -192,6 +197,9 @@ class ActivationSettings:
     fp8: bool = False  # model.fp8: TE saves linear inputs as FP8
     # model.recompute_modules with selective recompute (transformer_config.py:546-560; default core_attn)
     recompute_modules: tuple = ("core_attn",)
+    # model.use_mamba_mem_eff_path (default True): off, Mamba layers run megatron-core's unfused path
+    # (ssm/mamba_mixer.py:502, _ssm_prefill), which saves more for backward (layer_activation_bytes).
+    mamba_mem_eff_path: bool = True
 
     def recomputes(self, module: str) -> bool:
         return self.recompute_granularity == "selective" and module in self.recompute_modules
@@ -308,6 +316,8 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
             total += 2 * s * b * (2 * d_inner + bc + heads) / tp  # zxBCdt (contiguous copy)
             total += 2 * s * b * d_inner / tp  # scan output kept by the fused function
             total += (2 + lin) * s * b * d_inner / tp  # gated norm input, out_proj input
+            if not a.mamba_mem_eff_path:
+                total += mamba_unfused_extra_bytes(s, b, d_inner, bc) / tp
         else:  # pragma: no cover
             raise ModelError(f"unknown layer kind {piece!r}")
     return total
@@ -375,16 +385,7 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
         stack = sum(sizes[k] for k in stored) * in_flight
 
     embedding = (8 * s * b + (sbh if a.hidden_dropout > 0 else 0) / (tp if sp else 1)) * in_flight
-    vocab = shape.padded_vocab(tp)
-    logits = s * b * vocab / tp
-    # Loss forward (language_module.py compute_language_model_loss -> cross entropy): the bf16
-    # logits, their fp32 copy (tensor_parallel/cross_entropy.py:25 ``.float()``) and the exp
-    # buffer torch.compile's functionalised in-place ops allocate (jit.py: jit_fuser =
-    # torch.compile; cross_entropy.py:41-63): 2 + 4 + 4 bytes per logit.
-    loss_forward = LOSS_FORWARD_BYTES_PER_LOGIT * logits
-    # Start of backward: the fp32 softmax saved for backward and the bf16 logits gradient;
-    # without gradient-accumulation fusion also the output weight's bf16 gradient.
-    start_backward = (4 + 2) * logits + (0 if a.gradient_accumulation_fusion else 2 * vocab * h / tp)
+    loss_forward, start_backward = _loss_bytes(shape, a, tp)
     output = 4 * sbh / (tp if sp else 1) + max(loss_forward, start_backward)  # + the final norm
     if pp == 1:
         return (stack + embedding + output) / cp
@@ -405,6 +406,54 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
 
 
 LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 exp buffer
+
+
+def _loss_bytes(shape: Shape, a: ActivationSettings, tp: int) -> tuple[float, float]:
+    """(loss forward, start of backward) bytes of the output layer and loss, per micro-batch.
+
+    Loss forward (language_module.py compute_language_model_loss -> cross entropy): the bf16
+    logits, their fp32 copy (tensor_parallel/cross_entropy.py:25 ``.float()``) and the exp
+    buffer torch.compile's functionalised in-place ops allocate (jit.py: jit_fuser =
+    torch.compile; cross_entropy.py:41-63): 2 + 4 + 4 bytes per logit. Start of backward: the
+    fp32 softmax saved for backward and the bf16 logits gradient; without gradient-accumulation
+    fusion also the output weight's bf16 gradient."""
+    vocab = shape.padded_vocab(tp)
+    logits = a.seq_length * a.micro_batch_size * vocab / tp
+    loss_forward = LOSS_FORWARD_BYTES_PER_LOGIT * logits
+    start_backward = (4 + 2) * logits + (0 if a.gradient_accumulation_fusion else 2 * vocab * shape.hidden_size / tp)
+    return loss_forward, start_backward
+
+
+def loss_forward_headroom(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1) -> float:
+    """Bytes by which the loss forward exceeds the start of backward (0 when it does not, or with PP).
+
+    ``activation_bytes`` counts the larger of the two; the gradient buffers Megatron FSDP allocates
+    in backward (the output layer's unsharded gradients first) exist only at the second moment, so
+    when the loss forward is the larger, they fit in this difference instead of adding to it
+    (``strategies.strategy_memory``, ``loss_headroom``). Large vocabularies make the difference
+    large: 4 bytes per logit less gradient-accumulation fusion's weight gradient."""
+    if pp != 1:
+        return 0.0
+    loss_forward, start_backward = _loss_bytes(shape, a, tp)
+    return max(0.0, loss_forward - start_backward) / cp
+
+
+def mamba_unfused_extra_bytes(s: int, b: int, d_inner: int, bc: int) -> float:
+    """What a Mamba layer on megatron-core's unfused path (``use_mamba_mem_eff_path`` false,
+    ssm/mamba_mixer.py:502 -> ``_ssm_prefill``) saves for backward beyond the fused kernel's set
+    (``zxBCdt``, the scan output, the gated norm's input, out_proj's input: 5 d + BC + heads per token).
+
+    The unfused path keeps, per token, bf16: conv1d's input (the ``b d l`` copy of ``xBC``, d + BC)
+    and SiLU's input (the conv output, d + BC) (mamba_mixer.py:914), the scan's contiguous x, B, C
+    (d + BC) and dt (heads), z's contiguous copy (d) and the norm's y (d, the scan output itself when
+    the micro-batch is 1: ``rearrange(y, "b l h p -> l b (h p)").contiguous()`` is then no copy) and
+    out_proj's input (d): 6 d + 3 BC + heads, so d + 2 BC more (2 d + 2 BC with micro-batch > 1, where
+    y is copied). Measured on H200 rehearsals of Bridge's Nemotron-H 4B and Nemotron 3 Nano 4B recipes.
+    """
+    extra = d_inner + 2 * bc + (d_inner if b > 1 else 0)
+    return 2.0 * s * b * extra
+
+
 MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 MCORE_HIDDEN_DROPOUT = 0.1  # TransformerConfig.hidden_dropout default
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
@@ -479,6 +528,7 @@ def activation_settings(
         offload_layers=offload,
         fp8=_fp8_from_config(cfg)[0],
         recompute_modules=_recompute_modules(cfg),
+        mamba_mem_eff_path=_bool(_get(cfg, "model.use_mamba_mem_eff_path"), True),
     )
 
 
