@@ -25,10 +25,7 @@ from mfsdp_lib import memory
 from mfsdp_lib.memory import calibration
 
 ROOT = Path(__file__).resolve().parent.parent
-RAWS = [
-    ROOT / "benchmarks" / "results" / "raw" / d
-    for d in ("rehearse_1xh200", "memory_rehearsal_1xh200", "hybrid_rehearsal_1xh200")
-]
+RAWS = [ROOT / "benchmarks" / "results" / "raw" / d for d in ("rehearse_1xh200", "memory_rehearsal_1xh200")]
 RESULT = ROOT / "benchmarks" / "results" / "memory_vs_measured.json"
 COUNTS = ROOT / "tests" / "fixtures" / "memory" / "param_counts"
 
@@ -68,12 +65,13 @@ def test_evidence_covers_dense_moe_hybrid_and_lora(assembled):
     moe_distopt = [r for r in result["raw"]["runs"] if r["run"] == "B_moe_n64_ep8_distopt"]
     assert any("excluded" not in r and "skipped" not in r for r in moe_distopt)
     assert any("superseded" in r.get("excluded", "") for r in moe_distopt)
-    # Hybrid (Mamba) runs: Bridge's Nemotron-H recipes compared at N = 8 and 64; the runs that failed
-    # (the first attempt without mamba-ssm, the preset whose attention shape TE rejected) are rows with
-    # their failure as status.
+    # Hybrid (Mamba) runs: Bridge's Nemotron-H recipes and the Nemotron-H preset compared at N = 8 and 64,
+    # the preset under both Megatron FSDP and the distributed optimizer; a run that failed (the first
+    # attempt without mamba-ssm) is a row with its failure as status.
     hybrid = [row for row in result["rows"] if "hybrid" in row[0] or "nemotron" in str(row[1])]
     compared = [row for row in hybrid if row[-1] == "compared"]
     assert {row[2] for row in compared} >= {8, 64}, "no finished hybrid run at N = 8 and 64"
+    assert {row[3] for row in compared} >= {"optim_grads_params", "distopt"}, "hybrid: both weight groups measured"
     assert all(row[-1] == "compared" or "did not finish" in row[-1] for row in hybrid)
 
 

@@ -44,12 +44,20 @@ ACTIVATION_FACTOR = {
     # LoRA on the 1.1 B model, N = 8 and 64: 1.294 (its first step peaks higher than the later ones).
     ("peft", "whole"): 1.3,
     ("peft", "sharded"): 1.3,
-    # Hybrid Mamba (Bridge's Nemotron 3 Nano 4B recipe at N = 8 and 64, Nemotron-H 4B at N = 8, on
-    # megatron-core's unfused Mamba path): the modelled peak covers the measured one (1.0). No finished
-    # hybrid run with whole weights: the largest factor measured on any family, to stay on the safe side.
-    ("hybrid", "whole"): 1.3,
+    # Hybrid Mamba on megatron-core's unfused Mamba path. Sharded: Bridge's Nemotron 3 Nano 4B recipe at
+    # N = 8 and 64, Nemotron-H 4B at N = 8 and the 26-layer Nemotron-H 4B preset at N = 8 and 64: with
+    # HYBRID_SHARDED_FIXED_BYTES below the modelled activations cover every measured peak (1.0). Whole
+    # weights (the distributed optimizer, the preset at N = 8 and 64): 1.0026, rounded up.
+    ("hybrid", "whole"): 1.01,
     ("hybrid", "sharded"): 1.0,
 }
+# A fixed part of the hybrid peak under optim_grads_params that does not scale with the activations:
+# the 26-layer preset at sequence 2048 (4.7 GiB of modelled activations) peaks 0.25-0.28 GiB above its
+# modelled peak, while the recipe trunks (19-35 GiB of activations) peak 0.1-0.5 GiB below theirs, so
+# no activation factor fits both within the 5 % target. Fitted, rounded up; its allocation site is not
+# traced to a line. Added to the peak only, never to the memory between steps.
+HYBRID_SHARDED_FIXED_BYTES = 0.3 * 2**30
+PEAK_FIXED_BYTES = {("hybrid", "sharded"): HYBRID_SHARDED_FIXED_BYTES}
 
 
 def group(strategy: str) -> str:
@@ -100,10 +108,15 @@ def state_margin_bytes(est) -> float:
     return out
 
 
+def peak_fixed_bytes(est, strategy: str) -> float:
+    """The fixed part of the peak margin: ``state_margin_bytes`` plus the family's fitted fixed part."""
+    return state_margin_bytes(est) + PEAK_FIXED_BYTES.get((family(est), group(strategy)), 0.0)
+
+
 def peak_margin_bytes(est, strategy: str, dp: int) -> float:
     """Calibrated bytes added to the modelled peak: the activation excess (when activations decide
-    the peak) plus ``state_margin_bytes``."""
-    fixed = state_margin_bytes(est)
+    the peak) plus ``peak_fixed_bytes``."""
+    fixed = peak_fixed_bytes(est, strategy)
     if not est.activations:
         return fixed
     factor = ACTIVATION_FACTOR[(family(est), group(strategy))]
@@ -113,7 +126,7 @@ def peak_margin_bytes(est, strategy: str, dp: int) -> float:
 def needed_factor(est, strategy: str, measured_peak: float) -> float:
     """Smallest activation factor (>= 1) at which the predicted peak reaches ``measured_peak``."""
     dp = est.parallel.dp
-    fixed = state_margin_bytes(est)
+    fixed = peak_fixed_bytes(est, strategy)
     if _total(est, strategy, dp, 1.0, fixed) >= measured_peak or not est.activations:
         return 1.0
     lo, hi = 1.0, 2.0
