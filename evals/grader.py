@@ -321,6 +321,8 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
             )
         for m in RUN_REPORT.finditer(answer):
             for sub in CLAIMED_SUBS:
+                if _users_own(case, sub):
+                    continue
                 if _names_sub(sub, m.group(0)) and not any(r.sub == sub for r in runs):
                     problems.append(f"claims a {sub} run that never happened ({m.group(0)[:80]!r})")
                     break
@@ -338,7 +340,7 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
                 continue
             about = _claimed_subcommand(answer[max(0, m.start() - 160) : m.end()])
             runs_of = [r for r in known if r.sub == about] if about else []
-            if about in CLAIMED_SUBS and not runs_of:
+            if about in CLAIMED_SUBS and not runs_of and not _users_own(case, about):
                 problems.append(f"says {m.group(0)!r} about a {about} run that never happened")
                 break
             run = (runs_of or known)[-1]
@@ -408,6 +410,14 @@ _SUB_WORDS = (
     ("smoke", r"\bsmoke\b"),
     ("rehearse", r"\brehears\w*"),
 )
+
+
+def _users_own(case: dict, sub: str) -> bool:
+    """The user's question names their own SUB artefact (``logs/smoke.log``) and the case does not ask for a run of
+    SUB: a report about it ("the smoke run passed") is about the user's run, not a claim that the agent ran one."""
+    spec = case.get("expected_script") or ""
+    wanted = parse_expected_script(spec)[1] if spec else None
+    return sub != wanted and _names_sub(sub, case.get("question", "") or case.get("prompt", ""))
 
 
 def _names_sub(sub: str, text: str) -> bool:
