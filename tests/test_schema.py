@@ -177,3 +177,14 @@ def test_not_in_this_release_really_absent(bridge_src, mcore_src):
         for root in (bridge_src, mcore_src):
             hits = [p for p in root.rglob("*.py") if name in p.read_text(encoding="utf-8", errors="replace")]
             assert not hits, f"{name} appears in {hits[:3]}"
+
+
+@pytest.mark.parametrize("path", sorted(S.FAMILY_NULLABLE))
+def test_family_nullable_fields_are_optional_in_that_familys_provider(bridge_src, mcore_src, path):
+    """A null the base class forbids is accepted only where a family's provider really declares it Optional."""
+    rel, cls = S.FAMILY_NULLABLE[path]
+    fields = class_fields(wheel_file(bridge_src, mcore_src, rel), cls)
+    key = path.split(".", 1)[1]
+    assert key in fields, f"{cls} in {rel} declares no '{key}'"
+    annotation, default = fields[key]
+    assert "None" in annotation or "Optional" in annotation, f"{path}: {cls} declares it {annotation}"

@@ -403,7 +403,7 @@ def coerce(path: str, value, where: str = ""):
     typ, _default, choices, nullable, _src = rec
     loc = f"{where}: " if where else ""
     if value is None:
-        if nullable or path in S.REQUIRED:
+        if nullable or path in S.REQUIRED or path in S.FAMILY_NULLABLE:
             return None
         raise input_error(f"{loc}{path}=null is not allowed: expected {_article(typ)}")
     bad = f"{loc}{path}={value!r}: expected {_article(typ)}"

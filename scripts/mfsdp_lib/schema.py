@@ -244,6 +244,13 @@ CONTAINER_KEYS = (
 # holds None for them, meaning "absent". CommOverlapConfig(tp_comm_overlap=...) is required.
 REQUIRED = ("comm_overlap.tp_comm_overlap",)
 
+# Fields whose base class forbids null but a recipe family's provider allows it, so that family's dumps hold
+# null: path -> (file, provider class) that declares it Optional. Bridge's hybrid (Mamba) provider derives
+# num_layers from hybrid_layer_pattern and declares ``num_layers: int | None = None``.
+FAMILY_NULLABLE = {
+    "model.num_layers": ("megatron/bridge/models/hybrid/hybrid_provider.py", "HybridModelProvider"),
+}
+
 # Every field of the two top-level sections that are null in a recipe dump but may be
 # given as mappings (so an unknown key there can still get a did-you-mean).
 MIXED_PRECISION_KEYS = (
