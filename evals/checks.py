@@ -132,6 +132,24 @@ NO_LOAD_NONE = NotSet("checkpoint.load", "none", st.UNSET)
 # Megatron FSDP with pipeline parallelism fails when Megatron-Core wraps the model (mcore_fsdp_adapter.py
 # _get_dp_tp_mesh): an answer that recommends PP > 1 for a Megatron FSDP job hands the user a crash.
 NO_PP = NotSet("pipeline_model_parallel_size", *(str(n) for n in range(2, 129)))
+# "pipeline parallel ... does not work / fails / cannot": the claim both PP cases need.
+PP_FAILS = near(
+    word("pipeline", "PP", r"pipeline_model_parallel_size"),
+    word(
+        r"not supported",
+        "unsupported",
+        r"doesn't work",
+        r"does not work",
+        r"fails?",
+        "cannot",
+        "can't",
+        r"won't work",
+        "incompatible",
+        r"crash\w*",
+        "breaks",
+    ),
+    200,
+)
 NEG = r"(?:not|n't|never|no)"
 F_DP_GT_1 = Fact(
     "FSDP only helps with more than one data-parallel rank",
@@ -659,23 +677,7 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(
             Fact(
                 "says Megatron FSDP does not work with pipeline parallel size > 1",
-                near(
-                    word("pipeline", "PP", r"pipeline_model_parallel_size"),
-                    word(
-                        r"not supported",
-                        "unsupported",
-                        r"doesn't work",
-                        r"does not work",
-                        r"fails?",
-                        "cannot",
-                        "can't",
-                        r"won't work",
-                        "incompatible",
-                        r"crash\w*",
-                        "breaks",
-                    ),
-                    200,
-                ),
+                PP_FAILS,
                 negatable=False,
             ),
             Fact(
@@ -705,23 +707,7 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(
             Fact(
                 "refuses PP=2 with Megatron FSDP",
-                near(
-                    word("pipeline", "PP", r"pipeline_model_parallel_size"),
-                    word(
-                        r"not supported",
-                        "unsupported",
-                        r"doesn't work",
-                        r"does not work",
-                        r"fails?",
-                        "cannot",
-                        "can't",
-                        r"won't work",
-                        "incompatible",
-                        r"crash\w*",
-                        "breaks",
-                    ),
-                    200,
-                ),
+                PP_FAILS,
                 negatable=False,
             ),
         ),

@@ -168,6 +168,20 @@ def _report(changes, out) -> None:
         out.write(f"  {c.path}: {rules.fmt(c.old)} -> {rules.fmt(c.new)}\n      why: {c.why}\n")
 
 
+def _plan(eff, args, env) -> list:
+    """``enable.plan`` with the command line's decisions (file mode and live mode take the same ones)."""
+    return enable.plan(
+        eff,
+        strategy=args.strategy,
+        save_dir=args.save_dir,
+        perf=args.perf,
+        env=env,
+        set_pp1=args.set_pp1,
+        gpus=args.gpus,
+        fit_eval_batch=args.fit_eval_batch,
+    )
+
+
 def _refuse(changes, findings, blockers, out, world=None) -> None:
     """No config is emitted: say why, what would have changed, and what to decide."""
     out.write(
@@ -235,16 +249,7 @@ def run(args) -> int:
         config_io.set_path(eff, p, v, "override")
         user_changes.append(enable.Change(p, old, config_io.get(eff, p), "given on the command line"))
 
-    changes = user_changes + enable.plan(
-        eff,
-        strategy=args.strategy,
-        save_dir=args.save_dir,
-        perf=args.perf,
-        env=env,
-        set_pp1=args.set_pp1,
-        gpus=args.gpus,
-        fit_eval_batch=args.fit_eval_batch,
-    )
+    changes = user_changes + _plan(eff, args, env)
     changes = [c for c in changes if not enable._same(c.old, c.new)]
     result = enable.apply(base, changes)
     # the world: --gpus, else the smallest that both the config as given (with the user's KEY=VALUE) and the result fit
@@ -436,16 +441,7 @@ def _live_verdicts(args, version, overrides, env):
         dump = os.path.join(tmp, "recipe.yaml")
         cfg_obj.to_yaml(dump)
         eff = config_io.load_effective(dump)
-    changes = enable.plan(
-        eff,
-        strategy=args.strategy,
-        save_dir=args.save_dir,
-        perf=args.perf,
-        env=env,
-        set_pp1=args.set_pp1,
-        gpus=args.gpus,
-        fit_eval_batch=args.fit_eval_batch,
-    )
+    changes = _plan(eff, args, env)
     enable.apply_to_object(cfg_obj, enable.overrides_of(changes))
     result = enable.apply(eff, changes)
     world = enable.job_world(eff, result, args.gpus)
