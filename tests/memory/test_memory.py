@@ -808,3 +808,39 @@ def test_layers_gathered_after_the_step(mcore_src):
     ]
     assert off.gathered_after_step == 0
     assert rows_for(None, model="llama3-8b", dp=1)["optim_grads_params"].gathered_after_step == 0
+
+
+@pytest.mark.parametrize(
+    "model, kw, gpu",
+    [
+        ("llama3-70b", {"dp": 4, "tp": 4}, 80),  # optim_grads never fits: its whole weights alone exceed 80 GiB
+        ("llama3-70b", {"dp": 16}, 141),
+        ("llama3-8b", {"dp": 8, "seq_length": 2048}, 24),
+        ("llama3-8b", {"dp": 8, "seq_length": 8192}, 80),
+        ("llama3.1-405b", {"dp": 8, "tp": 8}, 141),
+    ],
+)
+def test_smallest_dp_shortcuts_give_the_full_scan_answer(model, kw, gpu):
+    """``smallest_dp`` skips the calibration where the modelled peak alone does not fit, and skips
+    ``optim_grads`` altogether when its whole weights and activations exceed the GPU. Neither may
+    change the answer: it must equal a plain upward scan of every allowed DP with the full peak."""
+    from mfsdp_lib.memory.estimate import calibration_bytes, dp_step, strategy_memory
+
+    est = m.estimate(model=model, **kw)
+    step, limit, act, par = dp_step(est.parallel), gpu * GIB, est.activations or 0.0, est.parallel
+    bound = 512 // step
+    for strategy in m.STRATEGIES:
+
+        def full_peak(k: int, strategy: str = strategy) -> float:
+            row = strategy_memory(
+                strategy, est.counts, est.precision, dp=k * step, cp=par.cp, tp=par.tp, ep=par.ep, etp=par.etp,
+                peft=est.peft, loss_headroom=est.loss_headroom,
+            )  # fmt: skip
+            return row.total(act) + calibration_bytes(est, strategy, k * step)
+
+        scanned = next((k * step for k in range(1, bound + 1) if full_peak(k) <= limit), None)
+        got = m.smallest_dp(est, strategy, gpu)
+        if scanned is not None:
+            assert got == scanned, (strategy, got, scanned)
+        else:
+            assert got is None or got > bound * step, (strategy, got)

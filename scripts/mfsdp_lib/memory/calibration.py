@@ -76,11 +76,12 @@ def family(est) -> str:
     return "dense"
 
 
-def _total(est, strategy: str, dp: int, factor: float, fixed: float = 0.0) -> float:
+def _total(est, strategy: str, dp: int, factor: float, fixed: float = 0.0, row=None) -> float:
     from .strategies import strategy_memory
 
     par = est.parallel
-    row = est.rows.get(strategy) if dp == par.dp else None
+    if row is None and dp == par.dp:
+        row = est.rows.get(strategy)
     if row is None:
         row = strategy_memory(
             strategy,
@@ -113,14 +114,16 @@ def peak_fixed_bytes(est, strategy: str) -> float:
     return state_margin_bytes(est) + PEAK_FIXED_BYTES.get((family(est), group(strategy)), 0.0)
 
 
-def peak_margin_bytes(est, strategy: str, dp: int) -> float:
+def peak_margin_bytes(est, strategy: str, dp: int, row=None) -> float:
     """Calibrated bytes added to the modelled peak: the activation excess (when activations decide
-    the peak) plus ``peak_fixed_bytes``."""
+    the peak) plus ``peak_fixed_bytes``. Never negative: every factor is >= 1 and the fixed parts
+    are >= 0, which lets ``estimate.smallest_dp`` skip it where the modelled peak alone does not fit.
+    ``row``: the strategy's memory at ``dp`` when the caller has it already (saves two rebuilds)."""
     fixed = peak_fixed_bytes(est, strategy)
     if not est.activations:
         return fixed
     factor = ACTIVATION_FACTOR[(family(est), group(strategy))]
-    return _total(est, strategy, dp, factor) - _total(est, strategy, dp, 1.0) + fixed
+    return _total(est, strategy, dp, factor, row=row) - _total(est, strategy, dp, 1.0, row=row) + fixed
 
 
 def needed_factor(est, strategy: str, measured_peak: float) -> float:
