@@ -68,6 +68,7 @@ SCHEMA = "rehearse-run/1"
 FSDP_STRATEGIES = ("optim", "optim_grads", "optim_grads_params")
 STRATEGIES = ("ddp", "distopt") + FSDP_STRATEGIES
 GIB = 2**30
+BF16_BYTES = 2  # bytes per saved activation element: bf16, the compute dtype of the hybrid runs
 
 # NullTokenizer needs an explicit vocabulary size. The presets are trunks: a Llama 2
 # sized vocabulary keeps the embedding from dominating small models (and matches the
@@ -575,16 +576,18 @@ def model_has_mamba(model) -> bool:
 def unfused_mamba_extra_bytes(model, micro_batch_size: int) -> int | None:
     """Activations the non-memory-efficient Mamba path saves beyond the memory-efficient one.
 
-    Per Mamba layer and token, in bf16 elements (d = d_inner / TP, g = 2 x groups x state / TP):
-    the fused kernel saves its input zxBCdt (2d + g + heads), its output before gating (d), and
-    the norm's input (d): about 4d + g (ssd_combined.py:883, MambaSplitConv1dScanCombinedFn;
-    mamba_mixer.py:727-781, _ssm_training). The unfused path saves the conv1d input and the
-    SiLU input (2 x (d + g)), contiguous x, B, C for the chunked scan (d + g), its output (d),
-    and the gated norm's y and z (2d): about 6d + 3g (mamba_mixer.py:784-1097, _ssm_prefill;
-    ssd_combined.py:603). The difference, 2 x (d + g) elements per token per layer, is what a
-    rehearsal on the unfused path holds above a job on the fused path, per micro-batch whose
-    activations are alive (the last one's, without pipeline parallelism). None when the shape
-    is unknown.
+    Per Mamba layer and token, in bf16 elements (d = d_inner, g = 2 x groups x state, both / TP):
+    the fused kernel saves its input zxBCdt (2d + g + heads), the scan output (d), the gated
+    norm's input (d) and out_proj's input (d) (ssd_combined.py MambaSplitConv1dScanCombinedFn;
+    mamba_mixer.py _ssm_training). The unfused path (mamba_mixer.py _ssm_prefill) saves conv1d's
+    input and SiLU's input (2 x (d + g)), the scan's contiguous x, B, C (d + g) and dt (heads),
+    z's contiguous copy (d), the norm's y and out_proj's input (2d): d + 2g more. With a
+    micro-batch above 1 the scan output's ``rearrange(...).contiguous()`` is a real copy, one d
+    more. The same count as ``mfsdp_lib.memory.terms.mamba_unfused_extra_bytes``, which the
+    hybrid H200 rehearsals' measured peaks are calibrated against (a larger figure here would let
+    a reader subtract too much from a rehearsal's peak and under-predict production).
+    Per micro-batch whose activations are alive (the last one's, without pipeline parallelism).
+    None when the shape is unknown.
     """
     try:
         hidden = int(model.hidden_size)
@@ -603,8 +606,18 @@ def unfused_mamba_extra_bytes(model, micro_batch_size: int) -> int | None:
     if not layers:
         return None
     pp = int(getattr(model, "pipeline_model_parallel_size", 1) or 1)
-    per_token = 2 * (d_inner + 2 * groups * state) // tp
-    return per_token * 2 * (seq // cp) * max(int(micro_batch_size), 1) * -(-layers // pp)
+    mbs = max(int(micro_batch_size), 1)
+    per_token = (d_inner + 2 * (2 * groups * state) + (d_inner if mbs > 1 else 0)) // tp
+    return per_token * BF16_BYTES * (seq // cp) * mbs * -(-layers // pp)
+
+
+def unfused_mamba_effect(extra_bytes: int | None) -> str:
+    """The ``memory_effect`` text of the ``mamba-mem-eff-path-off`` deviation."""
+    size = f"about {extra_bytes / GIB:.2f} GiB" if extra_bytes else "an amount that depends on the shape"
+    return (
+        f"measured peak is ABOVE a run on the memory-efficient path by {size} per "
+        "micro-batch in flight (more saved activations per Mamba layer); memory between steps is the same"
+    )
 
 
 def mamba_deviations(env: dict | None, mem_eff_requested: bool, extra_bytes: int | None) -> tuple[list[dict], bool]:
@@ -628,15 +641,13 @@ def mamba_deviations(env: dict | None, mem_eff_requested: bool, extra_bytes: int
         )
     turn_off = bool(mem_eff_requested and not env.get("mem_eff_kernels"))
     if turn_off:
-        size = f"about {extra_bytes / GIB:.2f} GiB" if extra_bytes else "an amount that depends on the shape"
         out.append(
             {
                 "id": "mamba-mem-eff-path-off",
                 "what": "model.use_mamba_mem_eff_path: true -> false (megatron-core's unfused Mamba path)",
                 "why": "causal-conv1d's compiled functions are not installed (or do not import); the "
                 "memory-efficient kernel needs them, the unfused path convolves with torch's conv1d",
-                "memory_effect": f"measured peak is ABOVE a run on the memory-efficient path by {size} per "
-                "micro-batch in flight (more saved activations per Mamba layer); memory between steps is the same",
+                "memory_effect": unfused_mamba_effect(extra_bytes),
                 "extra_activation_bytes": extra_bytes,
             }
         )
