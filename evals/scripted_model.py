@@ -60,6 +60,13 @@ DEFAULT_MAX_LIFETIME_S = 1800.0
 # Synthetic usage: a rough bytes-per-token ratio, so budgets scale with what was really sent.
 BYTES_PER_TOKEN = 4
 TURN_KINDS = ("load_skill", "run", "final")
+# How long Codex waits on a scripted command. Its exec_command hands back after yield_time_ms
+# (10 s unless asked, 30 s at most) with the command still running and no exit status, and its
+# shell tools stop a command at timeout_ms (10 s unless asked). On a loaded machine (CI runs the
+# cases in parallel) the skill's script can pass 10 s, and a run without an exit status is one the
+# grader cannot credit; so the scripted turns ask for the most, as a model does for a slow command.
+CODEX_YIELD_TIME_MS = 30_000
+CODEX_TIMEOUT_MS = 120_000
 _ID_TURN = re.compile(r"_scripted_(\d+)")
 _REDACT_HEADERS = {"authorization", "x-api-key", "openai-api-key", "api-key", "cookie"}
 
@@ -306,11 +313,11 @@ class ScriptedModel:
         """Name and arguments of a shell call, shaped for whichever shell tool the CLI offers."""
         names = {t.get("name"): t for t in tools if isinstance(t, dict)}
         if "shell_command" in names:
-            return "shell_command", {"command": command}
+            return "shell_command", {"command": command, "timeout_ms": CODEX_TIMEOUT_MS}
         if "exec_command" in names:
-            return "exec_command", {"cmd": command}
+            return "exec_command", {"cmd": command, "yield_time_ms": CODEX_YIELD_TIME_MS}
         if "shell" in names:
-            return "shell", {"command": ["bash", "-lc", command]}
+            return "shell", {"command": ["bash", "-lc", command], "timeout_ms": CODEX_TIMEOUT_MS}
         raise KeyError("the request offers no shell tool (shell_command, exec_command or shell)")
 
     def responses_output(self, body: dict, raw_len: int) -> tuple[list[dict], dict, int | None]:

@@ -164,9 +164,9 @@ def test_count_tokens_and_unknown_paths(server):
 @pytest.mark.parametrize(
     "tool, expect",
     [
-        ("exec_command", {"cmd": f"cat {SKILL_DIR}/SKILL.md"}),
-        ("shell_command", {"command": f"cat {SKILL_DIR}/SKILL.md"}),
-        ("shell", {"command": ["bash", "-lc", f"cat {SKILL_DIR}/SKILL.md"]}),
+        ("exec_command", {"cmd": f"cat {SKILL_DIR}/SKILL.md", "yield_time_ms": sm.CODEX_YIELD_TIME_MS}),
+        ("shell_command", {"command": f"cat {SKILL_DIR}/SKILL.md", "timeout_ms": sm.CODEX_TIMEOUT_MS}),
+        ("shell", {"command": ["bash", "-lc", f"cat {SKILL_DIR}/SKILL.md"], "timeout_ms": sm.CODEX_TIMEOUT_MS}),
     ],
 )
 def test_responses_skill_load_is_a_shell_read_of_skill_md(server, tool, expect):
@@ -199,7 +199,10 @@ def test_responses_turns_and_final_message(server):
     events = sse(post(server.base_url + "/v1/responses", {"stream": True, "tools": tools, "input": inp})[2])
     items = [d["item"] for n, d in events if n == "response.output_item.done"]
     assert [i["type"] for i in items] == ["message", "function_call"]
-    assert json.loads(items[1]["arguments"]) == {"cmd": f"python3 {SKILL_DIR}/scripts/mfsdp.py check cfg.yaml"}
+    assert json.loads(items[1]["arguments"]) == {
+        "cmd": f"python3 {SKILL_DIR}/scripts/mfsdp.py check cfg.yaml",
+        "yield_time_ms": sm.CODEX_YIELD_TIME_MS,
+    }
     inp += [items[1], {"type": "function_call_output", "call_id": "call_scripted_1", "output": "2 errors"}]
     events = sse(post(server.base_url + "/v1/responses", {"stream": True, "tools": tools, "input": inp})[2])
     items = [d["item"] for n, d in events if n == "response.output_item.done"]
