@@ -263,3 +263,22 @@ def test_megatron_log_handler_binds_stdout_at_construction(mcore_src):
     assert "super().__init__(stream=sys.stdout)" in src
     training = (mcore_src / "megatron" / "training" / "training.py").read_text()
     assert "logging.basicConfig(handlers=[CustomHandler()]" in training  # installed when the module is imported
+
+
+def test_live_world_is_one_world_for_our_rules_and_bridge(monkeypatch):
+    """Live mode hands Bridge the world our rules judged (WORLD_SIZE): --gpus first, then a launcher's
+    WORLD_SIZE, then the smallest world the layout allows; a WORLD_SIZE that is no count is exit 2."""
+    from mfsdp_lib import config_io
+    from mfsdp_lib.cli import enable as cli_enable
+
+    given = {"model": {"tensor_model_parallel_size": 2, "context_parallel_size": 1, "pipeline_model_parallel_size": 1}}
+    assert cli_enable.live_world(given, given, 8, "16")[0] == 8
+    assert cli_enable.live_world(given, given, None, "16") == (
+        16,
+        "from WORLD_SIZE in the environment (the launcher's); --gpus N overrides it",
+    )
+    world, how = cli_enable.live_world(given, given, None, None)
+    assert world == 2 and how.startswith("assumed")
+    for bad in ("0", "-4", "eight", ""):
+        with pytest.raises(config_io.InputError, match="WORLD_SIZE=.* is not a positive whole number"):
+            cli_enable.live_world(given, given, None, bad)

@@ -12,7 +12,9 @@ The report of changes goes to stderr when the result is on stdout, so
 Live mode (``--recipe NAME``) needs an importable Megatron-Bridge (an NVIDIA
 container): it builds the real recipe, applies the same overrides to the real
 ``ConfigContainer``, runs the real ``runtime_config_update()`` (which ends in
-``validate()``) and reports any disagreement with our rule table. Importability is detected from the installed distribution's metadata,
+``validate()``) and reports any disagreement with our rule table. Both judge the same
+world (``live_world``: --gpus, else a launcher's WORLD_SIZE, else the smallest the layout
+allows). Importability is detected from the installed distribution's metadata,
 without importing anything, so the offline path stays fast.
 """
 
@@ -80,6 +82,8 @@ examples:
         # Llama recipes read the model config from the Hugging Face hub (offline: HF_HUB_OFFLINE=1
         # with it cached); vanilla_gpt_pretrain_config builds offline but needs the model shape:
   mfsdp.py enable --recipe vanilla_gpt_pretrain_config model.num_layers=2 model.hidden_size=256 model.num_attention_heads=4
+  mfsdp.py enable --recipe vanilla_gpt_pretrain_config ... --gpus 64
+        # our rules and Bridge both judge 64 GPUs (without --gpus: WORLD_SIZE when a launcher set it)
 
   mfsdp.py enable pp4_recipe.yaml --set-pp-1 -o fsdp.yaml   # PP 4 -> 1, said in the change list
   mfsdp.py enable pp4_recipe.yaml --set-pp-1 --gpus 64 -o fsdp.yaml
@@ -420,6 +424,28 @@ def _run_live(args) -> int:
     return 1 if has_errors(findings) or bridge_error else 0
 
 
+def live_world(given, result, gpus: int | None, launcher_world: str | None) -> tuple[int, str]:
+    """The one world that both our rules and Bridge judge a live recipe at.
+
+    Without a process group Bridge reads the world size from the WORLD_SIZE variable (1 when
+    unset), and our batch rules need one too; judged at two different worlds they could disagree
+    on the same config. So: ``--gpus`` when given; else a WORLD_SIZE the caller's launcher set
+    (torchrun, SLURM wrappers), which is the job's; else the smallest world the layout allows.
+    """
+    if gpus is not None or launcher_world is None:
+        return enable.job_world(given, result, gpus)
+    try:
+        world = int(launcher_world)
+    except ValueError:
+        world = 0
+    if world < 1:
+        raise config_io.input_error(
+            f"WORLD_SIZE={launcher_world!r} in the environment is not a positive whole number; "
+            "unset it or give the job's GPU count with --gpus N"
+        )
+    return world, "from WORLD_SIZE in the environment (the launcher's); --gpus N overrides it"
+
+
 def _live_verdicts(args, version, overrides, env):
     """Real recipe + our plan applied to it; (changes, our findings, Bridge's error or None)."""
     try:
@@ -444,14 +470,11 @@ def _live_verdicts(args, version, overrides, env):
     changes = _plan(eff, args, env)
     enable.apply_to_object(cfg_obj, enable.overrides_of(changes))
     result = enable.apply(eff, changes)
-    world = enable.job_world(eff, result, args.gpus)
+    saved = os.environ.get("WORLD_SIZE")
+    world = live_world(eff, result, args.gpus, saved)
     ours = rules.evaluate(result, env, None, *world)
     bridge_error = None
-    # Without a process group Bridge reads the world size from WORLD_SIZE (1 when unset): judge it at the world our
-    # rules used (--gpus, or the smallest the layout allows), unless the caller's launcher already set one.
-    saved = os.environ.get("WORLD_SIZE")
-    if args.gpus is not None or saved is None:
-        os.environ["WORLD_SIZE"] = str(world[0])
+    os.environ["WORLD_SIZE"] = str(world[0])
     try:
         # The real path a training job takes: env_vars with setdefault, mixed precision, DP size, validate().
         runtime_config_update(cfg_obj)
