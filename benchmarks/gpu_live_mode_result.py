@@ -58,7 +58,9 @@ def _stages(raw: Path) -> dict:
     return out
 
 
-def _row(name: str, stage: dict, raw: Path) -> list:
+def _row(name: str, stage: dict, raw: Path, earlier_copy: str = EARLIER_COPY, code=("earlier", "interim")) -> list:
+    """One table row from a run's .out/.err/.rc; ``earlier_copy``: where the streak kept the older code,
+    ``code``: the labels of (runs of that copy, runs of scripts/)."""
     out = (raw / f"{name}.out").read_text().splitlines()
     err = (raw / f"{name}.err").read_text().splitlines()
     rc = int((raw / f"{name}.rc").read_text().strip())
@@ -84,12 +86,12 @@ def _row(name: str, stage: dict, raw: Path) -> list:
     else:
         bridge, agree = "?", "?"
     cmd = stage["cmd"]
-    code = "earlier" if EARLIER_COPY in cmd else "interim"
-    invocation = cmd.replace(EARLIER_COPY, "scripts/")
+    label = code[0] if earlier_copy in cmd else code[1]
+    invocation = cmd.replace(earlier_copy, "scripts/")
     return [
         name,
         invocation,
-        code,
+        label,
         rc,
         stage["wall_s"],
         len(overrides),
@@ -139,7 +141,8 @@ def main(argv=None) -> int:
             "Bug 1 (fixed in scripts/mfsdp_lib/cli/enable.py): a recipe that fails to build (E0: the HF hub "
             "offline) was reported as 'internal error ... this is a bug in the skill', exit 3; the interim code "
             "already printed one line with Bridge's first line and exit 2 (E).",
-            "Bug 2 (fixed after the run, not yet re-run on a GPU): stdout was not only the overrides. Megatron's "
+            "Bug 2 (fixed after the run; the later world streak, gpu_live_world_1xh200, shows stdout holding only "
+            "the overrides): stdout was not only the overrides. Megatron's "
             "log handler binds sys.stdout when megatron.training is imported, so INFO lines from datasets and "
             "megatron.core joined the override lines (the 'other stdout lines' column) with the earlier and the "
             "interim code, which pointed stdout at stderr only around the recipe build and validate. The final code "
