@@ -102,18 +102,38 @@ def _row(name: str, stage: dict, raw: Path, earlier_copy: str = EARLIER_COPY, co
     ]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv, description: str) -> argparse.Namespace:
+    """--raw-dir, --tag and --results-dir, as every live-mode streak's result script takes them."""
+    p = argparse.ArgumentParser(description=description.split("\n\n")[0])
     p.add_argument("--raw-dir", required=True)
     p.add_argument("--tag", required=True)
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def setup_line(raw: Path) -> re.Match | None:
+    """The streak's ``setup rc=N Ss`` line in stages.txt: (exit code, seconds)."""
+    return re.search(r"^setup rc=(\d+) (\d+)s", (raw / "stages.txt").read_text(), re.M)
+
+
+def write_result(doc: dict, results_dir: str) -> None:
+    """Write ``doc`` as ``<results_dir>/<benchmark>.json``, atomically."""
+    out = Path(results_dir) / f"{doc['benchmark']}.json"
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from mfsdp_lib import config_io
+
+    config_io.write_atomic(str(out), json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {out}")
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv, __doc__)
     raw = Path(a.raw_dir)
     stages = _stages(raw)
     runs = [n for n in ("A0", "A", "B", "C", "D", "F", "E0", "E", "G") if n in stages]
     rows = [_row(n, stages[n], raw) for n in runs]
     calls = json.loads((raw / "device_calls.json").read_text())
-    setup = re.search(r"^setup rc=(\d+) (\d+)s", (raw / "stages.txt").read_text(), re.M)
+    setup = setup_line(raw)
     verdicts = re.search(r"\[verdicts\] (\d+) cases, (\d+) rejected", (raw / "verdicts_tail.log").read_text())
     doc = {
         "benchmark": f"gpu_live_mode_{a.tag}",
@@ -176,12 +196,7 @@ def main(argv=None) -> int:
             "code": "code_sha256.txt",
         },
     }
-    out = Path(a.results_dir) / f"gpu_live_mode_{a.tag}.json"
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from mfsdp_lib import config_io
-
-    config_io.write_atomic(str(out), json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {out}")
+    write_result(doc, a.results_dir)
     return 0
 
 

@@ -14,9 +14,7 @@ the runs' .out/.err/.rc files (read by ``gpu_live_mode_result._row``) without ru
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -38,20 +36,16 @@ def _live_mode_result():
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--raw-dir", required=True)
-    p.add_argument("--tag", required=True)
-    p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
-    a = p.parse_args(argv)
-    raw = Path(a.raw_dir)
     glr = _live_mode_result()
+    a = glr.parse_args(argv, __doc__)
+    raw = Path(a.raw_dir)
     stages = glr._stages(raw)
     missing = [n for n in RUNS if n not in stages]
     if missing:
         print(f"gpu_live_world_result: {raw}/stages.txt has no line for {', '.join(missing)}", file=sys.stderr)
         return 2
     rows = [glr._row(n, stages[n], raw, earlier_copy=OLD_COPY, code=("before live_world()", "current")) for n in RUNS]
-    setup = re.search(r"^setup rc=(\d+) (\d+)s", (raw / "stages.txt").read_text(), re.M)
+    setup = glr.setup_line(raw)
     total = re.search(r"^total (\d+)s", (raw / "stages.txt").read_text(), re.M)
     by = {r[0]: dict(zip(glr.COLUMNS, r, strict=True)) for r in rows}
     agreed = [n for n, r in by.items() if r["agreement"] == "agree"]
@@ -92,12 +86,7 @@ def main(argv=None) -> int:
             "code": "code_sha256.txt",
         },
     }
-    out = Path(a.results_dir) / f"gpu_live_world_{a.tag}.json"
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from mfsdp_lib import config_io
-
-    config_io.write_atomic(str(out), json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {out}")
+    glr.write_result(doc, a.results_dir)
     return 0
 
 

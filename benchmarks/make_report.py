@@ -213,19 +213,26 @@ def render_first_unseen(data: dict) -> list[str]:
         "",
         "## Eval grader on adversarial items it had never seen: first measurement, before any grader change",
         "",
+        *_provenance(data, f"- Raw result: `benchmarks/results/{FIRST_UNSEEN.as_posix()}`"),
+        f"On {fmt(raw.get('items'))} labelled items ({sets}, written without reading the grader) rendered as "
+        f"{fmt(raw.get('transcripts'))} transcripts, the grader as it then stood gave false passes {fmt(fp)} and "
+        f"false fails {fmt(ff)} (limit {_percent(raw.get('max_rate'))}). The section above gives the current rates "
+        "on the repository's whole adversarial set.",
+    ]
+
+
+def _provenance(data: dict, where: str) -> list[str]:
+    """Date, machine, ``where`` (the file the figures come from) and the command, as every section opens."""
+    return [
         f"- Date: {fmt(data['date'])}",
         f"- Machine: {fmt(data['machine'])}",
-        f"- Raw result: `benchmarks/results/{FIRST_UNSEEN.as_posix()}`",
+        where,
         "- Command:",
         "",
         "```",
         str(data["command"]),
         "```",
         "",
-        f"On {fmt(raw.get('items'))} labelled items ({sets}, written without reading the grader) rendered as "
-        f"{fmt(raw.get('transcripts'))} transcripts, the grader as it then stood gave false passes {fmt(fp)} and "
-        f"false fails {fmt(ff)} (limit {_percent(raw.get('max_rate'))}). The section above gives the current rates "
-        "on the repository's whole adversarial set.",
     ]
 
 
@@ -253,17 +260,7 @@ def render(results: list[tuple[str, dict]], first_unseen: dict | None = None) ->
         lines.append("- No result files yet.")
     for rel, data in results:
         lines += ["", f"## {fmt(data['title'])}", ""]
-        lines += [
-            f"- Date: {fmt(data['date'])}",
-            f"- Machine: {fmt(data['machine'])}",
-            f"- Result file: `benchmarks/results/{rel}` (benchmark `{fmt(data['benchmark'])}`)",
-            "- Command:",
-            "",
-            "```",
-            str(data["command"]),
-            "```",
-            "",
-        ]
+        lines += _provenance(data, f"- Result file: `benchmarks/results/{rel}` (benchmark `{fmt(data['benchmark'])}`)")
         cols = data["columns"]
         if data["rows"]:
             lines.append("| " + " | ".join(fmt(c) for c in cols) + " |")
