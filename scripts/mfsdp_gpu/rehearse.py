@@ -318,7 +318,7 @@ def run_once(a, report: Report, fake: bool) -> int:
         # on the model config): drop both, so the loaded model is not built beside the old one.
         cfg = None
         holder = [so]
-        del so  # _save_load drops the last reference before the fresh model is built
+        del so  # save_load drops the last reference before the fresh model is built
         try:
             save_load(a, holder, report, mem, forward_step, fake, ckpt_dir, mamba_env)
         finally:
