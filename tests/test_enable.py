@@ -99,6 +99,17 @@ def test_strategy_and_perf():
         enable.plan(cfg, strategy="optim_grad_params")
 
 
+def test_perf_leaves_the_fp8_transpose_cache_alone(mcore_src):
+    """keep_fp8_transpose_cache=True keeps a transpose to save recomputation: turning it off saves memory,
+    not time, and False is already the default, so --perf never touches it."""
+    text = (mcore_src / "megatron/core/distributed/distributed_data_parallel_config.py").read_text()
+    assert "    keep_fp8_transpose_cache: bool = False\n" in text
+    cfg = config_io.load_effective(None, ["ddp.keep_fp8_transpose_cache=true"])
+    changes = {c.path: c.new for c in enable.plan(cfg, perf=True)}
+    assert "ddp.keep_fp8_transpose_cache" not in changes
+    assert "ddp.keep_fp8_transpose_cache" not in enable.PERF_OVERRIDES
+
+
 def test_model_decisions_are_left_to_the_user():
     """CPU offloading with PP>1: which to give up is the user's call; enable changes neither and the error stays."""
     cfg = config_io.load_effective(None, ["model.cpu_offloading=true", "model.pipeline_model_parallel_size=2"])

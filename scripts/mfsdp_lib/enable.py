@@ -83,11 +83,11 @@ _WHY = {
 # Not included: model.gradient_accumulation_fusion=True, which the perf harness sets but which
 # Megatron-Core's FSDP adapter only allows with Transformer Engine >= 2.10 and Bridge's nemotronh
 # recipe turns off with BF16 main gradients: it depends on the install, so it is left to the user.
+# Not included either: ddp.keep_fp8_transpose_cache=False, which the perf recipes write but which is
+# the default (megatron-core DistributedDataParallelConfig) and saves memory, not time; and the
+# buffering knobs (fsdp_double_buffer, suggested_communication_unit_size, nccl_ub), which trade memory
+# for overlap per model and are measured, not assumed (references/tuning.md).
 PERF_OVERRIDES: dict[str, tuple] = {
-    "ddp.keep_fp8_transpose_cache": (
-        False,
-        "the FP8 transpose cache costs memory per parameter; Bridge's perf recipes turn it off with Megatron FSDP",
-    ),
     "model.init_model_with_meta_device": (
         True,
         "build the model on the meta device and materialise only each rank's "

@@ -844,3 +844,35 @@ def test_smallest_dp_shortcuts_give_the_full_scan_answer(model, kw, gpu):
             assert got == scanned, (strategy, got, scanned)
         else:
             assert got is None or got > bound * step, (strategy, got)
+
+
+def test_comm_overlap_section_sets_the_bucket_bridge_uses(bridge_src):
+    """With a comm_overlap section (the perf recipes) and the distributed optimizer configured, Bridge's
+    CommOverlapConfig.setup writes bucket_size = 128 Mi and overlap_grad_reduce = True at DP > 1, replacing
+    ddp.bucket_size; at DP 1 it writes None and False. A non-null comm_overlap.bucket_size wins. Without the
+    distributed optimizer configured (Bridge turns it on later, in validate()) the section leaves ddp alone."""
+    src = (bridge_src / "megatron/bridge/training/comm_overlap.py").read_text()
+    assert "comm_overlap_cfg.bucket_size = 128 * 1024 * 1024" in src
+    assert "and ddp_config.use_distributed_optimizer" in src
+    cfg_src = (bridge_src / "megatron/bridge/training/config.py").read_text()
+    setup_at, validate_at = cfg_src.index("cfg.comm_overlap.setup("), cfg_src.index("    cfg.validate()")
+    assert setup_at < validate_at, "comm_overlap is applied before validate() turns the distributed optimizer on"
+
+    def bucket(cfg, dp):
+        return m.strategies.wrapper_bucket(m.precision_from_config(cfg), dp=dp, cp=1)
+
+    user = {"ddp": {"bucket_size": 10_000_000, "overlap_grad_reduce": True, "use_distributed_optimizer": True}}
+    assert bucket(user, 8) == 10_000_000  # no comm_overlap section: the user's value stands
+    with_co = dict(user, comm_overlap={"tp_comm_overlap": False})
+    assert bucket(with_co, 8) == m.strategies.COMM_OVERLAP_BUCKET == 134_217_728
+    assert bucket(with_co, 1) is None  # DP 1: overlap off, one bucket
+    own = dict(user, comm_overlap={"tp_comm_overlap": False, "bucket_size": 50_000_000})
+    assert bucket(own, 8) == 50_000_000
+    not_distopt = {"ddp": dict(user["ddp"], use_distributed_optimizer=False), "comm_overlap": {}}
+    assert bucket(not_distopt, 8) == 10_000_000
+    # The estimate follows: the 1.1 B Llama's non-unit group at DP 8 is one 128 Mi bucket instead of
+    # being cut at 10 M, so fewer layers fit the prefetch window after the step.
+    base = {"model": dict(LLAMA_1B, seq_length=2048), "ddp": user["ddp"]}
+    plain = m.estimate(base, dp=8, strategies=("optim_grads_params",)).rows["optim_grads_params"]
+    perf = m.estimate(dict(base, comm_overlap={"tp_comm_overlap": False}), dp=8, strategies=("optim_grads_params",))
+    assert perf.rows["optim_grads_params"].gathered_after_step != plain.gathered_after_step

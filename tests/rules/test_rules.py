@@ -87,6 +87,10 @@ CASES = {
         (["checkpoint.async_save=true", "checkpoint.use_persistent_ckpt_worker=false"], {}),
         (["checkpoint.use_persistent_ckpt_worker=false"], {}),
     ),
+    "MFSDP-ASYNC-DTENSOR-NVRX": (
+        (["checkpoint.async_save=true"], {}),
+        (["checkpoint.async_save=false"], {}),
+    ),
     "MFSDP-HF-EXPORT-DTENSOR": (
         (["checkpoint.also_save_hf_checkpoint=true"], {}),
         (OFF + ["checkpoint.also_save_hf_checkpoint=true"], {}),

@@ -121,7 +121,11 @@ def configure(parser) -> None:
         help="data_parallel_sharding_strategy (default optim_grads_params: shard everything)",
     )
     parser.add_argument(
-        "--perf", action="store_true", help="also apply the settings Bridge's perf recipes use with Megatron FSDP"
+        "--perf",
+        action="store_true",
+        help="also build the model on the meta device, as Bridge's FSDP perf recipes do (not with no_shard or "
+        "PEFT); the memory-for-speed knobs (double buffer, unit size, nccl_ub) are yours to measure: "
+        "references/tuning.md",
     )
     parser.add_argument(
         "--set-pp-1",

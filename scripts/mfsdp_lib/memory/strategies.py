@@ -30,6 +30,9 @@ FSDP_DOUBLE_BUFFER_SLOTS = 2  # FixedPoolAllocator(size=UB_BUFFER_NUM=2)
 # distributed/distributed_data_parallel.py), so buckets grow with DP.
 DDP_MIN_BUCKET = 40_000_000
 DDP_BUCKET_PER_DP_RANK = 1_000_000
+# What a ``comm_overlap`` section writes into ddp.bucket_size at DP > 1 (Bridge's
+# CommOverlapConfig._get_optimizer_overlap_cfgs: 128 * 1024 * 1024), replacing the user's value.
+COMM_OVERLAP_BUCKET = 128 * 1024 * 1024
 
 # How far ``smallest_dp`` searches (data-parallel sizes beyond this are not built today).
 MAX_DP_SEARCH = 16384
@@ -118,12 +121,30 @@ def fsdp_padding(counts: Counts, *, n_dense: int, n_expert: int, dp: int, cp: in
     return extra
 
 
+def wrapper_bucket(p: Precision, *, dp: int, cp: int) -> int | None:
+    """``ddp.bucket_size`` as Megatron-Core's wrapper hands it to Megatron FSDP (None: one bucket).
+
+    First Bridge's ``comm_overlap`` section, when it applies (``Precision.comm_overlap_dp``): at DP > 1
+    it writes 128 Mi and ``overlap_grad_reduce=True``, at DP 1 None and False, each replaced by the
+    section's own non-null value. Then ``_ddp_wrap`` (megatron/training/models/dist_utils.py): an unset
+    size becomes ``max(40e6, 1e6 x DP x CP)``, and without ``overlap_grad_reduce`` it is None again.
+    """
+    bucket, overlap = p.bucket_size, p.overlap_grad_reduce
+    if p.comm_overlap_dp:
+        bucket, overlap = (COMM_OVERLAP_BUCKET, True) if dp > 1 else (None, False)
+        if p.comm_overlap_bucket_size is not None:
+            bucket = p.comm_overlap_bucket_size
+        if p.comm_overlap_grad_reduce is not None:
+            overlap = p.comm_overlap_grad_reduce
+    if bucket is None:
+        bucket = max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
+    return bucket if overlap else None
+
+
 def _nonunit_buckets(counts: Counts, p: Precision, *, dp: int, cp: int) -> list[list[tuple[float, int]]]:
     """The group of parameters outside the FSDP units, cut into buckets of ``bucket_size`` elements
-    (param_and_grad_buffer.py:1849-1866; see ``Precision.overlap_grad_reduce`` for who sets it)."""
-    bucket_size = p.bucket_size
-    if bucket_size is None and p.overlap_grad_reduce:
-        bucket_size = max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
+    (param_and_grad_buffer.py:1849-1866; ``wrapper_bucket`` says who sets it)."""
+    bucket_size = wrapper_bucket(p, dp=dp, cp=cp)
     buckets: list[list[tuple[float, int]]] = [[]]
     for item in counts.nonunit_items:
         if not buckets[-1] or not bucket_size or sum(x[0] for x in buckets[-1]) < bucket_size:
@@ -371,7 +392,10 @@ def strategy_memory(
         # the peak is the unsharded model plus the current group (ParamAndGradBuffer init).
         mem.init_peak = pbytes * (full + counts.gpu_unit)
     g = p.fsdp_comm_grad_bytes * t_frac  # frozen weights send no gradients
-    bucket = p.bucket_size or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
+    # optim_grads gradient buckets: a comm_overlap section's size when Bridge applies one (128 Mi at DP > 1),
+    # else ddp.bucket_size; unset (or one bucket) is sized like _ddp_wrap's default.
+    configured = wrapper_bucket(p, dp=dp, cp=cp) if p.comm_overlap_dp else p.bucket_size
+    bucket = configured or max(DDP_MIN_BUCKET, DDP_BUCKET_PER_DP_RANK * dp * cp)
     if w_sharded and counts.gpu_unit > 0:
         unit, layers = counts.gpu_unit, counts.layers_on_gpu
         capacity = p.suggested_communication_unit_size or max(FSDP_MIN_COMM_UNIT, int(2 * unit))

@@ -50,6 +50,14 @@ class Precision:
     # sets an unset bucket_size to max(40e6, 1e6 x DP x CP), which also cuts Megatron FSDP's group of
     # non-unit parameters into buckets; without it there is one bucket (default off: Megatron-Core's).
     overlap_grad_reduce: bool = False
+    # A ``comm_overlap`` section replaces both when the configured ddp.use_distributed_optimizer is on
+    # (megatron/bridge/training/comm_overlap.py: CommOverlapConfig.setup -> _get_optimizer_overlap_cfgs,
+    # run by runtime_config_update before validate()): at DP > 1 bucket_size = 128 Mi and
+    # overlap_grad_reduce = True, at DP 1 None and False; a non-null comm_overlap.bucket_size /
+    # comm_overlap.overlap_grad_reduce wins over either. ``strategies.wrapper_bucket`` applies it.
+    comm_overlap_dp: bool = False
+    comm_overlap_bucket_size: int | None = None
+    comm_overlap_grad_reduce: bool | None = None
     # model.init_model_with_meta_device / use_cpu_initialization: when both are off, the model
     # is first built whole (its TP/PP shard) on the GPU and only then wrapped and sharded.
     built_on_gpu: bool = True
@@ -135,6 +143,10 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
     unit = _get(cfg, "ddp.suggested_communication_unit_size")
     bucket = _get(cfg, "ddp.bucket_size")
     fp8, fp8_params = _fp8_from_config(cfg)
+    co = _get(cfg, "comm_overlap")
+    co = co if isinstance(co, Mapping) else None
+    co_bucket = co.get("bucket_size") if co else None
+    co_ogr = co.get("overlap_grad_reduce") if co else None
     opt = str(_get(cfg, "optimizer.optimizer", "adam")).strip().lower()
     if opt not in OPTIMIZERS:
         raise ModelError(f"optimizer.optimizer {opt!r} is not sized (known: {', '.join(OPTIMIZERS)})")
@@ -169,6 +181,9 @@ def precision_from_config(cfg: Mapping | None) -> Precision:
         else None,
         bucket_size=_int(bucket, "ddp.bucket_size") if bucket is not None else None,
         overlap_grad_reduce=_bool(_get(cfg, "ddp.overlap_grad_reduce"), False),
+        comm_overlap_dp=co is not None and _bool(_get(cfg, "ddp.use_distributed_optimizer"), False),
+        comm_overlap_bucket_size=_int(co_bucket, "comm_overlap.bucket_size") if co_bucket is not None else None,
+        comm_overlap_grad_reduce=_bool(co_ogr) if co_ogr is not None else None,
         gather_after_step=_bool(_get(cfg, "ddp.fsdp_all_gather_in_start_param_sync"), True),
         built_on_gpu=not any(
             _bool(_get(cfg, k)) for k in ("model.init_model_with_meta_device", "model.use_cpu_initialization")

@@ -6,7 +6,7 @@ One ``Rule`` per constraint; the fields are explained in ``rules/model.py``.
 from __future__ import annotations
 
 from .. import schema as S
-from .context import DIST_CKPT_FORMATS, SRC_FSDP_CFG, SRC_VALIDATE, fmt, raw_get
+from .context import DIST_CKPT_FORMATS, SRC_B_CKPT, SRC_FSDP_CFG, SRC_VALIDATE, fmt, raw_get
 from .model import Rule
 
 RULES: list[Rule] = [
@@ -80,6 +80,27 @@ RULES: list[Rule] = [
         message=lambda e: "checkpoint.async_save=true with checkpoint.use_persistent_ckpt_worker=false.",
         fix="checkpoint.use_persistent_ckpt_worker=true",
         source=f"{S.B_CFG}: CheckpointConfig.finalize: assert 'async_save requires use_persistent_ckpt_worker=True.'",
+    ),
+    Rule(
+        id="MFSDP-ASYNC-DTENSOR-NVRX",
+        severity="warning",
+        stage="runtime",
+        topic="checkpoint",
+        paths=("checkpoint.async_save", "checkpoint.ckpt_format"),
+        when=lambda e: (
+            bool(e.get("checkpoint.async_save"))
+            and e.get("checkpoint.ckpt_format") == "fsdp_dtensor"
+            and e.get("checkpoint.save") is not None
+        ),
+        message=lambda e: (
+            "async_save with fsdp_dtensor is asynchronous only when nvidia-resiliency-ext imports in the job; "
+            "without it the shards are written synchronously and then the save fails on a bare assert, before "
+            "train_state.pt and the tracker file are written (no resumable checkpoint)."
+        ),
+        fix="install nvidia-resiliency-ext in the job's image (NVIDIA's NeMo containers have it), "
+        "or checkpoint.async_save=false",
+        source=f"{SRC_B_CKPT}: save_checkpoint: 'if ckpt_cfg.async_save and HAVE_NVRX:' (else "
+        "save_fsdp_dtensor_checkpoint, synchronous) then 'assert async_save_request is not None'",
     ),
     Rule(
         id="MFSDP-HF-EXPORT-DTENSOR",

@@ -6,7 +6,7 @@ One ``Rule`` per constraint; the fields are explained in ``rules/model.py``.
 from __future__ import annotations
 
 from .. import schema as S
-from .context import GITHUB_ONLY, SRC_FSDP_CFG, SRC_VALIDATE, kv
+from .context import SRC_FSDP_CFG, SRC_VALIDATE, kv
 from .model import Rule
 
 RULES: list[Rule] = [
@@ -122,18 +122,23 @@ RULES: list[Rule] = [
     ),
     Rule(
         id="MFSDP-KEEP-FP8-TRANSPOSE-CACHE",
-        severity="warning",
+        severity="info",
         stage="advice",
         topic="precision",
         paths=("ddp.keep_fp8_transpose_cache",),
         when=lambda e: e.fsdp and bool(e.get("ddp.keep_fp8_transpose_cache")),
         message=lambda e: (
-            "ddp.keep_fp8_transpose_cache=true keeps an FP8 transpose per parameter: more memory under FSDP."
+            "ddp.keep_fp8_transpose_cache=true keeps each FP8 parameter's transpose after use instead of "
+            "discarding it: more memory, less recomputation (a speed setting, not a memory one). The default "
+            "false is what Bridge's FSDP perf recipes keep."
         ),
-        fix="ddp.keep_fp8_transpose_cache=false",
-        source="megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
-        "'cfg.ddp.keep_fp8_transpose_cache = False' next to 'cfg.ddp.use_megatron_fsdp = True'; "
-        f"{GITHUB_ONLY} scripts/performance/utils/overrides.py: _set_megatron_fsdp_overrides (the same)",
+        fix="ddp.keep_fp8_transpose_cache=false when memory is short (else keep it and measure the step time)",
+        source=f"{S.MC_DDP}: DistributedDataParallelConfig.keep_fp8_transpose_cache (default False); "
+        "megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py: MegatronFSDP "
+        "docstring 'It will use significantly more GPU memory but can improve performance.' and "
+        "'if not self.ddp_config.keep_fp8_transpose_cache:' (release_params_fp8_transpose_cache after "
+        "use); megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
+        "'cfg.ddp.keep_fp8_transpose_cache = False'",
     ),
     Rule(
         id="MFSDP-MXFP8-REUSE-OFF",
@@ -149,7 +154,9 @@ RULES: list[Rule] = [
             )
         ),
         message=lambda e: (
-            "reuse_grad_buf_for_mxfp8_param_ag is not implemented for Megatron FSDP; Bridge turns it off."
+            "reuse_grad_buf_for_mxfp8_param_ag is not implemented for Megatron FSDP; Bridge turns it off, "
+            "but only after ddp.finalize(): without ddp.fp8_param_gather validation fails first "
+            "(MFSDP-MXFP8-REUSE-NEEDS-FP8-GATHER)."
         ),
         fix=lambda e: f"{e.origin('ddp.reuse_grad_buf_for_mxfp8_param_ag')}=false",
         source=f"{SRC_FSDP_CFG}: 'reuse_grad_buf_for_mxfp8_param_ag not implemented for Megatron FSDP. Deactivating...'",
