@@ -89,3 +89,40 @@ def test_smoke_records_compare_counts_verdicts_and_memory(tmp_path, capsys):
     path.write_text(json.dumps(rec))
     assert grc.main(["smoke", str(path)]) == 0 and "smoke: agrees" in capsys.readouterr().out
     assert grc.main(["smoke", str(tmp_path / "absent.json")]) == 2
+
+
+def test_a_small_absolute_wobble_passes_and_a_large_one_does_not():
+    rec = _rep(RUNS[0])
+    phase = rec["phases"]["tokenizer"]
+    fresh = copy.deepcopy(rec)
+    fresh["phases"]["tokenizer"]["peak_allocated_bytes"] = phase["peak_allocated_bytes"] + 64 * 2**20
+    assert grc.compare_rehearsal(rec, fresh) == []  # whole allocator blocks before any model exists
+    fresh["phases"]["tokenizer"]["peak_allocated_bytes"] = phase["peak_allocated_bytes"] + 256 * 2**20
+    assert any(d.startswith("phases.tokenizer.peak_allocated_bytes") for d in grc.compare_rehearsal(rec, fresh))
+
+
+def _double_counted(rep: dict) -> dict:
+    bad = copy.deepcopy(rep)
+    opt = bad["optimizer_state"]
+    opt["state_numel"] *= 2
+    opt["updated_param_numel"] *= 2
+    opt["inner_optimizers"] = opt["inner_optimizers"] * 2
+    return bad
+
+
+def test_optimizer_counts_are_judged_against_the_parameter_count():
+    good = _rep("A_llama1b_n8_distopt")  # the distributed optimizer at N = 8: Adam over 1/8 of the parameters
+    good["optimizer_state"]["state_numel"] = 2 * good["params"]["local_trainable_numel"] // 8
+    good["optimizer_state"]["updated_param_numel"] = good["params"]["local_trainable_numel"] // 8
+    good["optimizer_state"]["inner_optimizers"] = ["FusedAdam"]
+    assert grc.optimizer_counts_consistent(_rep(RUNS[0])) is None  # FSDP: DTensor moments count globally
+    assert grc.optimizer_counts_consistent(good) is True
+    bad = _double_counted(good)
+    assert grc.optimizer_counts_consistent(bad) is False
+    # A recorded run that counted one optimizer twice: named in a note, not a difference of the fresh code.
+    assert grc.compare_rehearsal(bad, good) == []
+    assert grc.recorded_count_errors(bad, good) and "disagree" in grc.recorded_count_errors(bad, good)[0]
+    # A fresh run whose counts disagree with its own parameters is a difference.
+    diffs = grc.compare_rehearsal(good, bad)
+    assert any(d.startswith("optimizer_state.state_numel") for d in diffs)
+    assert grc.recorded_count_errors(good, bad) == []
