@@ -153,7 +153,11 @@ def model_has_mamba(model) -> bool:
     pattern = getattr(model, "hybrid_layer_pattern", None) or getattr(model, "hybrid_override_pattern", None)
     if pattern:
         return mamba_layer_count(pattern) > 0
-    if not hasattr(model, "mamba_num_groups"):
+    # Only Bridge's hybrid provider allocates layers by ratio (hybrid_provider.py :: HybridModelProvider
+    # .hybrid_attention_ratio). ``mamba_num_groups`` cannot tell: megatron-core 0.19's TransformerConfig
+    # defines it for every model (transformer_config.py :: TransformerConfig.mamba_num_groups), so a GPT
+    # provider has it too and a dense Llama would be reported as hybrid.
+    if not hasattr(model, "hybrid_attention_ratio"):
         return False
     ratios = (getattr(model, "hybrid_attention_ratio", 0) or 0) + (getattr(model, "hybrid_mlp_ratio", 0) or 0)
     return ratios < 1

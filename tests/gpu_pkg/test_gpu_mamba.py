@@ -210,8 +210,11 @@ def test_unfused_extra_activations_for_the_preset():
 def test_which_models_have_mamba_layers():
     assert mamba.model_has_mamba(SimpleNamespace(hybrid_layer_pattern="M-M*-"))
     assert not mamba.model_has_mamba(SimpleNamespace(hybrid_layer_pattern="*-*-", mamba_num_groups=8))
-    assert mamba.model_has_mamba(SimpleNamespace(hybrid_layer_pattern=None, mamba_num_groups=8))
+    assert mamba.model_has_mamba(SimpleNamespace(hybrid_layer_pattern=None, hybrid_attention_ratio=0.0))
     assert not mamba.model_has_mamba(SimpleNamespace(hidden_size=4096))  # a GPT provider
+    # megatron-core 0.19's TransformerConfig gives every provider mamba_num_groups: a GPT provider has it
+    # too (a dense Llama rehearsal on the H200 reported itself as hybrid while the check keyed on it).
+    assert not mamba.model_has_mamba(SimpleNamespace(hidden_size=4096, mamba_num_groups=8, hybrid_layer_pattern=None))
     assert mamba.mamba_layer_count("M-M*-/M-") == 3  # MTP copies after '/' are Mamba layers too
 
 
