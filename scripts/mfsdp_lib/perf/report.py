@@ -115,7 +115,13 @@ def summarize(perf: Mapping, links: predict.Links | None = None) -> dict:
 
 
 def gb(x) -> str:
-    return "-" if x is None else f"{x / 1e9:.2f} GB"
+    """Bytes in decimal units (1 GB = 1e9 bytes, as bandwidths in GB/s)."""
+    if x is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
 
 
 def _s(x) -> str:
