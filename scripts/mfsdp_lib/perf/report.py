@@ -88,6 +88,9 @@ def summarize(perf: Mapping, links: predict.Links | None = None) -> dict:
         "mfu": flops.mfu(tflops, perf.get("device"), perf.get("precision") or "bf16"),
         "recorder": perf.get("recorder"),
     }
+    # what the analytic volumes need (mfsdp_lib.perf.volumes.Job), passed through as recorded
+    for key in ("params", "local_params", "params_in_layers", "param_gather_bytes", "grad_reduce_bytes"):
+        out[key] = perf.get(key)
     log = perf.get("collectives")
     if isinstance(log, Mapping):
         try:
