@@ -358,7 +358,8 @@ def plan(args) -> dict:
     if args.save_load:
         extra.append("--save-load")
     if perf:
-        extra += ["--perf", "--warmup", str(args.warmup)]
+        # always the fake backend, N = 1 included: compute is measured the same way at every world size
+        extra += ["--perf", "--warmup", str(args.warmup), "--fake-pg"]
     for h in hf_configs(args.hf_config):
         extra += ["--hf-config", h]
     out = _out_dir(args)
