@@ -451,6 +451,7 @@ def run_all(rows: list[Row], raw: Path, python: str, budget_s: int, max_concurre
         "rows": [{k: r[k] for k in ("row", "exit_code", "wall_s", "timed_out")} for r in done],
     }
     (raw / "driver.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (raw / "gpu.lock").unlink(missing_ok=True)  # the engines' lock file: nothing to keep
     stamp(f"done in {summary['wall_s']:.0f} s; next: python3 benchmarks/rehearse_perf_result.py {raw}")
     return summary
 

@@ -103,7 +103,7 @@ def analytic_check(perf: dict, strategy: str | None) -> dict | None:
     comm = perf.get("communication") or {}
     if not comm.get("available") or strategy not in volumes.STRATEGIES or not perf.get("params"):
         return None
-    dp = (perf.get("parallel") or {}).get("data_parallel_size") or perf.get("world_size")
+    dp = (perf.get("parallel") or {}).get("data_parallel_size") or perf.get("world_size") or 1
     job = volumes.Job(
         params=int(perf.get("local_params") or perf["params"]),
         dp=int(dp),
@@ -378,12 +378,12 @@ def notes(rows: list[dict], versions: dict, driver: dict) -> list[str]:
         )
     elif n1:
         out.append(f"N = 1 agreement: not established ({n1.get('plain_run_why') or n1.get('status')}).")
-    over = [
-        (r["row"], (r.get("recorder") or {}).get("overhead_s_per_step"), (r.get("compute_step_s") or {}).get("median"))
-        for r in rows
-        if r.get("recorder")
-    ]
-    over = [(n, o, m) for n, o, m in over if o is not None and m]
+    over: list[tuple[str, float, float]] = []
+    for r in rows:
+        o = (r.get("recorder") or {}).get("overhead_s_per_step")
+        m = (r.get("compute_step_s") or {}).get("median")
+        if isinstance(o, (int, float)) and isinstance(m, (int, float)) and m > 0:
+            over.append((r["row"], float(o), float(m)))
     if over:
         worst = max(over, key=lambda x: x[1] / x[2])
         out.append(

@@ -136,7 +136,10 @@ def check(model_id: str, state: dict) -> None:
 def guard(state: dict, error_type: type[Exception] = MissingConfig) -> str:
     """Wrap ``AutoBridge.from_hf_pretrained`` with :func:`check`; ``error_type`` is raised (the engine's
     input error, so that the run exits 2 with one line). Returns what was done."""
-    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+    try:
+        from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+    except Exception as exc:  # a Bridge without AutoBridge: recipes then fail as they would anyway
+        return f"not wrapped: {type(exc).__name__}: {str(exc)[:200]}"
 
     orig = AutoBridge.__dict__.get("from_hf_pretrained")
     func = getattr(orig, "__func__", None)

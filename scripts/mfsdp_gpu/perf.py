@@ -81,7 +81,7 @@ def layer_params(model) -> int:
     return total
 
 
-def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, device: str) -> dict:
+def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, device: str | None) -> dict:
     """The ``perf`` record of one rehearsal (see the module docstring)."""
     from .collectives import parallel_groups_of
 

@@ -319,9 +319,12 @@ def run_once(a, report: Report, fake: bool) -> int:
     report.begin("train")
     steps = train_measured(so, manager, meter, forward_step)
     if recorder is not None:
-        report.data["perf"] = perf.record(
-            cfg, so, clock, recorder, a.world_size, a.rank, report.data["params"], report.data.get("device")
-        )
+        try:
+            report.data["perf"] = perf.record(
+                cfg, so, clock, recorder, a.world_size, a.rank, report.data["params"], report.data.get("device")
+            )
+        except Exception as exc:  # a measurement: the steps passed; say why the record is missing
+            report.data["perf"] = {"schema": perf.PERF_SCHEMA, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     try:
         report.data["optimizer_state"] = count_optimizer(so.optimizer)
     except Exception as exc:  # a measurement, not a phase: the training steps already passed

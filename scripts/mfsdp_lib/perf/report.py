@@ -39,7 +39,7 @@ def _stats(values: Sequence[float]) -> dict | None:
     }
 
 
-def summarize(perf: Mapping, links: predict.Links | None = None) -> dict:
+def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
     """The perf summary of one rank (see the module docstring); ``available`` False with why."""
     if not isinstance(perf, Mapping) or perf.get("schema") != PERF_SCHEMA:
         return {
