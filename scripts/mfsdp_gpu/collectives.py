@@ -331,7 +331,8 @@ class CollectiveRecorder:
     within forward/backward, megatron-core's schedule functions ``forward_step`` and
     ``backward_step`` are wrapped (:meth:`track_schedule`), and autograd's current node
     (``torch._C._current_autograd_node()``, set while backward runs a node and its hooks) is the
-    fallback.
+    fallback. Between the schedule functions (after the last micro-batch's backward, megatron-core's
+    ``finalize_model_grads`` finishes the gradient reduction) the phase is the last one that ran.
     """
 
     def __init__(self):
@@ -341,6 +342,7 @@ class CollectiveRecorder:
         self.step = None
         self.region = "other"  # set by the step meter: "fwd_bwd", "optimizer", "other"
         self.sched = None  # "forward" / "backward" while megatron's schedule functions run
+        self.last_sched = None  # the last of them that ran in this step (gradient finalisation follows backward)
         self.counts: dict[tuple, int] = {}
         self.groups: dict[int, tuple] = {}  # id(group) -> (gid, ranks, group)
         self.overhead_s = 0.0
@@ -445,7 +447,7 @@ class CollectiveRecorder:
 
             def wrapped(*args, __orig=orig, __label=label, **kwargs):
                 prev = self.sched
-                self.sched = __label
+                self.sched = self.last_sched = __label
                 try:
                     return __orig(*args, **kwargs)
                 finally:
@@ -466,6 +468,8 @@ class CollectiveRecorder:
             return "other"
         if self.sched is not None:
             return self.sched
+        if self.last_sched == "backward":  # after the last micro-batch's backward: finalize_model_grads
+            return "backward"
         try:
             import torch
 

@@ -62,7 +62,7 @@ class PerfClock:
                 rec.active = False
             return
         if rec is not None:
-            rec.step, rec.region, rec.active = iteration, "fwd_bwd", True
+            rec.step, rec.region, rec.active, rec.last_sched = iteration, "fwd_bwd", True, None
         self._ev = {"start": torch.cuda.Event(enable_timing=True)}
         self._ev["start"].record()
 

@@ -179,3 +179,13 @@ def test_gpu_lock_is_taken_once_and_only_when_asked(tmp_path, monkeypatch):
     assert perf.gpu_lock(said.append) == str(tmp_path / "gpu.lock")
     assert perf.gpu_lock(said.append) == str(tmp_path / "gpu.lock") and len(said) == 2  # held: not taken again
     perf._LOCK[0].close()
+
+
+def test_gradient_finalisation_after_the_last_backward_counts_as_backward():
+    rec = _recorder()
+    rec.sched, rec.last_sched = None, "backward"  # finalize_model_grads runs between the schedule functions
+    assert rec.phase() == "backward"
+    rec.region = "optimizer"
+    assert rec.phase() == "optimizer"
+    rec.region = "other"
+    assert rec.phase() == "other"
