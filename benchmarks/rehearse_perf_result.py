@@ -404,10 +404,37 @@ def notes(rows: list[dict], versions: dict, driver: dict) -> list[str]:
     return out
 
 
+def export_logs(raw: Path, dest: Path) -> list[Path]:
+    """Each engine report's collective log (``perf.collectives``) as its own file, with what produced it."""
+    from mfsdp_lib import config_io
+
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for rep_path in sorted(Path(raw).glob("*.report.json")):
+        rep = _read(rep_path) or {}
+        log = (rep.get("perf") or {}).get("collectives")
+        if not isinstance(log, dict):
+            continue
+        stem = rep_path.name[: -len(".report.json")].replace(".", "_")
+        log = dict(log, recorded_by=f"rehearse --perf on {rep.get('device')}", source=rep.get("source"))
+        log["strategy"] = (rep.get("facts") or {}).get("strategy")
+        out = dest / f"recorded_{stem}.json"
+        config_io.write_atomic(str(out), json.dumps(log, indent=1) + "\n")
+        written.append(out)
+    return written
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="rehearse_perf_result.py", description=__doc__.split("\n\n")[0])
     p.add_argument("raw", type=Path, help="the folder bench_rehearse_perf.py wrote")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"{BENCHMARK}.json")
+    p.add_argument(
+        "--export-logs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write each run's recorded collective log as DIR/recorded_<row>_<run>.json (test fixtures)",
+    )
     a = p.parse_args(argv)
     if not a.raw.is_dir():
         sys.stderr.write(f"rehearse_perf_result.py: error: {a.raw} is not a folder\n")
@@ -416,6 +443,9 @@ def main(argv=None) -> int:
     from mfsdp_lib import config_io
 
     config_io.write_atomic(str(a.out), json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    if a.export_logs:
+        for path in export_logs(a.raw, a.export_logs):
+            print(f"wrote {path}")
     ok = sum(1 for r in doc["rows"] if r.get("status") == "passed")
     print(f"wrote {a.out}: {ok}/{len(doc['rows'])} rows measured")
     return 0

@@ -168,3 +168,14 @@ def test_result_file_renders_in_benchmark_md(tmp_path):
 
 def test_result_script_refuses_a_missing_folder(tmp_path, capsys):
     assert res.main([str(tmp_path / "nope")]) == 2
+
+
+def test_recorded_logs_are_exported_as_fixtures_the_analysis_reads(tmp_path):
+    from mfsdp_lib.perf import collectives
+
+    raw = _raw(tmp_path)
+    (raw / "anchor_fsdp_n8.rank_0.report.json").write_text(json.dumps(REPORT))
+    written = res.export_logs(raw, tmp_path / "fixtures")
+    assert [p.name for p in written] == ["recorded_anchor_fsdp_n8_rank_0.json"]
+    log = json.loads(written[0].read_text())
+    assert log["strategy"] == "optim_grads_params" and collectives.aggregate(log)["bytes_per_step"]
