@@ -96,6 +96,14 @@ EXPECTED = (
         "`python3 benchmarks/bench_rehearse.py --summarize RAW --out benchmarks/results/rehearse_1xh200.json`",
     ),
     Expected(
+        "rehearse-perf-1",
+        "Step time, throughput and communication predicted on one GPU (`rehearse --perf`), against NVIDIA's "
+        "published Llama 3 8B FSDP figure and a plain run",
+        lambda r: _bid(r).startswith("rehearse_perf_1x"),
+        "`python3 benchmarks/bench_rehearse_perf.py --out RAW` on one H200, then "
+        "`python3 benchmarks/rehearse_perf_result.py RAW --out benchmarks/results/rehearse_perf_1xh200.json`",
+    ),
+    Expected(
         "evals-adversarial",
         "Eval grader's false-pass and false-fail rates on the adversarial regression set",
         lambda r: _bid(r) == "evals_adversarial",
@@ -150,7 +158,7 @@ def _load_one(path: Path, rel: str) -> dict:
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise ReportError(f"{rel}: missing {', '.join(missing)} (shape: {', '.join(REQUIRED)}, notes, raw)")
-    cols, rows = data["columns"], data["rows"]
+    cols, rows = table(data)
     if not isinstance(cols, list) or not isinstance(rows, list):
         raise ReportError(f"{rel}: columns and rows must be lists")
     for i, row in enumerate(rows):
@@ -162,6 +170,15 @@ def _load_one(path: Path, rel: str) -> dict:
     if not isinstance(notes, list):
         raise ReportError(f"{rel}: notes must be a list of strings")
     return data
+
+
+def table(data: dict) -> tuple:
+    """(columns, rows of cells) to print: ``rows`` itself, or ``table_rows`` when ``rows`` are keyed records
+    (a result whose rows carry named fields, e.g. ranges and per-group bytes, and a display table beside them)."""
+    rows = data["rows"]
+    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+        return data["columns"], data.get("table_rows")
+    return data["columns"], rows
 
 
 def fmt(value) -> str:
@@ -261,11 +278,11 @@ def render(results: list[tuple[str, dict]], first_unseen: dict | None = None) ->
     for rel, data in results:
         lines += ["", f"## {fmt(data['title'])}", ""]
         lines += _provenance(data, f"- Result file: `benchmarks/results/{rel}` (benchmark `{fmt(data['benchmark'])}`)")
-        cols = data["columns"]
-        if data["rows"]:
+        cols, cells = table(data)
+        if cells:
             lines.append("| " + " | ".join(fmt(c) for c in cols) + " |")
             lines.append("|" + "|".join("---" for _ in cols) + "|")
-            for row in data["rows"]:
+            for row in cells:
                 lines.append("| " + " | ".join(fmt(v) for v in row) + " |")
         else:
             lines.append("(the run produced no rows)")

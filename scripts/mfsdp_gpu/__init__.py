@@ -10,8 +10,13 @@ benchmarks. One module per concern:
                   a recipe, dotted get/set with the record of every change, Bridge's validate and setup
 * ``fakeworld``   one GPU as rank R of a world of N: the fake process group, the settings it needs, the
                   lowest-rank checkpoint planner, the process groups a rank holds
-* ``collectives`` where ``torch.distributed`` collectives are patched (mirror collectives)
-* ``steps``       step timing and per-step memory (Bridge's train-step callbacks, the optimizer step)
+* ``collectives`` where ``torch.distributed`` collectives are patched (mirror collectives, and the
+                  recorder of every collective for ``rehearse --perf``)
+* ``steps``       step timing and per-step memory (Bridge's train-step callbacks, the optimizer step;
+                  CUDA-event timing of the steps after warm-up for ``--perf``)
+* ``perf``        the ``--perf`` record (step shape, Bridge's model FLOPs, groups, the collective log)
+                  and the GPU lock that lets several rehearsals share one GPU
+* ``hfhub``       Hugging Face configs for recipes, offline (``--hf-config``), a missing one named at once
 * ``measure``     CUDA memory per phase, NVML, parameter and optimizer-state counts
 * ``checkpoint``  save/load helpers: forward-only loss, the round-trip verdict, checkpoint listings
 * ``mamba``       hybrid (Mamba) models: preparing mamba-ssm before megatron, labelled deviations

@@ -122,6 +122,20 @@ def rehearse_parser() -> argparse.ArgumentParser:
         default=None,
         help="presets: global batch (default: N x micro-batch / (TP x PP x CP), one micro-batch per step)",
     )
+    p.add_argument(
+        "--perf",
+        action="store_true",
+        help="time the steps after --warmup with CUDA events and record every collective (then --iters K "
+        "counts the timed steps)",
+    )
+    p.add_argument("--warmup", type=int, default=2, metavar="W", help="--perf: untimed steps first (default 2)")
+    p.add_argument(
+        "--hf-config",
+        action="append",
+        default=None,
+        metavar="[MODEL_ID=]PATH",
+        help="a Hugging Face config.json for a model id the recipe reads, laid out as an offline hub cache",
+    )
     p.add_argument("--out", required=True, help="folder for report.json (created)")
     return p
 
@@ -140,6 +154,14 @@ def check_args(a) -> None:
         raise InputError("--parity runs a real world of 1: use --world-size 1")
     if a.peft and not a.model_preset:
         raise InputError("--peft applies to --model-preset; a YAML or recipe brings its own peft section")
+    if getattr(a, "perf", False) and a.parity:
+        raise InputError("--perf and --parity are separate runs")
+    if getattr(a, "warmup", 0) < 0:
+        raise InputError("--warmup must be 0 or more")
+    for spec in getattr(a, "hf_config", None) or []:
+        path = spec.partition("=")[2] if "=" in spec else spec
+        if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "config.json"))):
+            raise InputError(f"--hf-config {spec!r}: no config.json there")
 
 
 def use_fake_pg(a) -> bool:

@@ -14,6 +14,11 @@ Patching must happen before megatron is imported: megatron.core binds some colle
 time (``dist_all_gather_func = torch.distributed.all_gather_into_tensor``).
 
 The copy plans (:func:`all_gather_slots`, :func:`all_to_all_plan`) are pure Python.
+
+``rehearse --perf`` also records every collective the rank issues (:class:`CollectiveRecorder`,
+below): the same patching point, a cheaper wrapper (no signature binding). With ``--perf`` on a
+dense model the mirror's copies are switched off (``MIRROR_STATE``): they would add memory
+traffic to the compute being timed, and a dense model allocates the same without them.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ MIRROR_NAMES = (
 )
 # The attribute that marks a wrapper installed here (a second install leaves it alone).
 MARK = "_rehearse_mirror"
+# Whether the installed mirror copies (``rehearse --perf`` turns it off for dense models, see above).
+MIRROR_STATE = {"copy": True}
 
 
 def all_gather_slots(out_numel: int, in_numel: int) -> list[int]:
@@ -205,13 +212,16 @@ MIRRORS: dict[str, Callable[[dict], None]] = {
 # --------------------------------------------------------------------------- patching
 
 
-def wrap_collective(name: str, after: Callable[[dict], None], mark: str = MARK) -> bool:
+def wrap_collective(
+    name: str, after: Callable[[dict], None], mark: str = MARK, enabled: Callable[[], bool] | None = None
+) -> bool:
     """Replace ``torch.distributed`` collective ``name`` by a wrapper that runs the original, then
     ``after(bound arguments)`` under ``torch.no_grad()``; returns whether it was patched.
 
     The original call's result (its Work object under ``async_op``) is returned unchanged; a hook
     that raises leaves the result as the original left it. Not patched when torch has no such
-    function or a wrapper carrying ``mark`` is already there.
+    function or a wrapper carrying ``mark`` is already there. With ``enabled``, the hook (and the
+    argument binding) runs only while ``enabled()`` is true.
     """
     import inspect
 
@@ -226,6 +236,8 @@ def wrap_collective(name: str, after: Callable[[dict], None], mark: str = MARK) 
 
     def wrapper(*args, __orig=orig, __sig=sig, __after=after, **kwargs):
         work = __orig(*args, **kwargs)
+        if enabled is not None and not enabled():
+            return work
         try:
             bound = __sig.bind(*args, **kwargs)
             bound.apply_defaults()
@@ -251,4 +263,283 @@ def install_mirror_collectives() -> list[str]:
     runs (its Work object is returned for ``async_op``); the copy is done at once on the current
     stream.
     """
-    return [name for name in MIRROR_NAMES if wrap_collective(name, MIRRORS[name])]
+    return [name for name in MIRROR_NAMES if wrap_collective(name, MIRRORS[name], enabled=lambda: MIRROR_STATE["copy"])]
+
+
+# --------------------------------------------------------------------------- recording (rehearse --perf)
+
+# Where each recorded function keeps its tensors and its group: (tensor arguments, how to size them,
+# position of ``group``). ``out``: the output tensor's bytes (all-gathers: N x the input, nccl-tests'
+# message size); ``in``: the input's; ``list``: the sum over a tensor list; ``lists``: over lists of lists.
+# Positions follow torch.distributed's signatures (torch 2.4 to 2.11).
+RECORD_SPECS = {
+    "all_gather_into_tensor": (("output_tensor", 0, "one"), 2),
+    "_all_gather_base": (("output_tensor", 0, "one"), 2),
+    "all_gather": (("tensor_list", 0, "list"), 2),
+    "all_gather_coalesced": (("output_tensor_lists", 0, "lists"), 2),
+    "reduce_scatter_tensor": (("input", 1, "one"), 3),
+    "_reduce_scatter_base": (("input", 1, "one"), 3),
+    "reduce_scatter": (("input_list", 1, "list"), 3),
+    "all_reduce": (("tensor", 0, "one"), 2),
+    "all_reduce_coalesced": (("tensors", 0, "list"), 2),
+    "all_to_all_single": (("input", 1, "one"), 4),
+    "all_to_all": (("input_tensor_list", 1, "list"), 2),
+    "broadcast": (("tensor", 0, "one"), 2),
+    "reduce": (("tensor", 0, "one"), 3),
+    "send": (("tensor", 0, "one"), 2),
+    "isend": (("tensor", 0, "one"), 2),
+    "recv": (("tensor", 0, "one"), 2),
+    "irecv": (("tensor", 0, "one"), 2),
+    "gather": (("gather_list", 1, "list"), 3),
+    "scatter": (("scatter_list", 1, "list"), 3),
+}
+RECORD_MARK = "_rehearse_recorder"
+MAX_ERRORS = 20  # a recorder that cannot read a call says so, a few times, and never stops the run
+
+
+def _nbytes(t) -> int:
+    return int(t.numel()) * int(t.element_size())
+
+
+def _sized(value, how: str) -> int:
+    if value is None:
+        return 0
+    if how == "one":
+        return _nbytes(value)
+    if how == "list":
+        return sum(_nbytes(t) for t in value)
+    return sum(_nbytes(t) for lst in value for t in lst)
+
+
+class CollectiveRecorder:
+    """Every ``torch.distributed`` collective this rank issues while ``active``, from the caller's side.
+
+    Installed before megatron is imported (megatron-core binds ``all_gather_into_tensor`` and
+    ``reduce_scatter_tensor`` into module globals at import, megatron-fsdp and Bridge call
+    ``torch.distributed.X`` at call time; both then reach the wrapper), it patches the functions of
+    ``torch.distributed.distributed_c10d`` and their re-exports in ``torch.distributed`` (and
+    ``batch_isend_irecv``, whose point-to-point operations it records one by one). Calls made
+    inside a recorded call (``_all_gather_base`` calls ``all_gather_into_tensor``) are not counted
+    twice: a per-thread depth counter records the outermost call only.
+
+    Each call is stored once per key ``(step, op, group, phase, bytes)`` with a count, so the log
+    of a 64-layer model at 32 micro-batches stays small. The cost per call is a dictionary update
+    and a tensor size (no signature binding); ``overhead_s`` adds up the time spent recording so
+    that its effect on the timed steps is stated, not guessed.
+
+    Phase: the step meter says whether the rank is in forward/backward or in the optimizer step;
+    within forward/backward, megatron-core's schedule functions ``forward_step`` and
+    ``backward_step`` are wrapped (:meth:`track_schedule`), and autograd's current node
+    (``torch._C._current_autograd_node()``, set while backward runs a node and its hooks) is the
+    fallback. Between the schedule functions (after the last micro-batch's backward, megatron-core's
+    ``finalize_model_grads`` finishes the gradient reduction) the phase is the last one that ran.
+    """
+
+    def __init__(self):
+        import threading
+
+        self.active = False
+        self.step = None
+        self.region = "other"  # set by the step meter: "fwd_bwd", "optimizer", "other"
+        self.sched = None  # "forward" / "backward" while megatron's schedule functions run
+        self.last_sched = None  # the last of them that ran in this step (gradient finalisation follows backward)
+        self.counts: dict[tuple, int] = {}
+        self.groups: dict[int, tuple] = {}  # id(group) -> (gid, ranks, group)
+        self.overhead_s = 0.0
+        self.calls = 0
+        self.errors: list[str] = []
+        self.patched: list[str] = []
+        self.schedule_hooks: list[str] = []
+        self._tls = threading.local()
+
+    # ------------------------------------------------------------------ installing
+
+    def install(self) -> list[str]:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name, (tensor_spec, group_pos) in RECORD_SPECS.items():
+            orig = getattr(c10d, name, None)
+            if orig is None or getattr(orig, RECORD_MARK, False):
+                continue
+            wrapper = self._wrapper(name, orig, tensor_spec, group_pos)
+            setattr(c10d, name, wrapper)
+            if getattr(dist, name, None) is orig:
+                setattr(dist, name, wrapper)
+            self.patched.append(name)
+        orig_batch = getattr(c10d, "batch_isend_irecv", None)
+        if orig_batch is not None and not getattr(orig_batch, RECORD_MARK, False):
+            batch = self._batch_wrapper(orig_batch)
+            c10d.batch_isend_irecv = batch
+            if getattr(dist, "batch_isend_irecv", None) is orig_batch:
+                dist.batch_isend_irecv = batch
+            self.patched.append("batch_isend_irecv")
+        return list(self.patched)
+
+    def _wrapper(self, name, orig, tensor_spec, group_pos):
+        import time
+
+        key_name, pos, how = tensor_spec
+        rec = self
+
+        def wrapper(*args, **kwargs):
+            tls = rec._tls
+            depth = getattr(tls, "depth", 0)
+            if rec.active and depth == 0:
+                t0 = time.perf_counter()
+                try:
+                    value = kwargs[key_name] if key_name in kwargs else (args[pos] if len(args) > pos else None)
+                    group = (
+                        kwargs["group"] if "group" in kwargs else (args[group_pos] if len(args) > group_pos else None)
+                    )
+                    rec._count(name, _sized(value, how), group)
+                except Exception as exc:  # never let counting break the job
+                    rec._error(name, exc)
+                rec.overhead_s += time.perf_counter() - t0
+            tls.depth = depth + 1
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                tls.depth = depth
+
+        setattr(wrapper, RECORD_MARK, True)
+        wrapper.__name__ = name
+        wrapper.__doc__ = orig.__doc__
+        wrapper.__wrapped__ = orig
+        return wrapper
+
+    def _batch_wrapper(self, orig):
+        import time
+
+        rec = self
+
+        def batch_isend_irecv(p2p_op_list, *args, **kwargs):
+            tls = rec._tls
+            depth = getattr(tls, "depth", 0)
+            if rec.active and depth == 0:
+                t0 = time.perf_counter()
+                for op in p2p_op_list or []:
+                    try:
+                        fn = getattr(getattr(op, "op", None), "__name__", "")
+                        rec._count("isend" if "send" in fn else "irecv", _nbytes(op.tensor), getattr(op, "group", None))
+                    except Exception as exc:
+                        rec._error("batch_isend_irecv", exc)
+                rec.overhead_s += time.perf_counter() - t0
+            tls.depth = depth + 1
+            try:
+                return orig(p2p_op_list, *args, **kwargs)
+            finally:
+                tls.depth = depth
+
+        setattr(batch_isend_irecv, RECORD_MARK, True)
+        batch_isend_irecv.__wrapped__ = orig
+        return batch_isend_irecv
+
+    def track_schedule(self) -> list[str]:
+        """Wrap megatron-core's ``forward_step`` / ``backward_step`` (module globals the schedules call)."""
+        import megatron.core.pipeline_parallel.schedules as sched
+
+        done = []
+        for name, label in (("forward_step", "forward"), ("backward_step", "backward")):
+            orig = getattr(sched, name, None)
+            if orig is None or getattr(orig, RECORD_MARK, False):
+                continue
+
+            def wrapped(*args, __orig=orig, __label=label, **kwargs):
+                prev = self.sched
+                self.sched = self.last_sched = __label
+                try:
+                    return __orig(*args, **kwargs)
+                finally:
+                    self.sched = prev
+
+            setattr(wrapped, RECORD_MARK, True)
+            wrapped.__name__ = name
+            setattr(sched, name, wrapped)
+            done.append(f"megatron.core.pipeline_parallel.schedules.{name}")
+        return done
+
+    # ------------------------------------------------------------------ counting
+
+    def phase(self) -> str:
+        if self.region == "optimizer":
+            return "optimizer"
+        if self.region != "fwd_bwd":
+            return "other"
+        if self.sched is not None:
+            return self.sched
+        if self.last_sched == "backward":  # after the last micro-batch's backward: finalize_model_grads
+            return "backward"
+        try:
+            import torch
+
+            return "backward" if torch._C._current_autograd_node() is not None else "forward"
+        except Exception:
+            return "forward"
+
+    def _gid(self, group) -> str:
+        ent = self.groups.get(id(group))
+        if ent is not None and ent[2] is group:
+            return ent[0]
+        import torch.distributed as dist
+
+        g = group if group is not None else dist.group.WORLD
+        ranks = tuple(int(r) for r in dist.get_process_group_ranks(g))
+        for gid, rk, _g in self.groups.values():  # the same ranks under another group object: one id
+            if rk == ranks:
+                self.groups[id(group)] = (gid, ranks, group)
+                return gid
+        gid = f"g{len({v[0] for v in self.groups.values()})}"
+        self.groups[id(group)] = (gid, ranks, group)  # keeps the group alive: ids are never reused
+        return gid
+
+    def _count(self, op: str, size: int, group) -> None:
+        key = (self.step, op, self._gid(group), self.phase(), size)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.calls += 1
+
+    def _error(self, op: str, exc: BaseException) -> None:
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(f"{op}: {type(exc).__name__}: {str(exc)[:200]}")
+
+    # ------------------------------------------------------------------ the log
+
+    def log(self, rank: int, world_size: int, steps: list, parallel_groups: dict) -> dict:
+        """The ``mfsdp-collectives/1`` log that ``mfsdp_lib.perf.collectives`` reads."""
+        table = {}
+        for gid, ranks, _g in self.groups.values():
+            table[gid] = list(ranks)
+        events = [
+            {"step": step, "op": op, "group": gid, "phase": phase, "size_bytes": size, "count": n}
+            for (step, op, gid, phase, size), n in sorted(self.counts.items(), key=lambda kv: str(kv[0]))
+        ]
+        return {
+            "schema": "mfsdp-collectives/1",
+            "rank": rank,
+            "world_size": world_size,
+            "steps": list(steps),
+            "parallel_groups": parallel_groups,
+            "groups": table,
+            "events": events,
+        }
+
+
+def parallel_groups_of(pg_collection) -> dict:
+    """{name: ranks} of the process groups in Megatron's ProcessGroupCollection (what names a group)."""
+    import torch.distributed as dist
+
+    out = {}
+    names = list(getattr(pg_collection, "__dict__", {}) or {})
+    if not names:
+        names = [n for n in dir(pg_collection) if not n.startswith("_")]
+    for name in names:
+        try:
+            g = getattr(pg_collection, name, None)
+        except Exception:  # a property that asserts (an unset group) is not a group of this job
+            continue
+        if isinstance(g, dist.ProcessGroup):
+            try:
+                out[name] = [int(r) for r in dist.get_process_group_ranks(g)]
+            except Exception:
+                continue
+    return out

@@ -57,7 +57,7 @@ def peft_hook_without_checkpoint(report):
     return create
 
 
-def setup_measured(cfg, report: Report, mem: Mem):
+def setup_measured(cfg, report: Report, mem: Mem, clock=None):
     """Bridge's setup(), with each of its phases timed and measured.
 
     Module-level functions that setup() calls are wrapped for the duration of the call:
@@ -111,7 +111,7 @@ def setup_measured(cfg, report: Report, mem: Mem):
         patches.undo.append((setup_mod, "_create_peft_pre_wrap_hook", orig))
     report.data["model_wrap_measured_separately"] = wrap_measured
 
-    meter = StepMeter(report, mem)
+    meter = StepMeter(report, mem, clock)
     manager = bridge.callback_manager(meter)
     mem.reset()
     report.begin("setup_start")

@@ -44,6 +44,12 @@ megatron_fsdp code.
 ``--parity`` runs a real world of 1 (no fake backend) twice, under DDP and under
 Megatron FSDP, with the same model, data and seed, and compares the losses.
 
+``--perf`` (``rehearse --perf``): ``--warmup`` untimed steps, then ``--iters`` steps timed with
+CUDA events, every collective of those steps recorded (``collectives.CollectiveRecorder``,
+installed before megatron is imported), and Bridge's model FLOPs per step; the report's ``perf``
+record (``perf.record``) is what ``mfsdp_lib.perf`` turns into a prediction. ``--hf-config``
+serves recipes their Hugging Face config offline (``hfhub``).
+
 torch and megatron are imported only inside functions, so ``--help`` and the CPU
 tests work without them.
 """
@@ -55,7 +61,7 @@ import os
 import signal
 import sys
 
-from . import bridge, checkpoint, fakeworld, mamba
+from . import bridge, checkpoint, collectives, fakeworld, hfhub, mamba, perf
 from .args import InputError, check_args, parse_overrides, rehearse_parser, use_fake_pg
 from .bridge import Settings, get_dotted
 from .collectives import install_mirror_collectives
@@ -64,7 +70,7 @@ from .parity import run_parity
 from .phases import setup_measured
 from .presets import NULL_TOKENIZER_VOCAB, PRESETS, decide_meta_init
 from .report import Report, now_utc, on_sigterm, progress, versions
-from .steps import train_measured
+from .steps import PerfClock, train_measured
 
 PROG = "rehearse_train.py"
 
@@ -141,12 +147,13 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
     dp = max(a.world_size // mp, 1)
     gbs = get_dotted(cfg, "train.global_batch_size") or 0
     if a.model_preset:
-        want = a.global_batch_size or dp * mbs
+        asked = a.global_batch_size or parse_overrides(a.overrides).get("train.global_batch_size")
+        want = asked or dp * mbs
         s.apply(
             "train.global_batch_size",
             want,
             "rehearsal",
-            "one micro-batch per data-parallel rank and step" if not a.global_batch_size else "--global-batch-size",
+            "one micro-batch per data-parallel rank and step" if not asked else "as asked",
         )
     elif gbs < dp * mbs or gbs % (dp * mbs):
         s.apply(
@@ -249,6 +256,14 @@ def run_once(a, report: Report, fake: bool) -> int:
         report.data["mirror_collectives_why"] = "forced on by --save-load under the fake backend"
     mirror = bool(mirror and fake)
     report.data["mirror_collectives"] = install_mirror_collectives() if mirror else []
+    recorder = None
+    if getattr(a, "perf", False):
+        # after the mirror, so that the recorder is the outer wrapper; before megatron binds collectives
+        recorder = collectives.CollectiveRecorder()
+        recorder.install()
+    hf_state = hfhub.prepare(getattr(a, "hf_config", None), out)  # before huggingface_hub is imported
+    if hf_state["cache"]:
+        report.data["hf_configs"] = {"cache": hf_state["cache"], "ids": sorted(hf_state["ids"])}
     if fake and a.save_load:
         report.data["checkpoint_planner"] = fakeworld.install_lowest_rank_checkpoint_planner()
         report.data["global_plan_checks"] = fakeworld.GLOBAL_PLAN_CHECKS  # the same list: filled by each save
@@ -260,11 +275,18 @@ def run_once(a, report: Report, fake: bool) -> int:
     import megatron.bridge  # noqa: F401
     from megatron.bridge.training.gpt_step import forward_step
 
+    report.data["hf_guard"] = hfhub.guard(hf_state, InputError) if a.recipe else None
     report.end()
 
     report.begin("config")
     cfg, est, source = bridge.load_config(a)
     settings, facts = configure(a, cfg, est, fake, out, ckpt_dir, mamba_env)
+    if recorder is not None and mirror and not facts.get("moe") and not a.save_load:
+        collectives.MIRROR_STATE["copy"] = False
+        report.data["mirror_collectives_copy"] = (
+            "off: --perf on a dense model (the copies would add memory traffic to the timed compute; a dense "
+            "model allocates the same without them)"
+        )
     report.data["source"] = source
     report.data["deviations"] = facts.pop("deviations", [])
     report.data["facts"] = facts
@@ -285,13 +307,24 @@ def run_once(a, report: Report, fake: bool) -> int:
     runtime_config_update(cfg)
     report.end()
 
-    so, manager, meter = setup_measured(cfg, report, mem)
+    report.data["gpu_lock"] = perf.gpu_lock(progress)  # several rehearsals on one GPU: one trains at a time
+    clock = PerfClock(a.warmup, recorder) if recorder is not None else None
+    so, manager, meter = setup_measured(cfg, report, mem, clock)
     report.data["process_groups"] = fakeworld.process_groups_of_rank()
     report.data["params"] = count_params(so.model)
+    if recorder is not None:
+        recorder.schedule_hooks = recorder.track_schedule()
     report.write()
 
     report.begin("train")
     steps = train_measured(so, manager, meter, forward_step)
+    if recorder is not None:
+        try:
+            report.data["perf"] = perf.record(
+                cfg, so, clock, recorder, a.world_size, a.rank, report.data["params"], report.data.get("device")
+            )
+        except Exception as exc:  # a measurement: the steps passed; say why the record is missing
+            report.data["perf"] = {"schema": perf.PERF_SCHEMA, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     try:
         report.data["optimizer_state"] = count_optimizer(so.optimizer)
     except Exception as exc:  # a measurement, not a phase: the training steps already passed
@@ -417,6 +450,9 @@ def main(argv=None) -> int:
 
     bridge.unset_cuda_device_max_connections()
     fake = use_fake_pg(a)
+    timed = a.iters
+    if a.perf:
+        a.iters = a.warmup + timed  # the run's steps: warm-up, then the timed ones
     report = Report(
         os.path.abspath(a.out),
         {
@@ -426,6 +462,10 @@ def main(argv=None) -> int:
                 "world_size": a.world_size,
                 "rank": a.rank,
                 "iters": a.iters,
+                "perf": a.perf,
+                "warmup": a.warmup if a.perf else None,
+                "timed_iters": timed if a.perf else None,
+                "hf_config": a.hf_config,
                 "strategy": a.strategy,
                 "fake_pg": fake,
                 "meta_init": a.meta_init,

@@ -6,6 +6,12 @@ Bridge's ``train()`` calls ``on_train_step_start`` / ``on_train_step_end`` callb
 memory after forward/backward and after the optimizer step are recorded apart
 (``StepMeter.before_optimizer`` / ``after_optimizer``). ``StepMeter`` writes the rehearsal report's
 per-step records; ``SmokeStepMeter`` the smoke rank record's ``steps``.
+
+``rehearse --perf`` hands the meter a :class:`PerfClock`: after the warm-up steps, each step is
+timed with CUDA events (start, end of forward/backward, end of the optimizer step, end) and the
+collective recorder is switched on for exactly those steps. On timed steps the meter takes no
+memory snapshots between forward/backward and the optimizer step: a snapshot synchronises the
+GPU, which would stall the host's kernel launches inside the time being measured.
 """
 
 from __future__ import annotations
@@ -27,16 +33,96 @@ def step_loss(ctx) -> float | None:
     return float(ctx.loss_dict[key])
 
 
+class PerfClock:
+    """CUDA-event timing of the steps after ``warmup`` (``rehearse --perf``), and the recorder's switch.
+
+    Per timed step: the whole step, forward/backward (start to the optimizer step) and the optimizer
+    step, in seconds. The recorder (``collectives.CollectiveRecorder``) records on timed steps only
+    and is told the region (forward/backward, optimizer) as the step goes.
+    """
+
+    def __init__(self, warmup: int, recorder=None):
+        self.warmup = int(warmup)
+        self.recorder = recorder
+        self.records: list[dict] = []
+        self._ev: dict | None = None
+        self._iter: int | None = None
+
+    def timed(self, iteration: int) -> bool:
+        return iteration > self.warmup
+
+    def start(self, iteration: int) -> None:
+        import torch
+
+        self._iter = iteration
+        self._ev = None
+        rec = self.recorder
+        if not self.timed(iteration):
+            if rec is not None:
+                rec.active = False
+            return
+        if rec is not None:
+            rec.step, rec.region, rec.active, rec.last_sched = iteration, "fwd_bwd", True, None
+        self._ev = {"start": torch.cuda.Event(enable_timing=True)}
+        self._ev["start"].record()
+
+    def _mark(self, name: str) -> None:
+        import torch
+
+        if self._ev is not None and name not in self._ev:
+            self._ev[name] = torch.cuda.Event(enable_timing=True)
+            self._ev[name].record()
+
+    def before_optimizer(self) -> None:
+        if self.recorder is not None:
+            self.recorder.region = "optimizer"
+        self._mark("opt_start")
+
+    def after_optimizer(self) -> None:
+        if self.recorder is not None:
+            self.recorder.region = "other"
+        self._mark("opt_end")
+
+    def end(self) -> dict | None:
+        """Record the step's end, wait for it, and return the timed step's durations (None in warm-up)."""
+        if self.recorder is not None:
+            self.recorder.active = False
+            self.recorder.region = "other"
+        ev = self._ev
+        if ev is None:
+            return None
+        self._mark("end")
+        self._ev = None
+        ev["end"].synchronize()
+
+        def span(a: str, b: str):
+            return ev[a].elapsed_time(ev[b]) / 1e3 if a in ev and b in ev else None
+
+        out = {
+            "iteration": self._iter,
+            "step_s": span("start", "end"),
+            "fwd_bwd_s": span("start", "opt_start"),
+            "optimizer_s": span("opt_start", "opt_end"),
+        }
+        self.records.append(out)
+        return out
+
+
 class StepMeter:
     """Per step: memory after forward/backward (its peak), after the optimizer step (its
-    peak), between steps; wall time; loss and grad norm."""
+    peak), between steps; wall time; loss and grad norm. With a :class:`PerfClock`, CUDA-event
+    times of the steps after warm-up (and no mid-step memory snapshots on those steps)."""
 
-    def __init__(self, report: Report, mem: Mem):
+    def __init__(self, report: Report, mem: Mem, clock: PerfClock | None = None):
         self.report = report
         self.mem = mem
+        self.clock = clock
         self.steps: list[dict] = []
         self.cur: dict | None = None
         self._t0 = None
+
+    def _timed(self) -> bool:
+        return self.clock is not None and self.cur is not None and self.clock.timed(self.cur["iteration"])
 
     def start(self, ctx):
         import torch
@@ -46,9 +132,16 @@ class StepMeter:
         self.cur = {"iteration": int(ctx.state.train_state.step) + 1, "phase": "forward_backward"}
         self.report.data["phases"]["train"]["current"] = self.cur
         self._t0 = time.perf_counter()
+        if self.clock is not None:
+            self.clock.start(self.cur["iteration"])
 
     def before_optimizer(self):
         if self.cur is None:
+            return
+        if self.clock is not None:
+            self.clock.before_optimizer()
+        if self._timed():
+            self.cur["phase"] = "optimizer_step"
             return
         s = self.mem.snap()
         self.cur.update(
@@ -60,6 +153,11 @@ class StepMeter:
     def after_optimizer(self):
         if self.cur is None:
             return
+        if self.clock is not None:
+            self.clock.after_optimizer()
+        if self._timed():
+            self.cur["phase"] = "step_end"
+            return
         s = self.mem.snap()
         self.cur.update(
             after_optimizer_step_bytes=s["allocated_bytes"],
@@ -70,6 +168,7 @@ class StepMeter:
     def end(self, ctx):
         import torch
 
+        timed = self.clock.end() if self.clock is not None else None
         torch.cuda.synchronize()
         dt = time.perf_counter() - self._t0
         s = self.mem.snap()
@@ -88,6 +187,8 @@ class StepMeter:
             grad_norm=None if ctx.grad_norm is None else as_float(ctx.grad_norm),
             skipped=bool(ctx.skipped_iter),
         )
+        if timed is not None:
+            rec["cuda_event_s"] = {k: v for k, v in timed.items() if k != "iteration"}
         self.steps.append(rec)
         self.cur = None
         self.report.data["phases"]["train"]["steps_done"] = len(self.steps)

@@ -62,8 +62,8 @@ RULE_PIPELINE = "MFSDP-PIPELINE-PARALLEL"
 
 # What the engine's own settings mean for the user (shown once, under the verdict).
 LIMITS = (
-    "under the fake backend (world > 1) losses and time per step mean nothing (no data moves); memory, "
-    "shapes, wrapping and the code paths taken are real",
+    "under the fake backend (world > 1) losses mean nothing and time per step is compute only (no data moves; "
+    "--perf prices the communication separately); memory, shapes, wrapping and the code paths taken are real",
 )
 
 
@@ -337,8 +337,8 @@ def _phases(report: Mapping) -> list[dict]:
     ]
 
 
-def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None = None) -> dict:
-    """One rank's verdict from its engine report."""
+def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None = None, links=None) -> dict:
+    """One rank's verdict from its engine report (``links``: the --perf link model, when asked)."""
     if report.get("schema") != ENGINE_SCHEMA:
         raise ValueError(f"not a rehearsal report (schema {report.get('schema')!r}, expected {ENGINE_SCHEMA!r})")
     req = report.get("request") or {}
@@ -395,6 +395,10 @@ def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None 
     }
     if out["result"] == "running":  # killed mid-phase: the phase it was in failed
         out["result"] = "failed"
+    if links is not None or report.get("perf") is not None:
+        from ..perf import report as perf_report
+
+        out["perf"] = perf_report.summarize(report.get("perf"), links)
     return out
 
 
@@ -429,7 +433,7 @@ def read_report(run_dir: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def summarize(runs: Sequence[tuple[str, str | None]], parity_dir: str | None = None, command=None) -> dict:
+def summarize(runs: Sequence[tuple[str, str | None]], parity_dir: str | None = None, command=None, links=None) -> dict:
     """The whole verdict: ``runs`` is ``[(run folder, role), ...]``; a folder without a report fails."""
     ranks: list[dict] = []
     for run_dir, role in runs:
@@ -454,7 +458,7 @@ def summarize(runs: Sequence[tuple[str, str | None]], parity_dir: str | None = N
                 }
             )
             continue
-        ranks.append(summarize_run(rep, run_dir, role))
+        ranks.append(summarize_run(rep, run_dir, role, links))
     parity = None
     if parity_dir:
         rep = read_report(parity_dir)
@@ -563,6 +567,10 @@ def render_text(summary: Mapping) -> str:
             routing = "balanced (forced, --balanced-routing)" if moe["balanced_routing"] else "as the router decides"
             mir = "mirrored (every rank looks like this one)" if moe["mirrored_collectives"] else "plain fake"
             lines.append(f"  MoE: collectives {mir}; routing {routing}")
+        if r.get("perf") is not None:
+            from ..perf import report as perf_report
+
+            lines.extend(perf_report.render(r["perf"]))
         sl = r.get("save_load")
         if sl:
             lines.append(

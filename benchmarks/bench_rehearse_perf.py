@@ -1,0 +1,498 @@
+#!/usr/bin/env python3
+"""Measure ``rehearse --perf`` on ONE GPU: the rows behind ``benchmarks/results/rehearse_perf_1xh200.json``.
+
+Why: ``rehearse --perf`` claims that one GPU playing rank R of a world of N measures the job's
+compute per step, counts its communication exactly, and predicts its step time within a
+stated range. These rows put the claim against NVIDIA's published figure and against a
+plain run:
+
+1. ``anchor_fsdp_n8``: Bridge's ``llama3_8b_pretrain_8gpu_h100_fp8cs_config`` (Llama 3 8B, FP8
+   current scaling, GBS 128, MBS 1, sequence 8192, TP 1, full recompute of 5 layers) with the
+   Megatron FSDP overrides Bridge's performance launcher applies
+   (``scripts/performance/utils/overrides.py`` :: ``_set_megatron_fsdp_overrides`` and
+   ``_set_common_perf_overrides`` in the Megatron-Bridge repository), as rank 0 of 8; NVIDIA
+   publishes 14451 tokens/s/GPU and 744 model TFLOP/s/GPU for it on 8 H100s (25.11 container);
+2. ``anchor_distopt_n8``: the same recipe under the distributed optimizer;
+3. ``llama1b_n8``, ``llama1b_n64``: the llama 1.1 B preset, ``--compare`` of the distributed
+   optimizer and ``optim_grads_params`` at N = 8 and 64;
+4. ``llama70b_n64``: Bridge's Llama 3 70B FSDP recipe (``llama3_70b_pretrain_64gpu_b200_fp8cs_config``:
+   TP 1, ``optim_grads_params``, meta-device init) at N = 64, with full recompute instead of
+   the recipe's CPU offloading of 5 layers' activations and GBS 64 (one micro-batch per rank), so
+   that rank 0 fits one H200 and a step takes seconds;
+5. ``n1_perf`` and ``n1_plain``: the N = 1 agreement check, the llama 1.1 B preset at GBS 8 under
+   ``optim_grads_params``: ``rehearse --perf`` (fake backend, recorder on, CUDA events) against a
+   plain real run of the same config (a real NCCL world of 1, no recorder, no ``--perf``; its step
+   time is Bridge's own ``elapsed time per iteration`` log line).
+
+Recipes read their model's Hugging Face ``config.json``; the ones shipped in ``scripts/data/hf``
+are passed with ``--hf-config`` so that nothing is fetched.
+
+How, within one machine call (``BUDGET_S``): rows start in priority order, at most
+``MAX_CONCURRENT`` at a time; Bridge's import (30-60 s of CPU per process) overlaps, while a GPU
+lock (``MFSDP_GPU_LOCK``, taken by the engine after its config is validated and held to its exit)
+lets one process at a time build a model and train, so timed steps never share the GPU. Each row
+has its own timeout (what is left of the budget, at most its cap); a failed row never stops the
+others; at the budget's end running rows are stopped and recorded as cut off.
+
+Output, flat in RAW: ``<row>.json`` (the command, exit code, wall time, and the command's own JSON:
+``mfsdp.py rehearse --format json`` or the engine's report), ``<row>.log`` (everything the row
+printed), ``<row>.<run>.report.json`` (each engine report, with its full collective log) and
+``driver.json``. Then ``benchmarks/rehearse_perf_result.py RAW --out
+benchmarks/results/rehearse_perf_1xh200.json`` and ``bash scripts/dev.sh benchmark-md``.
+
+    python3 benchmarks/bench_rehearse_perf.py --out RAW            # everything, about 8 minutes
+    python3 benchmarks/bench_rehearse_perf.py --out RAW --list     # the rows and their commands only
+    python3 benchmarks/bench_rehearse_perf.py --out RAW --only n1_perf,n1_plain
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MFSDP = ROOT / "scripts" / "mfsdp.py"
+ENGINE = ROOT / "scripts" / "rehearse_train.py"
+HF = ROOT / "scripts" / "data" / "hf"
+
+BUDGET_S = 530  # one device call is 10 minutes; leave room for the start and for copying the results back
+MAX_CONCURRENT = 3  # 16 CPU cores: imports overlap while one row holds the GPU; few enough not to slow its steps
+GPU_LOCK_ENV = "MFSDP_GPU_LOCK"  # read by the engine: one process at a time on the GPU after set-up starts
+STAGGER_S = 3.0  # start rows a little apart, so that they reach the GPU lock in priority order
+IMPORT_S = 45  # importing Bridge (Transformer Engine, megatron-core) before a process can use the GPU
+EXIT_S = 5  # a process's teardown after its report is written
+
+RECIPE_8B = "megatron.bridge.perf_recipes.llama.h100.llama3:llama3_8b_pretrain_8gpu_h100_fp8cs_config"
+RECIPE_70B = "megatron.bridge.perf_recipes.llama.b200.llama3:llama3_70b_pretrain_64gpu_b200_fp8cs_config"
+HF_8B = f"meta-llama/Meta-Llama-3-8B={HF / 'Meta-Llama-3-8B' / 'config.json'}"
+HF_70B = f"meta-llama/Meta-Llama-3-70B={HF / 'Meta-Llama-3-70B' / 'config.json'}"
+
+# Bridge's performance launcher (scripts/performance/utils/overrides.py in the Megatron-Bridge repository):
+# _set_common_perf_overrides, the settings that change what a step computes (train_iters, logging and the
+# checks the rehearsal turns off itself are left to it) ...
+COMMON_PERF = [
+    "ddp.check_for_large_grads=false",
+    "model.apply_rope_fusion=true",
+    "model.cross_entropy_fusion_impl=te",
+]
+# ... and _set_megatron_fsdp_overrides with use_megatron_fsdp=True (the strategy's own five settings come
+# with --strategy optim_grads_params; gradient_accumulation_fusion=True needs APEX, which the rehearsal
+# turns off and records where it is absent; checkpoint.load=None is what a rehearsal does anyway).
+FSDP_PERF = [
+    "ddp.keep_fp8_transpose_cache=false",
+    "model.init_model_with_meta_device=true",
+    "model.gradient_accumulation_fusion=true",
+    "optimizer.use_precision_aware_optimizer=false",
+    "comm_overlap.defer_embedding_wgrad_compute=false",
+]
+# Llama 3 70B on one H200 as rank 0 of 64: activations of 80 layers at sequence 8192 do not fit without
+# recompute; the recipe offloads 5 layers' activations to the CPU instead (192 GB B200s).
+FIT_70B = [
+    "model.cpu_offloading=false",
+    "model.recompute_granularity=full",
+    "model.recompute_method=uniform",
+    "model.recompute_num_layers=1",
+    "train.global_batch_size=64",
+]
+# The N = 1 check: the same settings in both runs (the fake backend turns these off; the plain run is told to).
+SAME_CHECKS = [
+    "ddp.check_for_nan_in_grad=false",
+    "rerun_state_machine.check_for_nan_in_loss=false",
+    "rerun_state_machine.check_for_spiky_loss=false",
+]
+N1_GBS = 8  # 8 micro-batches of 2048 tokens: a step long enough (about 1 s) that per-step overheads are small
+N1_WARMUP, N1_ITERS = 2, 5
+
+
+@dataclass
+class Row:
+    name: str
+    argv: list[str]  # after the interpreter
+    cap_s: int  # this row's own timeout
+    gpu_s: int  # expected time holding the GPU (model build, wrap, steps), imports aside
+    why: str
+    kind: str = "cli"  # "cli": mfsdp.py rehearse --format json; "engine": the engine directly
+    runs: list[str] = field(default_factory=list)  # the engine reports it leaves (for copying)
+
+
+def rehearse(*args: str) -> list[str]:
+    return [str(MFSDP), "rehearse", *args, "--format", "json"]
+
+
+def plan(raw: Path) -> list[Row]:
+    """Every row, in priority order, with the exact argument list it runs."""
+    raw = Path(raw)
+
+    def out(name: str) -> list[str]:
+        return ["--out", str(raw / f"{name}.run")]
+
+    rows = [
+        Row(
+            "anchor_fsdp_n8",
+            rehearse(
+                "--recipe",
+                RECIPE_8B,
+                "--hf-config",
+                HF_8B,
+                "--world-size",
+                "8",
+                "--strategy",
+                "optim_grads_params",
+                "--perf",
+                "--warmup",
+                "1",
+                "--iters",
+                "2",
+                *COMMON_PERF,
+                *FSDP_PERF,
+                *out("anchor_fsdp_n8"),
+            ),
+            cap_s=330,
+            gpu_s=60,
+            why="NVIDIA's published Llama 3 8B FP8 FSDP job, rank 0 of 8",
+            runs=["rank_0"],
+        ),
+        Row(
+            "anchor_distopt_n8",
+            rehearse(
+                "--recipe",
+                RECIPE_8B,
+                "--hf-config",
+                HF_8B,
+                "--world-size",
+                "8",
+                "--strategy",
+                "distopt",
+                "--perf",
+                "--warmup",
+                "1",
+                "--iters",
+                "2",
+                *COMMON_PERF,
+                *out("anchor_distopt_n8"),
+            ),
+            cap_s=330,
+            gpu_s=60,
+            why="the same job under the distributed optimizer",
+            runs=["rank_0"],
+        ),
+        Row(
+            "llama1b_n8",
+            rehearse(
+                "--model-preset",
+                "llama-1b",
+                "--world-size",
+                "8",
+                "--warmup",
+                "2",
+                "--iters",
+                "5",
+                *out("llama1b_n8"),
+                "--strategies",
+                "distopt,optim_grads_params",
+                "--compare",
+            ),
+            cap_s=300,
+            gpu_s=35,
+            why="llama 1.1 B at N = 8: distributed optimizer vs optim_grads_params (--compare)",
+            runs=["distopt/rank_0", "optim_grads_params/rank_0"],
+        ),
+        Row(
+            "llama1b_n64",
+            rehearse(
+                "--model-preset",
+                "llama-1b",
+                "--world-size",
+                "64",
+                "--warmup",
+                "2",
+                "--iters",
+                "5",
+                *out("llama1b_n64"),
+                "--strategies",
+                "distopt,optim_grads_params",
+                "--compare",
+            ),
+            cap_s=300,
+            gpu_s=35,
+            why="llama 1.1 B at N = 64: distributed optimizer vs optim_grads_params (--compare)",
+            runs=["distopt/rank_0", "optim_grads_params/rank_0"],
+        ),
+        Row(
+            "llama70b_n64",
+            rehearse(
+                "--recipe",
+                RECIPE_70B,
+                "--hf-config",
+                HF_70B,
+                "--world-size",
+                "64",
+                "--strategy",
+                "optim_grads_params",
+                "--perf",
+                "--warmup",
+                "1",
+                "--iters",
+                "2",
+                *COMMON_PERF,
+                *FIT_70B,
+                *out("llama70b_n64"),
+            ),
+            cap_s=360,
+            gpu_s=70,
+            why="Llama 3 70B, Megatron FSDP, TP 1, meta-device init, rank 0 of 64",
+            runs=["rank_0"],
+        ),
+        Row(
+            "n1_perf",
+            rehearse(
+                "--model-preset",
+                "llama-1b",
+                "--world-size",
+                "1",
+                "--strategy",
+                "optim_grads_params",
+                "--perf",
+                "--warmup",
+                str(N1_WARMUP),
+                "--iters",
+                str(N1_ITERS),
+                f"train.global_batch_size={N1_GBS}",
+                *SAME_CHECKS,
+                *out("n1_perf"),
+            ),
+            cap_s=240,
+            gpu_s=25,
+            why="N = 1 agreement: rehearse --perf (fake backend, recorder, CUDA events)",
+            runs=["rank_0"],
+        ),
+        Row(
+            "n1_plain",
+            [
+                str(ENGINE),
+                "--model-preset",
+                "llama-1b",
+                "--world-size",
+                "1",
+                "--no-fake-pg",
+                "--strategy",
+                "optim_grads_params",
+                "--iters",
+                str(N1_WARMUP + N1_ITERS),
+                "--global-batch-size",
+                str(N1_GBS),
+                *SAME_CHECKS,
+                "--out",
+                str(raw / "n1_plain.run"),
+            ],
+            cap_s=240,
+            gpu_s=25,
+            why="N = 1 agreement: a plain real run of the same config (real NCCL world of 1, Bridge's own timer)",
+            kind="engine",
+            runs=[""],
+        ),
+    ]
+    return rows
+
+
+def expected_wall_s(rows: list[Row]) -> int:
+    """One import that nothing hides, then the GPU work one row after another, and each process's exit."""
+    processes = sum(max(len(r.runs), 1) for r in rows)
+    return IMPORT_S + sum(r.gpu_s for r in rows) + EXIT_S * processes
+
+
+def stamp(msg: str) -> None:
+    print(f"[bench_rehearse_perf {_dt.datetime.now(_dt.timezone.utc).strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def child_env(raw: Path) -> dict:
+    env = dict(os.environ)
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # Megatron FSDP needs it unset or > 1
+    env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="2")
+    env[GPU_LOCK_ENV] = str(raw / "gpu.lock")
+    return env
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the row's process group (the engine records the phase it was in), then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def collect(row: Row, raw: Path, rc: int | None, wall: float, timed_out: str | None, cmd: list[str]) -> dict:
+    """Write RAW/<row>.json and copy the engine reports beside it (flat); returns the record."""
+    run_dir = raw / f"{row.name}.run"
+    stdout = raw / f"{row.name}.stdout"
+    out: dict = {
+        "row": row.name,
+        "why": row.why,
+        "kind": row.kind,
+        "command": cmd,
+        "exit_code": rc,
+        "wall_s": round(wall, 1),
+        "timed_out": timed_out,
+        "result": None,
+        "reports": {},
+    }
+    if row.kind == "cli":
+        out["result"] = _read_json(stdout)
+    for run in row.runs:
+        src = run_dir / run / "report.json" if run else run_dir / "report.json"
+        rep = _read_json(src)
+        label = (run.split("/")[0] if "/" in run else run) or "engine"
+        if rep is not None:
+            dst = raw / f"{row.name}.{label}.report.json"
+            shutil.copyfile(src, dst)
+            out["reports"][label] = dst.name
+            cfg = src.parent / "run_config.yaml"
+            if cfg.is_file():
+                shutil.copyfile(cfg, raw / f"{row.name}.{label}.run_config.yaml")
+            if row.kind == "engine":
+                out["result"] = rep
+    # the engine's own log lines (Bridge's timers among them) go into the row's log
+    with open(raw / f"{row.name}.log", "a", encoding="utf-8", errors="replace") as log:
+        for logf in sorted(run_dir.rglob("log.txt")) if run_dir.is_dir() else []:
+            log.write(f"\n===== {logf.relative_to(run_dir)} =====\n")
+            log.write(logf.read_text(encoding="utf-8", errors="replace"))
+    (raw / f"{row.name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    if stdout.exists():
+        stdout.unlink()
+    shutil.rmtree(run_dir, ignore_errors=True)  # flat: what matters was copied beside it
+    return out
+
+
+def run_all(rows: list[Row], raw: Path, python: str, budget_s: int, max_concurrent: int) -> dict:
+    raw.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    deadline = t0 + budget_s
+    pending = list(rows)
+    running: dict[str, tuple[Row, subprocess.Popen, float, list[str], float]] = {}
+    done: list[dict] = []
+    env = child_env(raw)
+    last_beat = t0
+    stamp(f"{len(rows)} rows, budget {budget_s} s, at most {max_concurrent} at a time; results in {raw}")
+    while pending or running:
+        now = time.time()
+        while pending and len(running) < max_concurrent and now < deadline - 20:
+            row = pending.pop(0)
+            for stale in (raw / f"{row.name}.run", raw / f"{row.name}.log"):
+                if stale.is_dir():
+                    shutil.rmtree(stale)
+                elif stale.exists():
+                    stale.unlink()
+            timeout = int(min(row.cap_s, deadline - now))
+            cmd = [python, *row.argv]
+            if row.kind == "cli":
+                cmd += ["--timeout-s", str(timeout)]
+            stdout = open(raw / f"{row.name}.stdout", "w")  # noqa: SIM115 (closed when the row ends)
+            log = open(raw / f"{row.name}.log", "w")  # noqa: SIM115
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            proc = subprocess.Popen(
+                cmd, stdout=stdout if row.kind == "cli" else log, stderr=log, env=env, cwd=ROOT, start_new_session=True
+            )
+            stdout.close()
+            log.close()
+            running[row.name] = (row, proc, time.time(), cmd, now + timeout)
+            stamp(f"{row.name}: started ({len(done) + len(running)}/{len(rows)}; timeout {timeout} s): {row.why}")
+            time.sleep(STAGGER_S)
+            now = time.time()
+        for name, (row, proc, started, cmd, until) in list(running.items()):
+            rc = proc.poll()
+            why = None
+            if rc is None and time.time() > min(until, deadline):
+                why = "budget" if time.time() > deadline else "row timeout"
+                stamp(f"{name}: stopping ({why})")
+                _stop(proc)
+                rc = proc.poll()
+            if rc is None:
+                continue
+            del running[name]
+            rec = collect(row, raw, rc, time.time() - started, why, cmd)
+            done.append(rec)
+            stamp(f"{name}: exit {rc} after {rec['wall_s']:.0f} s" + (f" ({why})" if why else ""))
+        if pending and time.time() >= deadline - 20:
+            for row in pending:
+                stamp(f"{row.name}: not started (budget)")
+                done.append(collect(row, raw, None, 0.0, "not started: budget", [python, *row.argv]))
+            pending = []
+        if time.time() - last_beat > 30 and running:
+            last_beat = time.time()
+            stamp("running: " + ", ".join(f"{n} {time.time() - v[2]:.0f} s" for n, v in running.items()))
+        time.sleep(1.0)
+    summary = {
+        "started_utc": _dt.datetime.fromtimestamp(t0, _dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(time.time() - t0, 1),
+        "budget_s": budget_s,
+        "rows": [{k: r[k] for k in ("row", "exit_code", "wall_s", "timed_out")} for r in done],
+    }
+    (raw / "driver.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (raw / "gpu.lock").unlink(missing_ok=True)  # the engines' lock file: nothing to keep
+    stamp(f"done in {summary['wall_s']:.0f} s; next: python3 benchmarks/rehearse_perf_result.py {raw}")
+    return summary
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="bench_rehearse_perf.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    p.add_argument("--out", type=Path, required=True, help="RAW folder (flat: <row>.json, <row>.log, ...)")
+    p.add_argument("--python", default=sys.executable, help="the interpreter with Megatron-Bridge (default: this)")
+    p.add_argument("--budget-s", type=int, default=BUDGET_S, help=f"all rows together (default {BUDGET_S})")
+    p.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT, help=f"default {MAX_CONCURRENT}")
+    p.add_argument("--only", default=None, help="comma-separated row names")
+    p.add_argument("--list", action="store_true", help="print the rows and their commands, run nothing")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    rows = plan(a.out)
+    if a.only:
+        wanted = [x.strip() for x in a.only.split(",") if x.strip()]
+        unknown = sorted(set(wanted) - {r.name for r in rows})
+        if unknown:
+            sys.stderr.write(f"bench_rehearse_perf.py: unknown rows: {', '.join(unknown)}\n")
+            return 2
+        rows = [r for r in rows if r.name in wanted]
+    if a.list:
+        for r in rows:
+            print(f"# {r.name} (about {r.gpu_s} s on the GPU, cap {r.cap_s} s): {r.why}")
+            print(" ".join([a.python, *r.argv]))
+        print(
+            f"# expected: about {expected_wall_s(rows)} s in all (imports overlap the GPU work); budget {a.budget_s} s"
+        )
+        return 0
+    summary = run_all(rows, a.out, a.python, a.budget_s, a.max_concurrent)
+    return 0 if all(r["exit_code"] == 0 for r in summary["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,455 @@
+#!/usr/bin/env python3
+"""Turn ``bench_rehearse_perf.py``'s raw folder into ``benchmarks/results/rehearse_perf_1xh200.json``.
+
+Reads only what the driver wrote (``RAW/<row>.json``, ``RAW/<row>.log``, ``RAW/driver.json``)
+and runs nothing. One result row per rehearsed run, each with the keys a reader of the
+result needs (``job``, ``world_size``, ``strategy``, ``params``, ``tokens_per_s_per_gpu``
+measured compute-only, ``predicted_tokens_per_s_per_gpu`` and ``step_time_s`` as
+``{low, high}``, ``mfu``, ``comm_bytes_per_step`` as ``{kind: {group: bytes}}``) and more:
+the compute time's spread, model TFLOP/s/GPU, the analytic volume check, memory. The anchor
+row carries NVIDIA's published figures and where they fall against the predicted range;
+the N = 1 row carries the plain run's step time and the agreement. A row that failed or
+did not run is kept, with its figures empty and why, never dropped.
+
+The display table (``columns`` / ``table_rows``) and the notes (every difference between
+the anchor measurement and the published one, named) are what ``benchmarks/make_report.py``
+prints in BENCHMARK.md.
+
+    python3 benchmarks/rehearse_perf_result.py benchmarks/results/raw/rehearse_perf_1xh200 \\
+        --out benchmarks/results/rehearse_perf_1xh200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from mfsdp_lib.perf import volumes  # noqa: E402
+
+BENCHMARK = "rehearse_perf_1xh200"
+TITLE = (
+    "Step time, throughput and communication predicted on one GPU (`rehearse --perf`), against NVIDIA's published "
+    "Llama 3 8B FSDP figure and a plain run"
+)
+# NVIDIA's published figure for the anchor job: Megatron-Bridge docs/performance-summary.md, 25.11 container,
+# DGX-H100, Llama 3 8B pre-training, FSDP, FP8 current scaling, GBS 128, MBS 1, sequence 8192, TP 1, PP 1, CP 1.
+PUBLISHED = {
+    "tokens_per_s_per_gpu": 14451,
+    "model_tflops_per_gpu": 744,
+    "source": "Megatron-Bridge docs/performance-summary.md (25.11 container, 8x H100 DGX), Llama 3 8B FP8-CS FSDP",
+}
+AGREEMENT_TOLERANCE = 0.05  # rehearse --perf at N = 1 and a plain run agree when within 5 %
+BRIDGE_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?elapsed time per iteration \(ms\): ([0-9.]+)")
+
+JOBS = {
+    "anchor_fsdp_n8": "Llama 3 8B FP8-CS (Bridge perf recipe + launcher FSDP overrides)",
+    "anchor_distopt_n8": "Llama 3 8B FP8-CS (Bridge perf recipe), distributed optimizer",
+    "llama1b_n8": "llama 1.1 B preset, seq 2048",
+    "llama1b_n64": "llama 1.1 B preset, seq 2048",
+    "llama70b_n64": "Llama 3 70B FP8-CS FSDP TP 1 (Bridge 64-GPU FSDP recipe, full recompute, GBS 64)",
+    "n1_perf": "llama 1.1 B preset, GBS 8, N = 1 agreement",
+}
+ORDER = ("anchor_fsdp_n8", "anchor_distopt_n8", "llama1b_n8", "llama1b_n64", "llama70b_n64", "n1_perf")
+COLUMNS = [
+    "row",
+    "job",
+    "N",
+    "strategy",
+    "params",
+    "compute s/step (median, spread)",
+    "tokens/s/GPU measured, compute only",
+    "tokens/s/GPU predicted (overlap .. none)",
+    "step time s (overlap .. none)",
+    "model TFLOP/s/GPU (compute only)",
+    "MFU",
+    "bus GB/step on this rank",
+    "published tokens/s/GPU",
+    "status",
+]
+
+
+def _read(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def empty_row(name: str, job: str, strategy: str | None, why: str) -> dict:
+    return {
+        "row": name,
+        "job": job,
+        "world_size": None,
+        "strategy": strategy,
+        "params": None,
+        "tokens_per_s_per_gpu": None,
+        "predicted_tokens_per_s_per_gpu": None,
+        "step_time_s": None,
+        "mfu": None,
+        "comm_bytes_per_step": None,
+        "status": why,
+    }
+
+
+def analytic_check(perf: dict, strategy: str | None) -> dict | None:
+    """Recorded dp-group volume against :mod:`mfsdp_lib.perf.volumes` (a check reported, not assumed)."""
+    comm = perf.get("communication") or {}
+    if not comm.get("available") or strategy not in volumes.STRATEGIES or not perf.get("params"):
+        return None
+    dp = (perf.get("parallel") or {}).get("data_parallel_size") or perf.get("world_size") or 1
+    job = volumes.Job(
+        params=int(perf.get("local_params") or perf["params"]),
+        dp=int(dp),
+        micro_batches=int(perf.get("micro_batches") or 1),
+        param_bytes=int(perf.get("param_gather_bytes") or 2),
+        grad_bytes=int(perf.get("grad_reduce_bytes") or 4),
+        unit_params=perf.get("params_in_layers"),
+    )
+    rows = volumes.volumes(strategy, job)
+    measured = {k: v.get("dp", 0) + v.get("dp_cp", 0) for k, v in comm["bytes_per_step"].items()}
+    verdict = volumes.compare(measured, rows)
+    return {"job": job.__dict__, "per_kind": verdict, "all_within": all(v["within"] for v in verdict.values())}
+
+
+def perf_row(name: str, job: str, rank: dict | None, strategy: str | None = None) -> dict:
+    """A result row from one rehearsed rank's summary (``mfsdp.py rehearse --format json``)."""
+    strategy = strategy or (rank or {}).get("strategy")
+    if not rank:
+        return empty_row(name, job, strategy, "no report")
+    perf = rank.get("perf") or {}
+    if not perf.get("available"):
+        f = rank.get("failure") or {}
+        why = f"{f.get('phase')}: {f.get('type')}: {str(f.get('message'))[:200]}" if f else perf.get("why")
+        row = empty_row(name, job, strategy, f"failed: {why}")
+        row["world_size"] = rank.get("world_size")
+        return row
+    pr = perf.get("prediction") or {}
+    comm = perf.get("communication") or {}
+    mem = rank.get("memory") or {}
+    return {
+        "row": name,
+        "job": job,
+        "world_size": perf.get("world_size"),
+        "strategy": strategy,
+        "params": perf.get("params"),
+        "tokens_per_s_per_gpu": perf.get("tokens_per_s_per_gpu"),
+        "predicted_tokens_per_s_per_gpu": pr.get("tokens_per_s_per_gpu"),
+        "step_time_s": pr.get("step_time_s"),
+        "mfu": (perf.get("mfu") or {}).get("mfu"),
+        "comm_bytes_per_step": comm.get("bytes_per_step"),
+        "status": "passed" if rank.get("result") == "passed" else f"{rank.get('result')}",
+        "compute_step_s": perf["compute"]["step_s"],
+        "compute_micro_batch_s": perf["compute"]["micro_batch_s"]["median"],
+        "compute_optimizer_s": (perf["compute"].get("optimizer_s") or {}).get("median"),
+        "model_tflops_per_gpu": perf.get("model_tflops_per_gpu"),
+        "predicted_model_tflops_per_gpu": pr.get("model_tflops_per_gpu"),
+        "mfu_vs_bf16_peak": (perf.get("mfu") or {}).get("mfu_vs_bf16_peak"),
+        "peak_tflops": (perf.get("mfu") or {}).get("peak_tflops"),
+        "precision": perf.get("precision"),
+        "device": perf.get("device"),
+        "micro_batches": perf.get("micro_batches"),
+        "global_batch_size": perf.get("global_batch_size"),
+        "seq_length": perf.get("seq_length"),
+        "communication_s": pr.get("communication_s"),
+        "exposed_communication_s": pr.get("exposed_communication_s"),
+        "busiest_link": pr.get("busiest_link"),
+        "links": pr.get("links"),
+        "comm_by_phase": comm.get("by_phase"),
+        "comm_calls_per_step": comm.get("calls_per_step"),
+        "comm_groups": comm.get("groups"),
+        "analytic_check": analytic_check(perf, strategy),
+        "recorder": perf.get("recorder"),
+        "peak_reserved_gib": mem.get("peak_reserved_gib"),
+        "peak_allocated_gib": mem.get("peak_allocated_gib"),
+        "versions": rank.get("versions"),
+    }
+
+
+def plain_step_times(log_text: str, after_iteration: int) -> list[float]:
+    """Bridge's own ``elapsed time per iteration (ms)`` for iterations after ``after_iteration``, in seconds."""
+    out = []
+    for m in BRIDGE_ITER.finditer(log_text):
+        if int(m.group(1)) > after_iteration:
+            out.append(float(m.group(2)) / 1e3)
+    return out
+
+
+def where_published_falls(row: dict) -> dict | None:
+    rng = row.get("predicted_tokens_per_s_per_gpu")
+    if not rng:
+        return None
+    pub = PUBLISHED["tokens_per_s_per_gpu"]
+    if rng["low"] <= pub <= rng["high"]:
+        return {"inside": True, "by": 0.0, "text": "inside the predicted range"}
+    if pub < rng["low"]:
+        by = (rng["low"] - pub) / rng["low"]
+        return {"inside": False, "by": -by, "text": f"{100 * by:.1f}% below the predicted range's low end"}
+    by = (pub - rng["high"]) / rng["high"]
+    return {"inside": False, "by": by, "text": f"{100 * by:.1f}% above the predicted range's high end"}
+
+
+def build(raw: Path) -> dict:
+    raw = Path(raw)
+    rows: list[dict] = []
+    rec = {name: _read(raw / f"{name}.json") for name in (*ORDER, "n1_plain")}
+    for name in ORDER:
+        r = rec.get(name)
+        result = (r or {}).get("result")
+        if name in ("llama1b_n8", "llama1b_n64"):
+            cmp_rows = ((result or {}).get("compare") or {}).get("rows") or []
+            ranks = (result or {}).get("ranks") or []
+            if not cmp_rows:
+                for s in ("distopt", "optim_grads_params"):
+                    rows.append(empty_row(f"{name}_{s}", JOBS[name], s, _why_missing(r)))
+                continue
+            for c, rank in zip(cmp_rows, ranks, strict=False):
+                rows.append(perf_row(f"{name}_{c['strategy']}", JOBS[name], rank, c["strategy"]))
+            continue
+        ranks = (result or {}).get("ranks") or []
+        row = (
+            perf_row(name, JOBS[name], ranks[0] if ranks else None)
+            if ranks
+            else empty_row(name, JOBS[name], None, _why_missing(r))
+        )
+        if name == "anchor_fsdp_n8":
+            row["published_tokens_per_s_per_gpu"] = PUBLISHED["tokens_per_s_per_gpu"]
+            row["published_model_tflops_per_gpu"] = PUBLISHED["model_tflops_per_gpu"]
+            row["published_source"] = PUBLISHED["source"]
+            row["published_vs_predicted"] = where_published_falls(row)
+            tps = row.get("tokens_per_s_per_gpu")
+            row["measured_over_published"] = tps / PUBLISHED["tokens_per_s_per_gpu"] if tps else None
+        if name == "n1_perf":
+            row.update(agreement(row, raw, rec.get("n1_plain")))
+        rows.append(row)
+    driver = _read(raw / "driver.json") or {}
+    device = next((r.get("device") for r in rows if r.get("device")), None)
+    versions = next((r.get("versions") for r in rows if r.get("versions")), None) or {}
+    return {
+        "benchmark": BENCHMARK,
+        "title": TITLE,
+        "date": str(driver.get("started_utc") or "")[:10] or None,
+        "machine": f"1x {device}" if device else "unknown (no row recorded a device)",
+        "command": f"python3 benchmarks/bench_rehearse_perf.py --out {_rel(raw)}; "
+        f"python3 benchmarks/rehearse_perf_result.py {_rel(raw)} --out benchmarks/results/{BENCHMARK}.json",
+        "columns": COLUMNS,
+        "rows": rows,
+        "table_rows": [table_row(r) for r in rows],
+        "notes": notes(rows, versions, driver),
+        "raw": {
+            "folder": _rel(raw),
+            "driver": driver,
+            "published": PUBLISHED,
+            "versions": versions,
+        },
+    }
+
+
+def _why_missing(r: dict | None) -> str:
+    if r is None:
+        return "not run (no raw file)"
+    if r.get("timed_out"):
+        return f"cut off: {r['timed_out']}"
+    res = r.get("result") or {}
+    ranks = res.get("ranks") or []
+    if ranks and ranks[0].get("failure"):
+        f = ranks[0]["failure"]
+        return f"failed: {f.get('phase')}: {f.get('type')}: {str(f.get('message'))[:200]}"
+    return f"failed: exit {r.get('exit_code')} (see the row's .log)"
+
+
+def agreement(row: dict, raw: Path, plain: dict | None) -> dict:
+    """The N = 1 check: rehearse --perf's median step against the plain run's (Bridge's timer)."""
+    out: dict = {"plain_run_step_s": None, "agreement": None, "agreement_within_5pct": None}
+    try:
+        text = (raw / "n1_plain.log").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    warm = ((plain or {}).get("result") or {}).get("request", {}).get("iters")
+    steps = (row.get("compute_step_s") or {}).get("n")
+    after = (warm - steps) if warm and steps else 0
+    times = plain_step_times(text, after)
+    if not times:
+        out["plain_run_why"] = "no 'elapsed time per iteration' line after warm-up in n1_plain.log"
+        return out
+    med = statistics.median(times)
+    out["plain_run_step_s"] = {"median": med, "min": min(times), "max": max(times), "n": len(times)}
+    mine = (row.get("compute_step_s") or {}).get("median")
+    if mine:
+        rel = (mine - med) / med
+        out["agreement"] = rel
+        out["agreement_within_5pct"] = abs(rel) <= AGREEMENT_TOLERANCE
+    return out
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _rng(d, fmt) -> str | None:
+    if not d:
+        return None
+    return f"{fmt(d['low'])} .. {fmt(d['high'])}"
+
+
+def _gb_by_group(comm: dict | None) -> str | None:
+    if not comm:
+        return None
+    parts = []
+    for kind, inner in comm.items():
+        for g, b in inner.items():
+            if b >= 1e6:
+                parts.append(f"{kind} {g} {b / 1e9:.2f}")
+    return "; ".join(parts) or "none"
+
+
+def table_row(r: dict) -> list:
+    c = r.get("compute_step_s") or {}
+    comp = f"{c['median']:.3f} ({100 * (c.get('spread') or 0):.1f}%)" if c.get("median") else None
+    return [
+        r["row"],
+        r["job"],
+        r.get("world_size"),
+        r.get("strategy"),
+        f"{r['params'] / 1e9:.2f} B" if r.get("params") else None,
+        comp,
+        round(r["tokens_per_s_per_gpu"]) if r.get("tokens_per_s_per_gpu") else None,
+        _rng(r.get("predicted_tokens_per_s_per_gpu"), lambda x: f"{x:,.0f}"),
+        _rng(r.get("step_time_s"), lambda x: f"{x:.3f}"),
+        round(r["model_tflops_per_gpu"]) if r.get("model_tflops_per_gpu") else None,
+        f"{100 * r['mfu']:.1f}% of {r.get('precision')}" if r.get("mfu") is not None else None,
+        _gb_by_group(r.get("comm_bytes_per_step")),
+        r.get("published_tokens_per_s_per_gpu"),
+        r.get("status"),
+    ]
+
+
+def notes(rows: list[dict], versions: dict, driver: dict) -> list[str]:
+    out = [
+        "tokens/s/GPU measured is compute only: the fake process group moves no data, so the timed steps (CUDA events "
+        "after warm-up, on the rehearsed rank) hold no communication. The predicted range adds the counted "
+        "communication on a DGX H100 link model (NVLink 450 GB/s one way inside a node of 8, one 400 Gb/s InfiniBand "
+        "port per GPU across): high = perfect overlap, low = no overlap.",
+        "Bus GB/step: bytes that cross this rank's link per step (message size x the ring's bus factor, nccl-tests' "
+        "convention), by collective kind and parallel group, counted by the recorder on the timed steps.",
+    ]
+    anchor = next((r for r in rows if r["row"] == "anchor_fsdp_n8"), None)
+    if anchor and anchor.get("tokens_per_s_per_gpu"):
+        where = (anchor.get("published_vs_predicted") or {}).get("text", "not comparable")
+        out.append(
+            f"Anchor: NVIDIA publishes {PUBLISHED['tokens_per_s_per_gpu']:,} tokens/s/GPU and "
+            f"{PUBLISHED['model_tflops_per_gpu']} model TFLOP/s/GPU ({PUBLISHED['source']}); this rehearsal measured "
+            f"{anchor['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU and {anchor.get('model_tflops_per_gpu') or 0:,.0f} "
+            f"TFLOP/s/GPU of compute on one {anchor.get('device')}, and the published figure falls {where}."
+        )
+        out.append(
+            "Differences between the anchor measurement and the published one: (1) GPU: an H200 (HBM3e, 4.8 TB/s, "
+            "141 GB) against H100 SXM (HBM3, 3.35 TB/s, 80 GB); both have the same dense Tensor Core peak (989 TFLOP/s "
+            "BF16, 1979 FP8, NVIDIA datasheets), so compute-bound GEMMs match while memory-bound kernels (norms, "
+            "activations, FP8 casts, the optimizer) run faster here, which makes this compute time a low estimate for "
+            "an H100; (2) library versions: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v)
+            + " here, NVIDIA's 25.11 container there; (3) recompute: the same in both (the recipe's full recompute "
+            "of 5 layers, block method); (4) gradient_accumulation_fusion: the launcher sets it (APEX's fused weight-"
+            "gradient kernel), this image has no APEX, so the rehearsal runs without it (an extra gradient add per "
+            "weight per micro-batch); (5) the recipe's environment variables (CUDA_DEVICE_MAX_CONNECTIONS=32, "
+            "NVTE_*_LAYERNORM_SM_MARGIN=20, cuDNN layer norm, NCCL settings) are set by the launcher before Python "
+            "starts; the rehearsal sets none of them before Transformer Engine is imported; (6) the published "
+            "figure is the whole job, communication included, over a long steady run; the measured one is compute "
+            "only over the timed steps, and the range adds communication from the link model; (7) data: mock data and "
+            "a null tokenizer in both (the launcher's --data mock)."
+        )
+    n1 = next((r for r in rows if r["row"] == "n1_perf"), None)
+    if n1 and n1.get("plain_run_step_s"):
+        out.append(
+            f"N = 1 agreement: rehearse --perf (fake backend, recorder on) measured {n1['compute_step_s']['median']:.3f} "
+            f"s per step, a plain real run of the same config (real NCCL world of 1, Bridge's own 'elapsed time per "
+            f"iteration') {n1['plain_run_step_s']['median']:.3f} s: {100 * (n1.get('agreement') or 0):+.1f}% "
+            f"({'within' if n1.get('agreement_within_5pct') else 'NOT within'} 5%)."
+        )
+    elif n1:
+        out.append(f"N = 1 agreement: not established ({n1.get('plain_run_why') or n1.get('status')}).")
+    over: list[tuple[str, float, float]] = []
+    for r in rows:
+        o = (r.get("recorder") or {}).get("overhead_s_per_step")
+        m = (r.get("compute_step_s") or {}).get("median")
+        if isinstance(o, (int, float)) and isinstance(m, (int, float)) and m > 0:
+            over.append((r["row"], float(o), float(m)))
+    if over:
+        worst = max(over, key=lambda x: x[1] / x[2])
+        out.append(
+            f"The recorder's own time on the timed steps is at most {100 * worst[1] / worst[2]:.2f}% of a step "
+            f"({worst[0]}: {worst[1] * 1e3:.1f} ms of {worst[2]:.3f} s)."
+        )
+    checks = [(r["row"], r["analytic_check"]) for r in rows if r.get("analytic_check")]
+    for name, chk in checks:
+        parts = ", ".join(
+            f"{k} {v['measured'] / 1e9:.3f} GB in [{v['low'] / 1e9:.3f}, {v['high'] / 1e9:.3f}]"
+            + ("" if v["within"] else " OUTSIDE")
+            for k, v in chk["per_kind"].items()
+        )
+        out.append(f"Analytic volume check, {name} (data-parallel group, bus bytes per step): {parts}.")
+    failed = [r for r in rows if r.get("status") not in ("passed",)]
+    for r in failed:
+        out.append(f"{r['row']}: {r.get('status')}.")
+    return out
+
+
+def export_logs(raw: Path, dest: Path) -> list[Path]:
+    """Each engine report's collective log (``perf.collectives``) as its own file, with what produced it."""
+    from mfsdp_lib import config_io
+
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for rep_path in sorted(Path(raw).glob("*.report.json")):
+        rep = _read(rep_path) or {}
+        log = (rep.get("perf") or {}).get("collectives")
+        if not isinstance(log, dict):
+            continue
+        stem = rep_path.name[: -len(".report.json")].replace(".", "_")
+        log = dict(log, recorded_by=f"rehearse --perf on {rep.get('device')}", source=rep.get("source"))
+        log["strategy"] = (rep.get("facts") or {}).get("strategy")
+        out = dest / f"recorded_{stem}.json"
+        config_io.write_atomic(str(out), json.dumps(log, indent=1) + "\n")
+        written.append(out)
+    return written
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="rehearse_perf_result.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("raw", type=Path, help="the folder bench_rehearse_perf.py wrote")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"{BENCHMARK}.json")
+    p.add_argument(
+        "--export-logs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write each run's recorded collective log as DIR/recorded_<row>_<run>.json (test fixtures)",
+    )
+    a = p.parse_args(argv)
+    if not a.raw.is_dir():
+        sys.stderr.write(f"rehearse_perf_result.py: error: {a.raw} is not a folder\n")
+        return 2
+    doc = build(a.raw)
+    from mfsdp_lib import config_io
+
+    config_io.write_atomic(str(a.out), json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    if a.export_logs:
+        for path in export_logs(a.raw, a.export_logs):
+            print(f"wrote {path}")
+    ok = sum(1 for r in doc["rows"] if r.get("status") == "passed")
+    print(f"wrote {a.out}: {ok}/{len(doc['rows'])} rows measured")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""``rehearse --perf`` on the GPU side: what goes into the report's ``perf`` record.
+
+The parts live where they belong (the collective recorder with the other collective patching in
+``collectives``, the CUDA-event timing with the step meter in ``steps``); this module puts their
+results together with what the analysis needs (``mfsdp_lib.perf.report`` reads it, schema
+``mfsdp-perf/1``):
+
+* the step's shape: micro-batches per step, micro-batch size, sequence length, global batch,
+  world, data-parallel, TP, CP, PP and EP sizes;
+* the model FLOPs per step from Bridge's own formula, called on the job's config
+  (``megatron/bridge/training/utils/flop_utils.py`` :: ``num_floating_point_operations(cfg,
+  batch_size=global_batch_size)``, as ``megatron/bridge/training/train.py`` calls it each step);
+* the precision the GEMMs run in (``model.fp8`` set: FP8) and the GPU's name, for the peak;
+* the parameter counts and the bytes per gathered parameter and reduced gradient, for the
+  analytic volumes;
+* the process groups this rank belongs to, by name (they name each collective's group), and the
+  recorder's log.
+
+Also :func:`gpu_lock`: several rehearsals on one GPU (a benchmark driver) can overlap their
+imports while only one at a time builds a model and trains, so that timed steps never share the
+GPU. The lock is a file named by ``MFSDP_GPU_LOCK``; without it nothing is locked.
+"""
+
+from __future__ import annotations
+
+import os
+
+PERF_SCHEMA = "mfsdp-perf/1"
+GPU_LOCK_ENV = "MFSDP_GPU_LOCK"
+FLOPS_SOURCE = "megatron/bridge/training/utils/flop_utils.py :: num_floating_point_operations(cfg, batch_size=GBS)"
+_LOCK: list = []  # the open lock file, held until the process exits
+
+
+def gpu_lock(progress=None) -> str | None:
+    """Take the GPU lock named by ``MFSDP_GPU_LOCK`` (blocking); returns its path, or None when unset."""
+    path = os.environ.get(GPU_LOCK_ENV)
+    if not path or _LOCK:
+        return path or None
+    import fcntl
+
+    fh = open(path, "a+")  # noqa: SIM115 (held open: the lock lasts as long as the process)
+    if progress:
+        progress(f"waiting for the GPU lock {path}")
+    fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    _LOCK.append(fh)
+    if progress:
+        progress("GPU lock taken")
+    return path
+
+
+def _get(cfg, path: str, default=None):
+    target = cfg
+    for part in path.split("."):
+        if target is None:
+            return default
+        target = getattr(target, part, default)
+    return target
+
+
+def model_flops(cfg) -> tuple[float | None, str | None]:
+    """(Bridge's model FLOPs per step for the whole job, None) or (None, why not)."""
+    try:
+        from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
+
+        return float(num_floating_point_operations(cfg, batch_size=int(cfg.train.global_batch_size))), None
+    except Exception as exc:  # a measurement, never a reason to fail the run
+        return None, f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def layer_params(model) -> int:
+    """Parameters inside transformer layers (``...layers.N...``): Megatron FSDP's units."""
+    total = 0
+    seen = set()
+    for chunk in model:
+        for name, p in chunk.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if ".layers." in f".{name}":
+                total += p.numel()
+    return total
+
+
+def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, device: str | None) -> dict:
+    """The ``perf`` record of one rehearsal (see the module docstring)."""
+    from .collectives import parallel_groups_of
+
+    gbs = int(_get(cfg, "train.global_batch_size") or 0)
+    mbs = int(_get(cfg, "train.micro_batch_size") or 1)
+    tp = int(_get(cfg, "model.tensor_model_parallel_size") or 1)
+    cp = int(_get(cfg, "model.context_parallel_size") or 1)
+    pp = int(_get(cfg, "model.pipeline_model_parallel_size") or 1)
+    ep = int(_get(cfg, "model.expert_model_parallel_size") or 1)
+    dp = max(world_size // (tp * cp * pp), 1)
+    flops, flops_error = model_flops(cfg)
+    fp8 = _get(cfg, "model.fp8")
+    timed = [r for r in clock.records if r.get("step_s")]
+    groups = {}
+    try:
+        groups = parallel_groups_of(so.pg_collection)
+    except Exception as exc:  # the log still names groups "world" / "other" by their ranks
+        recorder.errors.append(f"parallel groups: {type(exc).__name__}: {exc}")
+    steps = [r["iteration"] for r in timed]
+    try:
+        in_layers = layer_params(so.model)
+    except Exception:
+        in_layers = None
+    fsdp = bool(_get(cfg, "ddp.use_megatron_fsdp"))
+    return {
+        "schema": PERF_SCHEMA,
+        "warmup_steps": clock.warmup,
+        "timed_steps": steps,
+        "step_times_s": [r["step_s"] for r in timed],
+        "fwd_bwd_times_s": [r["fwd_bwd_s"] for r in timed if r.get("fwd_bwd_s") is not None],
+        "optimizer_times_s": [r["optimizer_s"] for r in timed if r.get("optimizer_s") is not None],
+        "micro_batches": max(gbs // (dp * mbs), 1) if gbs else 1,
+        "micro_batch_size": mbs,
+        "seq_length": int(_get(cfg, "model.seq_length") or 0) or None,
+        "global_batch_size": gbs or None,
+        "world_size": world_size,
+        "rank": rank,
+        "data_parallel_size": dp,
+        "tp": tp,
+        "cp": cp,
+        "pp": pp,
+        "ep": ep,
+        "model_flops_per_step": flops,
+        "flops_source": FLOPS_SOURCE if flops is not None else None,
+        "flops_error": flops_error,
+        "precision": "fp8" if fp8 not in (None, False, "") else "bf16",
+        "model_fp8": None if fp8 is None else str(fp8),
+        "device": device,
+        "params": params.get("global_numel"),
+        "local_params": params.get("global_numel") if fsdp else params.get("local_numel"),
+        "params_in_layers": in_layers,
+        "param_gather_bytes": 1 if _get(cfg, "ddp.fp8_param_gather") or _get(cfg, "model.fp8_param") else 2,
+        "grad_reduce_bytes": 4 if _get(cfg, "ddp.grad_reduce_in_fp32") else 2,
+        "recorder": {
+            "mode": "on the timed steps only",
+            "patched": list(recorder.patched),
+            "schedule_hooks": list(getattr(recorder, "schedule_hooks", [])),
+            "calls": recorder.calls,
+            "overhead_s_per_step": recorder.overhead_s / len(steps) if steps else None,
+            "errors": list(recorder.errors),
+        },
+        "collectives": recorder.log(rank, world_size, steps, groups),
+    }

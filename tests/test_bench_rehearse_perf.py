@@ -1,0 +1,181 @@
+"""The ``rehearse --perf`` evidence driver's plan and its result script, on CPU.
+
+The driver runs on one H200 (``benchmarks/bench_rehearse_perf.py``); here its plan is checked (the
+rows the issue asks for, in priority order, each command accepted by the real CLI's ``--dry-run``)
+and the result script is run on a raw folder made at test time from the synthetic engine report
+of ``tests/fixtures/perf`` passed through the real summariser (labelled synthetic: not a
+measurement).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bench_rehearse_perf as drv
+import make_report as mr
+import rehearse_perf_result as res
+from mfsdp_lib.perf import predict
+from mfsdp_lib.perf import report as perf_report
+from mfsdp_lib.runs import rehearse as rh
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = json.loads((ROOT / "tests" / "fixtures" / "perf" / "engine_report_synthetic.json").read_text())
+REQUIRED_KEYS = {
+    "job",
+    "world_size",
+    "strategy",
+    "params",
+    "tokens_per_s_per_gpu",
+    "predicted_tokens_per_s_per_gpu",
+    "step_time_s",
+    "mfu",
+    "comm_bytes_per_step",
+}
+
+
+def test_plan_has_every_row_the_result_needs_in_priority_order(tmp_path):
+    rows = drv.plan(tmp_path)
+    assert [r.name for r in rows] == [
+        "anchor_fsdp_n8",
+        "anchor_distopt_n8",
+        "llama1b_n8",
+        "llama1b_n64",
+        "llama70b_n64",
+        "n1_perf",
+        "n1_plain",
+    ]
+    by = {r.name: r for r in rows}
+    a = by["anchor_fsdp_n8"].argv
+    assert drv.RECIPE_8B in a and "--perf" in a and a[a.index("--world-size") + 1] == "8"
+    assert all(o in a for o in drv.FSDP_PERF + drv.COMMON_PERF)
+    assert "optim_grads_params" in a and "distopt" in by["anchor_distopt_n8"].argv
+    assert not set(drv.FSDP_PERF) & set(by["anchor_distopt_n8"].argv)
+    assert all(o in by["llama70b_n64"].argv for o in drv.FIT_70B)
+    plain = by["n1_plain"]
+    assert plain.kind == "engine" and "--no-fake-pg" in plain.argv and "--perf" not in plain.argv
+    assert all(o in plain.argv and o in by["n1_perf"].argv for o in drv.SAME_CHECKS)
+    for name in ("llama1b_n8", "llama1b_n64"):
+        argv = by[name].argv
+        assert argv[argv.index("--compare") + 1].startswith("--")  # no variant swallowed by --compare
+    for spec in (drv.HF_8B, drv.HF_70B):
+        assert Path(spec.split("=", 1)[1]).is_file()
+    # every row alone fits its own cap, and the expected total fits the budget with imports overlapped
+    assert all(drv.IMPORT_S + r.gpu_s < r.cap_s <= drv.BUDGET_S for r in rows)
+    assert drv.expected_wall_s(rows) < 0.8 * drv.BUDGET_S  # room for a slow step or a slow import
+
+
+def test_every_cli_row_is_accepted_by_the_real_command(tmp_path):
+    for row in drv.plan(tmp_path):
+        if row.kind != "cli":
+            continue
+        out = subprocess.run(
+            [sys.executable, *row.argv, "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=120
+        )
+        assert out.returncode == 0, f"{row.name}: {out.stderr}"
+        assert "--perf" in out.stdout
+
+
+def test_list_prints_the_commands_and_runs_nothing(tmp_path, capsys):
+    assert drv.main(["--out", str(tmp_path / "raw"), "--list"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("# ") >= 7 and not (tmp_path / "raw").exists()
+    assert drv.main(["--out", str(tmp_path / "raw"), "--only", "nope", "--list"]) == 2
+
+
+def _summary(strategy: str, world: int = 8, perf_overrides: dict | None = None) -> dict:
+    rep = copy.deepcopy(REPORT)
+    rep["facts"]["strategy"] = strategy
+    if perf_overrides:
+        rep["perf"].update(perf_overrides)
+    return rh.summarize_run(rep, None, "rank 0", predict.Links())
+
+
+def _raw(tmp_path: Path) -> Path:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+
+    def write(name, result, **extra):
+        (raw / f"{name}.json").write_text(json.dumps({"row": name, "exit_code": 0, "result": result, **extra}))
+
+    write("anchor_fsdp_n8", {"ranks": [_summary("optim_grads_params")]})
+    write("anchor_distopt_n8", {"ranks": [_summary("distopt")]})
+    for n in ("llama1b_n8", "llama1b_n64"):
+        ranks = [_summary("distopt"), _summary("optim_grads_params")]
+        rows = [
+            perf_report.compare_row(s, s, None, r)
+            for s, r in zip(("distopt", "optim_grads_params"), ranks, strict=True)
+        ]
+        write(n, {"ranks": ranks, "compare": {"rows": rows}})
+    # llama70b_n64 did not run (no raw file): it must stay as a row that says so
+    n1 = _summary("optim_grads_params", 1, {"step_times_s": [1.00, 1.01, 0.99, 1.00, 1.02]})
+    write("n1_perf", {"ranks": [n1]})
+    write("n1_plain", {"request": {"iters": 7}}, kind="engine")
+    lines = [
+        f" [2026-12-04 00:00:0{i}] iteration        {i}/       7 | consumed samples: {8 * i} | "
+        f"elapsed time per iteration (ms): {t:.1f} | learning rate: 3.0E-04 |"
+        for i, t in zip(range(1, 8), (9000.0, 1200.0, 1020.0, 1030.0, 1010.0, 1040.0, 1020.0), strict=True)
+    ]
+    (raw / "n1_plain.log").write_text("\n".join(lines) + "\n")
+    (raw / "driver.json").write_text(json.dumps({"started_utc": "2026-12-04T00:00:00+00:00", "rows": []}))
+    return raw
+
+
+def test_result_rows_carry_the_keys_and_the_anchor_the_published_figures(tmp_path):
+    doc = res.build(_raw(tmp_path))
+    rows = {r["row"]: r for r in doc["rows"]}
+    assert set(rows) == {
+        "anchor_fsdp_n8",
+        "anchor_distopt_n8",
+        "llama1b_n8_distopt",
+        "llama1b_n8_optim_grads_params",
+        "llama1b_n64_distopt",
+        "llama1b_n64_optim_grads_params",
+        "llama70b_n64",
+        "n1_perf",
+    }
+    for r in doc["rows"]:
+        assert set(r) >= REQUIRED_KEYS, r["row"]
+    a = rows["anchor_fsdp_n8"]
+    assert a["published_tokens_per_s_per_gpu"] == 14451 and a["published_model_tflops_per_gpu"] == 744
+    assert a["tokens_per_s_per_gpu"] == pytest.approx(128 * 8192 / 8 / 9.15)
+    assert a["step_time_s"]["low"] <= a["step_time_s"]["high"]
+    assert a["published_vs_predicted"]["text"]
+    assert set(a["comm_bytes_per_step"]) == {"all_gather", "all_reduce", "reduce_scatter"}
+    assert rows["llama70b_n64"]["status"].startswith("not run") and rows["llama70b_n64"]["tokens_per_s_per_gpu"] is None
+    n1 = rows["n1_perf"]
+    assert n1["plain_run_step_s"]["median"] == pytest.approx(1.02)  # iterations 3..7 of the plain log
+    assert n1["agreement"] == pytest.approx((1.00 - 1.02) / 1.02)
+    assert n1["agreement_within_5pct"] is True
+    assert any("Differences between the anchor" in n for n in doc["notes"])
+    assert any("llama70b_n64: not run" in n for n in doc["notes"])
+
+
+def test_result_file_renders_in_benchmark_md(tmp_path):
+    out = tmp_path / "results" / "rehearse_perf_1xh200.json"
+    out.parent.mkdir()
+    assert res.main([str(_raw(tmp_path)), "--out", str(out)]) == 0
+    text = mr.render(mr.load_results(out.parent))
+    assert "rehearse_perf_1xh200" in text and "14451" in text.replace(",", "")
+    cols, cells = mr.table(json.loads(out.read_text()))
+    assert all(len(c) == len(cols) for c in cells)
+
+
+def test_result_script_refuses_a_missing_folder(tmp_path, capsys):
+    assert res.main([str(tmp_path / "nope")]) == 2
+
+
+def test_recorded_logs_are_exported_as_fixtures_the_analysis_reads(tmp_path):
+    from mfsdp_lib.perf import collectives
+
+    raw = _raw(tmp_path)
+    (raw / "anchor_fsdp_n8.rank_0.report.json").write_text(json.dumps(REPORT))
+    written = res.export_logs(raw, tmp_path / "fixtures")
+    assert [p.name for p in written] == ["recorded_anchor_fsdp_n8_rank_0.json"]
+    log = json.loads(written[0].read_text())
+    assert log["strategy"] == "optim_grads_params" and collectives.aggregate(log)["bytes_per_step"]
