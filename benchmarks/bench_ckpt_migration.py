@@ -506,7 +506,17 @@ def worker(kind: str, out: str) -> int:
     os.makedirs(work, exist_ok=True)
     rows = WORKERS[kind]
     base = dict(model=kind, world_size=1, gpus=1, expert_parallel=1 if kind == "moe" else None)
-    meta = {"device": torch.cuda.get_device_name(), "versions": _versions(), "K": K, "N": N, "seq": SEQ, "gbs": GBS}
+    import datetime
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "versions": _versions(),
+        "K": K,
+        "N": N,
+        "seq": SEQ,
+        "gbs": GBS,
+    }
     with open(os.path.join(out, f"meta_{kind}.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
     hf0 = make_hf_model(kind, os.path.join(work, "hf0"))

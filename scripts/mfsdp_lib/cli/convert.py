@@ -134,19 +134,19 @@ def plan(args) -> dict:
     report = checkpoints.inspect(args.src)  # InputError when SRC is missing / not a folder / not a checkpoint
     info = report.inspected
     fmt = report.format
-    if info is None or fmt is None:
-        raise InputError(f"{args.src}: no checkpoint iteration to convert (run 'mfsdp.py ckpt {args.src}')")
-    if fmt not in TARGETS:
-        raise InputError(
-            f"{args.src}: format {fmt!r} cannot be converted here (convert reads {', '.join(TARGETS)}); "
-            f"run 'mfsdp.py ckpt {args.src}' for the route"
-        )
     blocking = [f for f in report.findings if f.rule in BLOCKING_SOURCE_RULES and f.severity == "error"]
     if blocking:
         f = blocking[0]
         raise InputError(
             f"{args.src}: refusing to convert: {BLOCKING_SOURCE_RULES[f.rule]} ({f.rule}); "
             f"run 'mfsdp.py ckpt {args.src}' for details"
+        )
+    if info is None or fmt is None:
+        raise InputError(f"{args.src}: no checkpoint iteration to convert (run 'mfsdp.py ckpt {args.src}')")
+    if fmt not in TARGETS:
+        raise InputError(
+            f"{args.src}: format {fmt!r} cannot be converted here (convert reads {', '.join(TARGETS)}); "
+            f"run 'mfsdp.py ckpt {args.src}' for the route"
         )
     if fmt == to:
         raise InputError(f"{args.src}: already {fmt}; nothing to convert (copy the folder instead)")
@@ -239,31 +239,22 @@ def _stage_dir(dst: str) -> str:
 
 
 def _load_backend():
-    """The torch/Bridge side, imported only after every check passed."""
-    try:
-        import importlib.util
-
-        missing = [m for m in ("torch", "megatron.bridge") if _find_spec(importlib.util, m) is None]
-    except Exception:  # a broken install: let the import below say what
-        missing = []
-    if missing:
-        raise InputError(
-            f"convert needs {' and '.join(missing)} (Megatron-Bridge 0.6.2 with torch and a CUDA GPU); "
-            "run it where your training runs, or use --dry-run for the checks alone"
-        )
+    """The torch/Bridge side, imported only after every check passed; exit 2 when it cannot be imported."""
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if here not in sys.path:
         sys.path.insert(0, here)
+    try:
+        import megatron.bridge  # noqa: F401
+        import torch  # noqa: F401  (first: it preloads the NCCL library Transformer Engine needs)
+    except Exception as exc:  # absent or broken: one line, nothing written
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise InputError(
+            f"convert needs torch and Megatron-Bridge 0.6.2 (with a CUDA GPU): {type(exc).__name__}: {first}; "
+            "run it where your training runs, or use --dry-run for the checks alone"
+        ) from None
     from mfsdp_gpu import ckpt_convert  # noqa: WPS433 (heavy, optional)
 
     return ckpt_convert
-
-
-def _find_spec(util, name: str):
-    try:
-        return util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
 
 
 def run(args) -> int:
