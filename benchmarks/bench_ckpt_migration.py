@@ -317,6 +317,7 @@ def build_cfg(hf_dir, strategy, *, save=None, load=None, pretrained=None, iters=
         scheduler=SchedulerConfig(
             lr_decay_style="constant",  # the schedule is not carried by a conversion: keep it flat
             lr_warmup_iters=0,
+            lr_decay_iters=iters,
             start_weight_decay=0.0,
             end_weight_decay=0.0,
             weight_decay_incr_style="constant",
@@ -355,8 +356,11 @@ def build_cfg(hf_dir, strategy, *, save=None, load=None, pretrained=None, iters=
     return cfg
 
 
-def train_run(row: Row, cfg, keep_model: bool = False):
-    """Bridge's own setup + train; per-step losses {iteration: loss}; optionally the live setup output."""
+def train_run(row: Row, cfg, probe=None):
+    """Bridge's own setup + train; per-step losses {iteration: loss}, the first iteration, ``probe(setup_out)``.
+
+    ``probe`` runs on the live model after the last step and before ``_finish_train``, which destroys the
+    parallel state the model's forward needs."""
     import torch
     from megatron.bridge.data.utils import get_dataset_provider
     from megatron.bridge.training.callbacks import CallbackManager
@@ -394,23 +398,31 @@ def train_run(row: Row, cfg, keep_model: bool = False):
         callback_manager=manager,
     )
     torch.cuda.synchronize()
+    end = int(so.state.train_state.step)
+    probed = probe(so) if probe is not None else None
     _finish_train(so.state, so.checkpoint_manager)
-    row.log(f"trained to {int(so.state.train_state.step)}: losses {_fmt(losses)}")
-    return losses, start, (so if keep_model else None)
+    row.log(f"trained to {end}: losses {_fmt(losses)}")
+    return losses, start, probed
 
 
-def setup_only(row: Row, cfg):
-    """Bridge's setup (which loads cfg.checkpoint.load / pretrained_checkpoint) without training."""
+def setup_only(row: Row, cfg, probe):
+    """Bridge's setup (which loads cfg.checkpoint.load / pretrained_checkpoint), ``probe(setup_out)``, no training."""
     from megatron.bridge.data.utils import get_dataset_provider
     from megatron.bridge.training.callbacks import CallbackManager
     from megatron.bridge.training.config import runtime_config_update
     from megatron.bridge.training.setup import setup
     from megatron.bridge.training.state import GlobalState
+    from megatron.bridge.training.train import _finish_train
 
     runtime_config_update(cfg)
     state = GlobalState()
     state.cfg = cfg
-    return setup(state, get_dataset_provider(cfg.dataset), callback_manager=CallbackManager())
+    so = setup(state, get_dataset_provider(cfg.dataset), callback_manager=CallbackManager())
+    row.log(f"setup done (iteration {int(so.state.train_state.step)})")
+    try:
+        return probe(so)
+    finally:
+        _finish_train(so.state, so.checkpoint_manager)
 
 
 def fixed_tokens():
@@ -430,6 +442,15 @@ def megatron_logits(model) -> object:
     with torch.no_grad():
         out = model[0](input_ids=tokens, position_ids=pos, attention_mask=None)
     return out[..., :VOCAB].float().cpu()
+
+
+def _probe_logits(so):
+    """The live model's logits, or the exception that stopped them (a failed probe must not fail the resume)."""
+    try:
+        return megatron_logits(so.model)
+    except Exception as exc:
+        traceback.print_exc()
+        return exc
 
 
 def hf_logits(path: str):
@@ -467,6 +488,10 @@ def compare_logits(row: Row, ref, got) -> None:
 
 
 def compare_resume(row: Row, reference: dict, resumed: dict, first: int) -> None:
+    """Losses are keyed by train_state.step as Bridge's on_train_step_end sees it (before the increment:
+    the step that starts from ``first`` updates), so a resume from iteration ``first`` logs ``first`` first."""
+    if resumed and min(resumed) != first:
+        raise RuntimeError(f"the resumed run started at step {min(resumed)}, not at the checkpoint's {first}")
     ref, got = reference.get(first), resumed.get(first)
     if ref is None or got is None:
         raise RuntimeError(f"no loss at iteration {first} (reference {_fmt(reference)}, resumed {_fmt(resumed)})")
@@ -532,17 +557,19 @@ def worker(kind: str, out: str) -> int:
 
     with Row(out, f"{kind}_a_torch_dist_to_fsdp_dtensor", **base, **_ft("a")) as row:
         if run_convert(row, _iter(ru, K), a_dst, "fsdp_dtensor") == 0:
-            losses, start, so = train_run(row, build_cfg(hf0, "fsdp", load=a_dst, save=r1), keep_model=True)
+            losses, start, logits = train_run(row, build_cfg(hf0, "fsdp", load=a_dst, save=r1), probe=_probe_logits)
             row.data["resumed_from_iteration"] = start
             state["R1"] = losses
-            compare_resume(row, state["U"], losses, K + 1)
-            state["L_meg"] = megatron_logits(so.model)  # the weights R1 saved at N
-            del so
+            if isinstance(logits, BaseException):  # row b needs them; row a's own check does not
+                row.data["logits_probe_error"] = f"{type(logits).__name__}: {logits}"[:2000]
+            else:
+                state["L_meg"] = logits  # the weights R1 saved at N
+            compare_resume(row, state["U"], losses, K)
 
     with Row(out, f"{kind}_b_fsdp_dtensor_to_hf", **base, **_ft("b")) as row:
         if run_convert(row, _iter(r1, N), h_dst, "hf", hf_config=hf0) == 0:
             if "L_meg" not in state:
-                raise RuntimeError("no Megatron FSDP logits: row a did not finish")
+                raise RuntimeError("no Megatron FSDP logits from row a's run (see its logits_probe_error)")
             compare_logits(row, state["L_meg"], hf_logits(h_dst))
 
     if "c" in rows:
@@ -550,14 +577,14 @@ def worker(kind: str, out: str) -> int:
             if run_convert(row, _iter(r1, 2 * K), t_dst, "torch_dist") == 0:
                 losses, start, _ = train_run(row, build_cfg(hf0, "distopt", load=t_dst, save=r2))
                 row.data["resumed_from_iteration"] = start
-                compare_resume(row, state.get("R1", {}), losses, 2 * K + 1)
+                compare_resume(row, state.get("R1", {}), losses, 2 * K)
 
     if "d" in rows:
         with Row(out, f"{kind}_d_hf_to_fsdp_dtensor", **base, **_ft("d")) as row:
             if run_convert(row, hf0, d_dst, "fsdp_dtensor") == 0:
-                so = setup_only(row, build_cfg(hf0, "fsdp", pretrained=d_dst, iters=2))
-                got = megatron_logits(so.model)
-                del so
+                got = setup_only(
+                    row, build_cfg(hf0, "fsdp", pretrained=d_dst, iters=2), lambda so: megatron_logits(so.model)
+                )
                 compare_logits(row, hf_logits(hf0), got)
                 row.data["check"] = (
                     "max |logits_megatron - logits_hf| / max |logits_hf| on fixed tokens: Megatron FSDP model "
@@ -590,6 +617,9 @@ def upstream_rows(out, work, base, hf0, ru, r1) -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+    # temporary_distributed_context reuses MASTER_ADDR/PORT when set; a fresh free port avoids the old store's
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)
     up = dict(base, via="upstream")
 
     with Row(out, "dense_upstream_export_ckpt_torch_dist_to_hf", **up, **{"from": "torch_dist", "to": "hf"}) as row:

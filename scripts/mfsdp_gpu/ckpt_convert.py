@@ -51,7 +51,13 @@ WORLD_ONE = {
     "delay_wgrad_compute": False,
     # APEX's fused wgrad kernel is absent from pip installs, and nothing is trained here anyway.
     "gradient_accumulation_fusion": False,
+    # Weights are copied into the modules before Megatron FSDP wraps them: they must be real tensors, not meta.
+    "init_model_with_meta_device": False,
+    "use_cpu_initialization": False,
 }
+
+# config.json's dtype (transformers 5 writes "dtype", 4.x "torch_dtype") -> torch dtype name
+HF_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def _free_port() -> int:
@@ -128,6 +134,7 @@ def fsdp_ddp_config():
 def build_fsdp_model(provider, pre_wrap_hook=None):
     provider.finalize()
     kwargs = dict(
+        init_model_with_meta_device=False,
         ddp_config=fsdp_ddp_config(),
         use_megatron_fsdp=True,
         use_torch_fsdp2=False,
@@ -143,6 +150,31 @@ def build_fsdp_model(provider, pre_wrap_hook=None):
 def build_plain_model(provider):
     provider.finalize()
     return provider.provide_distributed_model(wrap_with_ddp=False)
+
+
+def hf_dtype_name(hf_dir: str) -> str:
+    """The dtype a Hugging Face folder's config.json records; bfloat16 when it records none."""
+    import json
+
+    try:
+        with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError):
+        return "bfloat16"
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    return name if name in HF_DTYPES else "bfloat16"
+
+
+def _set_dtype(provider, name: str):
+    """Build the Megatron model in the checkpoint's own dtype, so no weight is rounded on the way."""
+    import torch
+
+    dtype = getattr(torch, name)
+    provider.params_dtype = dtype
+    provider.pipeline_dtype = dtype
+    provider.bf16 = name == "bfloat16"
+    provider.fp16 = name == "float16"
+    return provider
 
 
 def provider_from_checkpoint(iter_dir: str):
@@ -328,7 +360,7 @@ def convert(src_iter: str, src_format: str, to: str, out: str, hf_ref: str | Non
     try:
         if src_format == "hf":
             bridge = hf_bridge(src_iter)
-            provider = _world_one(bridge.to_megatron_provider(load_weights=False))
+            provider = _set_dtype(_world_one(bridge.to_megatron_provider(load_weights=False)), hf_dtype_name(src_iter))
             from megatron.bridge.training.state import TrainState
 
             train_state = TrainState()
@@ -350,7 +382,10 @@ def convert(src_iter: str, src_format: str, to: str, out: str, hf_ref: str | Non
                 counted: dict = {}
 
                 def _fill(chunks):
-                    counted["n"] = _copy_into(_unwrapped(chunks[0]), weights, "torch_dist -> fsdp_dtensor")
+                    target = _unwrapped(chunks[0])
+                    if any(p.is_meta for p in target.parameters()):
+                        raise RuntimeError("the model was built on the meta device; weights cannot be copied into it")
+                    counted["n"] = _copy_into(target, weights, "torch_dist -> fsdp_dtensor")
                     return chunks
 
                 say(f"copying {len(weights)} tensors into a Megatron FSDP ({FSDP_STRATEGY}) model")
