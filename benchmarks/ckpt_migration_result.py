@@ -99,7 +99,8 @@ def build(raw: Path, command: str) -> dict:
     from mfsdp_lib.runs import migration
 
     rows, extra = collect(raw)
-    meta = next((m for m in extra["meta"].values() if m), {}) or {}
+    metas = [m for m in extra["meta"].values() if m]
+    meta: dict = metas[0] if metas else {}
     versions = meta.get("versions") or {}
     machine = f"1x {meta.get('device') or 'NVIDIA H200'}; " + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
     passing = migration.passing_from_rows(rows)

@@ -344,9 +344,11 @@ def save_megatron(model: list, provider, train_state, out: str, fmt: str, say) -
     return get_checkpoint_name(out, train_state.step, release=False)
 
 
-def hf_bridge(hf_ref: str):
+def hf_bridge(hf_ref: str | None):
     from megatron.bridge import AutoBridge
 
+    if not hf_ref:
+        raise ValueError("a Hugging Face config (--hf-config) is needed to read or write hf")
     return AutoBridge.from_hf_pretrained(hf_ref)
 
 
