@@ -468,14 +468,14 @@ def hf_logits(path: str):
     return out[..., :VOCAB].float().cpu()
 
 
-def compare_logits(row: Row, ref, got) -> None:
+def compare_logits(row: Row, ref, got, reference: str = "the Megatron model", compared: str = "transformers") -> None:
     import torch
 
     diff = (got - ref).abs()
     scale = float(ref.abs().max())
     rel = float(diff.max()) / scale if scale > 0 else math.inf
     row.data.update(
-        check="max |logits_hf - logits_megatron| / max |logits_megatron| on fixed tokens (2 x 64)",
+        check=f"logits on fixed tokens (2 x 64): max |{compared} - {reference}| / max |{reference}|",
         difference=rel,
         max_abs_difference=float(diff.max()),
         mean_abs_difference=float(diff.mean()),
@@ -570,7 +570,7 @@ def worker(kind: str, out: str) -> int:
         if run_convert(row, _iter(r1, N), h_dst, "hf", hf_config=hf0) == 0:
             if "L_meg" not in state:
                 raise RuntimeError("no Megatron FSDP logits from row a's run (see its logits_probe_error)")
-            compare_logits(row, state["L_meg"], hf_logits(h_dst))
+            compare_logits(row, state["L_meg"], hf_logits(h_dst), "the live Megatron FSDP model", "transformers")
 
     if "c" in rows:
         with Row(out, f"{kind}_c_fsdp_dtensor_to_torch_dist", **base, **_ft("c")) as row:
@@ -585,16 +585,28 @@ def worker(kind: str, out: str) -> int:
                 got = setup_only(
                     row, build_cfg(hf0, "fsdp", pretrained=d_dst, iters=2), lambda so: megatron_logits(so.model)
                 )
-                compare_logits(row, hf_logits(hf0), got)
-                row.data["check"] = (
-                    "max |logits_megatron - logits_hf| / max |logits_hf| on fixed tokens: Megatron FSDP model "
-                    "loaded through checkpoint.pretrained_checkpoint vs transformers on the source folder"
+                compare_logits(
+                    row,
+                    hf_logits(hf0),
+                    got,
+                    "transformers on the source folder",
+                    "Megatron FSDP loaded through checkpoint.pretrained_checkpoint",
                 )
                 ft, _, _ = train_run(row, build_cfg(hf0, "fsdp", pretrained=d_dst, iters=2))
                 row.data["finetune_losses"] = ft
                 row.data["passed"] = row.data["passed"] and len(ft) == 2 and all(math.isfinite(v) for v in ft.values())
 
     if "upstream" in rows:
+        # Bridge 0.6.2 also initialises a run from a Hugging Face folder directly (checkpoint.pretrained_checkpoint
+        # -> _load_hf_pretrained_checkpoint): no conversion at all for starting a fine-tune.
+        up = dict(base, via="upstream")
+        with Row(
+            out, "dense_upstream_pretrained_checkpoint_hf_into_fsdp", **up, **{"from": "hf", "to": "fsdp_dtensor"}
+        ) as row:
+            row.data["command"] = f"checkpoint.pretrained_checkpoint={hf0} under Megatron FSDP optim_grads_params"
+            got = setup_only(row, build_cfg(hf0, "fsdp", pretrained=hf0, iters=2), lambda so: megatron_logits(so.model))
+            row.data["exit"] = 0
+            compare_logits(row, hf_logits(hf0), got, "transformers", "Megatron FSDP initialised from the folder")
         upstream_rows(out, work, base, hf0, ru, r1)
     return 0
 
