@@ -712,7 +712,7 @@ def _model_label(source) -> str:
 
 def _current_deviations(deviations: list[dict], run_dir: Path) -> list[dict]:
     """A run's deviations, with the unfused-Mamba allowance re-derived from its ``run_config.yaml``
-    by today's ``rehearse_train.unfused_mamba_extra_bytes``.
+    by today's ``mfsdp_gpu.mamba.unfused_mamba_extra_bytes``.
 
     Why: the allowance is a computed figure, not a measurement, and a reader subtracts it from the
     measured peak; a run recorded with an older, larger count would make that subtraction
@@ -725,17 +725,17 @@ def _current_deviations(deviations: list[dict], run_dir: Path) -> list[dict]:
     from types import SimpleNamespace
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    import rehearse_train as rt
+    from mfsdp_gpu.mamba import unfused_mamba_effect, unfused_mamba_extra_bytes
     from mfsdp_lib import config_io
 
     built = config_io.load_yaml(str(cfg))
-    extra = rt.unfused_mamba_extra_bytes(SimpleNamespace(**built.get("model", {})), built["train"]["micro_batch_size"])
+    extra = unfused_mamba_extra_bytes(SimpleNamespace(**built.get("model", {})), built["train"]["micro_batch_size"])
     if extra == dev.get("extra_activation_bytes"):
         return deviations
     fixed = {
         **dev,
         "extra_activation_bytes": extra,
-        "memory_effect": rt.unfused_mamba_effect(extra),
+        "memory_effect": unfused_mamba_effect(extra),
         "stated_by_run_bytes": dev.get("extra_activation_bytes"),
     }
     return [fixed if x is dev else x for x in deviations]

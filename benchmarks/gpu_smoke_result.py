@@ -47,9 +47,9 @@ BRIDGE_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] iteration")
 
 def _shape(model: str | None) -> str:
     sys.path.insert(0, str(ROOT / "scripts"))
-    import smoke_train
+    from mfsdp_gpu.presets import SMOKE_SHAPES
 
-    shape = smoke_train.MODEL_SHAPES.get(model or "")
+    shape = SMOKE_SHAPES.get(model or "")
     return "(" + ", ".join(f"{k} {v}" for k, v in shape.items()) + ")" if shape else ""
 
 

@@ -35,7 +35,7 @@ NODE_MIN_MAJOR=18  # engines.node of the pinned skills CLI ([tool.mfsdp] skills-
 DEMO_EXTRAS="run"
 PY310_EXTRAS="run,test"
 # The tests that exercise scripts/ (the tools users run on 3.10); not the npm install, agent or eval ones.
-PY310_TESTS=(tests/cli tests/rules tests/memory tests/runs tests/integrity/test_anchors.py
+PY310_TESTS=(tests/cli tests/rules tests/memory tests/runs tests/gpu_pkg tests/integrity/test_anchors.py
     tests/test_config_io.py tests/test_enable.py tests/test_findings.py tests/test_schema.py
     tests/security/test_attacks_input.py tests/security/test_attacks_runs.py tests/security/test_fuzz_readers.py)
 # "all" = every extra in pyproject.toml except those in NOT_FOR_TESTS, so a dependency added to any extra

@@ -1,7 +1,7 @@
 """``mfsdp.py rehearse``: options, refusal, dry run, and the whole flow over recorded reports.
 
-The GPU work is the engine's (``scripts/rehearse_train.py``; its own tests are in
-``tests/runs``; ``tests/gpu`` runs this command for real). Here a stub interpreter stands
+The GPU work is the engine's (``scripts/rehearse_train.py`` over ``scripts/mfsdp_gpu``; its own tests are in
+``tests/gpu_pkg``; ``tests/gpu`` runs this command for real). Here a stub interpreter stands
 in for the GPU machine's Python (labelled: it answers the CUDA probe and, instead of
 training, copies a report the real engine wrote on an H200 into the rank's folder), so
 the command's launching, progress, exit codes and rendering are tested without a GPU.
@@ -70,11 +70,11 @@ def test_listed_in_the_top_level_help():
 
 
 def test_presets_are_the_engines():
-    import rehearse_train
+    from mfsdp_gpu import bridge, presets
     from mfsdp_lib.cli import rehearse as cli
 
-    assert set(cli.PRESETS) == set(rehearse_train.PRESETS)
-    assert set(cli.STRATEGIES) == set(rehearse_train.STRATEGIES)
+    assert set(cli.PRESETS) == set(presets.PRESETS)
+    assert set(cli.STRATEGIES) == set(bridge.STRATEGIES)
 
 
 def test_dry_run_prints_one_quoted_command_per_distinct_rank(tmp_path):

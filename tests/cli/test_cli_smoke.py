@@ -2,7 +2,7 @@
 
 The GPU run itself is ``tests/gpu/test_smoke_gpu.py``; everything here runs without
 torch: the launcher command is a pure function of the options, and the judging of a
-run reads the per-rank JSON records ``smoke_train.py`` writes.
+run reads the per-rank JSON records ``smoke_train.py`` (``mfsdp_gpu.smoke``) writes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import smoke_train
+from mfsdp_gpu import bridge, presets
 from mfsdp_lib.cli import smoke as cli_smoke
 from mfsdp_lib.runs import smoke
 
@@ -139,37 +139,9 @@ def test_without_torch_one_clear_line(cli, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.skipif(HAVE_TORCH, reason="torch is installed here")
-def test_training_entry_without_torch(capsys, tmp_path):
-    assert smoke_train.main(["--out", str(tmp_path)]) == 2
-    assert "needs torch and Megatron-Bridge" in capsys.readouterr().err
-
-
 def test_cli_choices_match_the_training_entry():
-    assert set(cli_smoke.STRATEGY_CHOICES) == set(smoke_train.STRATEGIES)
-    assert set(cli_smoke.MODEL_CHOICES) == set(smoke_train.MODEL_SHAPES)
-
-
-def test_fsdp_overrides_pick_the_strategy():
-    over, _ = smoke_train.strategy_overrides("optim_grads")
-    assert over["ddp.data_parallel_sharding_strategy"] == "optim_grads"
-    assert over["ddp.use_megatron_fsdp"] is True
-    ddp, _ = smoke_train.strategy_overrides("ddp")
-    assert ddp["ddp.use_megatron_fsdp"] is False and ddp["checkpoint.ckpt_format"] == "torch_dist"
-    assert smoke_train.strategy_overrides("distopt")[0]["optimizer.use_distributed_optimizer"] is True
-
-
-def test_step_summary_skips_warmup_and_flags_nan():
-    steps = [
-        {"time_s": t, "loss": loss, "allocated_bytes": 5}
-        for t, loss in [(9.0, 10.4), (1.0, 10.3), (0.5, 10.2), (0.7, 10.1), (0.6, 10.0)]
-    ]
-    s = smoke_train._summarise_steps(steps, tokens_per_step=4096)
-    assert s["step_time_s_median"] == 0.6  # median of steps 3..5; the 9 s first step is left out
-    assert s["tokens_per_s"] == pytest.approx(4096 / 0.6)
-    assert s["finite"] and s["final_loss"] == 10.0 and s["model_state_bytes"] == 5
-    steps[3]["loss"] = float("nan")
-    assert not smoke_train._summarise_steps(steps, 4096)["finite"]
+    assert set(cli_smoke.STRATEGY_CHOICES) == set(bridge.STRATEGIES)
+    assert set(cli_smoke.MODEL_CHOICES) == set(presets.SMOKE_SHAPES)
 
 
 # ----------------------------------------------------------------- checkpoint markers

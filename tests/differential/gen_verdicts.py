@@ -172,9 +172,10 @@ def apply_override(cfg, override: str) -> None:
 
 
 def base_container():
-    import smoke_train
+    from mfsdp_gpu import smoke
+    from mfsdp_gpu.args import smoke_parser
 
-    args = smoke_train.build_parser().parse_args(
+    args = smoke_parser().parse_args(
         [
             "--strategy",
             "ddp",
@@ -188,7 +189,7 @@ def base_container():
             "/tmp/mfsdp-differential",
         ]
     )
-    cfg, _ = smoke_train.build_config(args, save_dir=BASE_SAVE_DIR)
+    cfg, _ = smoke.build_config(args, save_dir=BASE_SAVE_DIR)
     return cfg
 
 

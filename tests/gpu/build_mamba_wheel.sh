@@ -15,8 +15,8 @@
 #   mamba_mixer.py:68-79: Triton kernels, plain Python files compiled on the GPU at first use;
 # * the package's compiled extension (selective_scan_cuda, the Mamba-1 scan) is built only when
 #   MAMBA_SKIP_CUDA_BUILD is not TRUE (setup.py:42, :135) and the Mamba-2 mixer never calls it; the
-#   package's __init__ still imports it (ops/selective_scan_interface.py): rehearse_train.py handles that
-#   at run time, loudly (references/rehearse.md, "Hybrid (Mamba) models");
+#   package's __init__ still imports it (ops/selective_scan_interface.py): the rehearsal
+#   (scripts/mfsdp_gpu/mamba.py) handles that at run time, loudly (references/rehearse.md, "Hybrid (Mamba) models");
 # * MAMBA_FORCE_BUILD=TRUE (setup.py:41, :337) keeps bdist_wheel from trying to download a prebuilt
 #   binary wheel from GitHub (no network here, and it would be the compiled one);
 # * setup.py imports torch at the top only to read torch.version.hip and to name the extension

@@ -9,7 +9,7 @@ mamba-ssm that does not import is reported but does not fail the check (dense ru
 
 Order matters: torch first (it loads libnccl.so.2, which Transformer Engine's core library links
 against); mamba-ssm before megatron (megatron-core's Mamba mixer binds mamba-ssm's kernels when it
-is imported, megatron/core/ssm/mamba_mixer.py:61-79), prepared the way rehearse_train.py does.
+is imported, megatron/core/ssm/mamba_mixer.py:61-79), prepared the way a rehearsal does (scripts/mfsdp_gpu/mamba.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> int:
     mamba = None
     if util.find_spec("mamba_ssm") is not None:
         sys.path.insert(0, SCRIPTS)
-        from rehearse_train import prepare_mamba_ssm
+        from mfsdp_gpu.mamba import prepare_mamba_ssm
 
         missing = [m for m in MAMBA_RUNTIME if util.find_spec(m) is None]
         if missing:

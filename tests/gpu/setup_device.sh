@@ -25,8 +25,8 @@
 #   library links against), which the final import check does;
 # * mamba-ssm's wheel is pure Python and is installed without its dependencies: it needs torch,
 #   triton and einops (and transformers for its package import), which the image must have; the
-#   final check imports it the way rehearse_train.py does (before megatron, so that megatron-core's
-#   Mamba mixer binds its kernels) and says what the rehearsal will have to work around.
+#   final check imports it the way a rehearsal does (scripts/mfsdp_gpu/mamba.py: before megatron, so
+#   that megatron-core's Mamba mixer binds its kernels) and says what the rehearsal will have to work around.
 set -euo pipefail
 
 WHEEL_DIR=${1:?usage: setup_device.sh WHEEL_DIR TE_CORE [EXTRA_DIR]}

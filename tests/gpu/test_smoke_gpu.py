@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc_per_node=<GPUs> -m pytest tests/gpu/test_smoke_gpu.py -v -s
 
-Each rank calls ``smoke_train.run`` (the same entry ``mfsdp.py smoke`` launches) with
+Each rank calls ``mfsdp_gpu.smoke.run`` (what ``smoke_train.py``, the entry ``mfsdp.py smoke`` launches, runs) with
 Megatron FSDP ``optim_grads_params`` and ``--save-resume``. The test passes when, on
 every rank: Bridge's ``runtime_config_update``/``validate()`` accepted the config built
 through ``mfsdp_lib.enable``; the loss at the last iteration is finite; the checkpoint
@@ -58,10 +58,11 @@ def _out_dir() -> str:
 
 @pytest.mark.skipif(SKIP is not None, reason=SKIP or "")
 def test_fsdp_smoke_save_resume():
-    import smoke_train
+    from mfsdp_gpu import args as smoke_args
+    from mfsdp_gpu import smoke
     from mfsdp_lib.runs import smoke as smoke_lib
 
-    args = smoke_train.build_parser().parse_args(
+    args = smoke_args.smoke_parser().parse_args(
         [
             "--strategy",
             "optim_grads_params",
@@ -74,7 +75,7 @@ def test_fsdp_smoke_save_resume():
             _out_dir(),
         ]
     )
-    rec = smoke_train.run(args)
+    rec = smoke.run(args)
 
     assert rec["bridge_validate"]["ok"], rec["bridge_validate"]
     assert rec["iterations"] == args.iters

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import bench_rehearse as br
-import rehearse_train as rt
+from mfsdp_gpu import args as engine_args
+from mfsdp_gpu import bridge
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -28,7 +29,7 @@ def _tags(group):
 
 def test_group_a_is_the_full_llama_1b_grid():
     got = {(t["n"], t["strategy"]) for t in _tags("A")}
-    assert got == {(n, s) for n in (1, 2, 8, 64) for s in rt.STRATEGIES}
+    assert got == {(n, s) for n in (1, 2, 8, 64) for s in bridge.STRATEGIES}
     first = [(t["n"], t["strategy"]) for t in _tags("A")][:5]
     # the rows of the earlier fake-backend table come first, so a cut-off keeps them
     assert first == [(1, "ddp"), (8, "distopt"), (8, "optim_grads_params"), (64, "distopt"), (64, "optim_grads_params")]
@@ -59,9 +60,9 @@ def test_every_run_parses_as_engine_arguments_and_names_are_unique():
     runs = [r for g in br.GROUPS.values() for r in g()]
     assert len({r.name for r in runs}) == len(runs)
     for r in runs:
-        a = rt.build_parser().parse_intermixed_args([*r.args, "--out", "x"])
-        rt.check_args(a)
-        rt.parse_overrides(a.overrides)
+        a = engine_args.rehearse_parser().parse_intermixed_args([*r.args, "--out", "x"])
+        engine_args.check_args(a)
+        engine_args.parse_overrides(a.overrides)
         assert r.timeout_s >= r.est_s and r.est_gib > 0
 
 

@@ -43,7 +43,7 @@ the code path and the checkpoint round trip, not the memory saving.
 """
 
 STRATEGY_CHOICES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")
-MODEL_CHOICES = ("tiny", "small", "llama-1b")  # kept equal to smoke_train.MODEL_SHAPES (a test checks)
+MODEL_CHOICES = ("tiny", "small", "llama-1b")  # kept equal to mfsdp_gpu.presets.SMOKE_SHAPES (a test checks)
 MAX_PORT = 65535  # TCP ports are 16-bit
 
 

@@ -1,6 +1,6 @@
 """Hybrid (Mamba) rehearsals: how the engine prepares mamba-ssm, and what it reports as deviations.
 
-``scripts/rehearse_train.py`` imports mamba-ssm's Triton kernels before megatron (megatron-core's
+A rehearsal (``mfsdp_gpu.mamba``) imports mamba-ssm's Triton kernels before megatron (megatron-core's
 Mamba mixer binds them at import). When mamba-ssm was built without its compiled Mamba-1 kernel,
 its package import fails on ``import selective_scan_cuda``; only then is that name registered as a
 module that raises on any use, and only then does the import go on. Without causal-conv1d the
@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 
 import bench_rehearse as br
-import rehearse_train as rt
+from mfsdp_gpu import args, mamba, presets, report
 from mfsdp_lib import config_io
 from mfsdp_lib.runs import rehearse as rh
 
@@ -81,8 +81,8 @@ PROBE = textwrap.dedent(
     """\
     import json, sys
     sys.path[:0] = [{path!r}, {scripts!r}]
-    import rehearse_train as rt
-    info = rt.prepare_mamba_ssm()
+    from mfsdp_gpu import mamba
+    info = mamba.prepare_mamba_ssm()
     out = {{"info": info, "guard_registered": "selective_scan_cuda" in sys.modules,
            "mamba_modules_left": sorted(m for m in sys.modules if m.startswith("mamba_ssm"))}}
     if info["importable"]:
@@ -92,7 +92,7 @@ PROBE = textwrap.dedent(
         try:
             mamba_ssm.selective_scan_fn(1)
             out["mamba1_call"] = "returned"
-        except rt.AbsentKernelError as exc:
+        except mamba.AbsentKernelError as exc:
             out["mamba1_call"] = str(exc)
     print(json.dumps(out))
     """
@@ -151,9 +151,9 @@ def test_mamba_ssm_not_installed(tmp_path):
 
 
 def test_every_use_of_the_guard_raises_and_introspection_sees_a_module_without_that_name():
-    guard = rt.AbsentKernelModule("selective_scan_cuda")
+    guard = mamba.AbsentKernelModule("selective_scan_cuda")
     for name in ("fwd", "bwd", "__path__"):
-        with pytest.raises(rt.AbsentKernelError, match=f"selective_scan_cuda.{name}: .*not installed"):
+        with pytest.raises(mamba.AbsentKernelError, match=f"selective_scan_cuda.{name}: .*not installed"):
             getattr(guard, name)
     with pytest.raises(RuntimeError):  # a runtime error to whoever calls it
         guard.fwd(1, 2)
@@ -169,61 +169,63 @@ ENV_NO_KERNELS = {"importable": True, "mamba1_kernel": "absent (guarded)", "mem_
 
 
 def test_deviations_name_each_work_around_with_its_memory_effect():
-    devs, off = rt.mamba_deviations(ENV_NO_KERNELS, mem_eff_requested=True, extra_bytes=2 * rt.GIB)
+    devs, off = mamba.mamba_deviations(ENV_NO_KERNELS, mem_eff_requested=True, extra_bytes=2 * report.GIB)
     assert off is True
     by_id = {d["id"]: d for d in devs}
     assert set(by_id) == {"mamba1-kernel-absent", "mamba-mem-eff-path-off"}
     assert by_id["mamba1-kernel-absent"]["memory_effect"].startswith("none")
     eff = by_id["mamba-mem-eff-path-off"]["memory_effect"]
     assert (
-        "ABOVE" in eff and "2.00 GiB" in eff and by_id["mamba-mem-eff-path-off"]["extra_activation_bytes"] == 2 * rt.GIB
+        "ABOVE" in eff
+        and "2.00 GiB" in eff
+        and by_id["mamba-mem-eff-path-off"]["extra_activation_bytes"] == 2 * report.GIB
     )
 
 
 def test_a_config_that_asks_for_the_unfused_path_gets_no_path_deviation():
-    devs, off = rt.mamba_deviations(ENV_NO_KERNELS, mem_eff_requested=False, extra_bytes=None)
+    devs, off = mamba.mamba_deviations(ENV_NO_KERNELS, mem_eff_requested=False, extra_bytes=None)
     assert off is False and [d["id"] for d in devs] == ["mamba1-kernel-absent"]
 
 
 def test_a_full_install_has_no_deviation_and_a_broken_one_leaves_the_failure_to_megatron():
     full = {"importable": True, "mamba1_kernel": "present", "mem_eff_kernels": True}
-    assert rt.mamba_deviations(full, True, 1) == ([], False)
-    assert rt.mamba_deviations({"importable": False, "error": "x"}, True, 1) == ([], False)
-    assert rt.mamba_deviations(None, True, 1) == ([], False)
+    assert mamba.mamba_deviations(full, True, 1) == ([], False)
+    assert mamba.mamba_deviations({"importable": False, "error": "x"}, True, 1) == ([], False)
+    assert mamba.mamba_deviations(None, True, 1) == ([], False)
 
 
 def test_unfused_extra_activations_for_the_preset():
-    shape = dict(rt.PRESETS["nemotronh-small"])
+    shape = dict(presets.PRESETS["nemotronh-small"])
     model = SimpleNamespace(**{k: v for k, v in shape.items() if k != "kind"}, seq_length=2048)
     # d_inner + 2 g bf16 elements per token per Mamba layer (g = 2 x groups x state): 112 x 64 + 2 x 2 x 8 x 128
     per_token_bytes = (112 * 64 + 2 * (2 * 8 * 128)) * 2
-    assert rt.unfused_mamba_extra_bytes(model, 1) == per_token_bytes * 2048 * 12
+    assert mamba.unfused_mamba_extra_bytes(model, 1) == per_token_bytes * 2048 * 12
     # a micro-batch above 1 copies the scan output too: one d_inner more
     model.tensor_model_parallel_size = 2
     per_token_mbs2 = (2 * 112 * 64 + 2 * (2 * 8 * 128)) * 2
-    assert rt.unfused_mamba_extra_bytes(model, 2) == per_token_mbs2 // 2 * 2048 * 2 * 12
-    assert rt.unfused_mamba_extra_bytes(SimpleNamespace(hidden_size=8), 1) is None
+    assert mamba.unfused_mamba_extra_bytes(model, 2) == per_token_mbs2 // 2 * 2048 * 2 * 12
+    assert mamba.unfused_mamba_extra_bytes(SimpleNamespace(hidden_size=8), 1) is None
 
 
 def test_which_models_have_mamba_layers():
-    assert rt.model_has_mamba(SimpleNamespace(hybrid_layer_pattern="M-M*-"))
-    assert not rt.model_has_mamba(SimpleNamespace(hybrid_layer_pattern="*-*-", mamba_num_groups=8))
-    assert rt.model_has_mamba(SimpleNamespace(hybrid_layer_pattern=None, mamba_num_groups=8))
-    assert not rt.model_has_mamba(SimpleNamespace(hidden_size=4096))  # a GPT provider
-    assert rt.mamba_layer_count("M-M*-/M-") == 3  # MTP copies after '/' are Mamba layers too
+    assert mamba.model_has_mamba(SimpleNamespace(hybrid_layer_pattern="M-M*-"))
+    assert not mamba.model_has_mamba(SimpleNamespace(hybrid_layer_pattern="*-*-", mamba_num_groups=8))
+    assert mamba.model_has_mamba(SimpleNamespace(hybrid_layer_pattern=None, mamba_num_groups=8))
+    assert not mamba.model_has_mamba(SimpleNamespace(hidden_size=4096))  # a GPT provider
+    assert mamba.mamba_layer_count("M-M*-/M-") == 3  # MTP copies after '/' are Mamba layers too
 
 
 def test_presets_prepare_mamba_only_when_they_can_have_it():
-    parse = rt.build_parser().parse_intermixed_args
-    assert rt.wants_mamba_ssm(parse(["--model-preset", "nemotronh-small", "--out", "o"]))
-    assert not rt.wants_mamba_ssm(parse(["--model-preset", "llama-1b", "--out", "o"]))
-    assert rt.wants_mamba_ssm(parse(["--yaml", "job.yaml", "--out", "o"]))  # known only after Bridge is imported
+    parse = args.rehearse_parser().parse_intermixed_args
+    assert mamba.wants_mamba_ssm(parse(["--model-preset", "nemotronh-small", "--out", "o"]))
+    assert not mamba.wants_mamba_ssm(parse(["--model-preset", "llama-1b", "--out", "o"]))
+    assert mamba.wants_mamba_ssm(parse(["--yaml", "job.yaml", "--out", "o"]))  # known only after Bridge is imported
 
 
 def test_the_preset_is_nemotron_h_4b_layer_shapes_as_bridge_builds_them():
     # the recipe corpus holds what Bridge's own nemotronh_4b recipe built (to_yaml on a GPU machine)
     model = config_io.load_yaml(str(RECIPES / "yaml" / "nemotronh_4b_pretrain_1gpu_h100_bf16.yaml"))["model"]
-    preset = rt.PRESETS["nemotronh-small"]
+    preset = presets.PRESETS["nemotronh-small"]
     for key in (
         "hidden_size",
         "ffn_hidden_size",
@@ -236,7 +238,7 @@ def test_the_preset_is_nemotron_h_4b_layer_shapes_as_bridge_builds_them():
         "mamba_num_groups",
     ):
         assert preset[key] == model[key], key
-    assert model["hybrid_layer_pattern"] == rt.NEMOTRONH_4B_PATTERN
+    assert model["hybrid_layer_pattern"] == presets.NEMOTRONH_4B_PATTERN
     assert model["hybrid_layer_pattern"].startswith(preset["hybrid_layer_pattern"])
     assert {c for c in preset["hybrid_layer_pattern"]} == {"M", "*", "-"}  # Mamba, attention and MLP layers
     assert model["activation_func"]["_target_"] == "megatron.core.activations.squared_relu"
@@ -260,7 +262,7 @@ def _report(**extra):
 
 
 def test_the_text_report_prints_each_deviation_with_its_memory_effect():
-    devs, _ = rt.mamba_deviations(ENV_NO_KERNELS, True, rt.GIB)
+    devs, _ = mamba.mamba_deviations(ENV_NO_KERNELS, True, report.GIB)
     s = rh.summarize([], None)
     run = rh.summarize_run(_report(deviations=devs))
     assert [d["id"] for d in run["deviations"]] == ["mamba1-kernel-absent", "mamba-mem-eff-path-off"]
@@ -372,7 +374,7 @@ def test_the_h200_hybrid_runs_passed_on_the_real_mamba_ssm_with_their_deviations
             if dev["id"] == "mamba-mem-eff-path-off":
                 # what the run stated is never below today's count (a smaller stated figure would have been
                 # the safe side; these runs stated 2 (d + g) per token, one d more than this count)
-                assert dev["extra_activation_bytes"] >= rt.unfused_mamba_extra_bytes(model, mbs) > 0
+                assert dev["extra_activation_bytes"] >= mamba.unfused_mamba_extra_bytes(model, mbs) > 0
         steps = rep["memory"]["steps"]
         assert len(steps) == 3 and all(s["loss"] is not None for s in steps)
     worlds = {(p["source"].startswith("recipe"), p["request"]["world_size"]) for p in passed}
@@ -392,9 +394,9 @@ def test_rehearsal_and_memory_model_count_the_unfused_mamba_path_alike(mbs, tp, 
     model = SimpleNamespace(**m)
     d_inner = m["mamba_num_heads"] * m["mamba_head_dim"]
     bc = 2 * m["mamba_num_groups"] * m["mamba_state_dim"]
-    layers = -(-rt.mamba_layer_count(m["hybrid_layer_pattern"] or m.get("hybrid_override_pattern")) // pp)
+    layers = -(-mamba.mamba_layer_count(m["hybrid_layer_pattern"] or m.get("hybrid_override_pattern")) // pp)
     per_layer = mamba_unfused_extra_bytes(m["seq_length"] // cp, mbs, d_inner, bc) / tp
-    assert rt.unfused_mamba_extra_bytes(model, mbs) == pytest.approx(per_layer * layers, rel=1e-9)
+    assert mamba.unfused_mamba_extra_bytes(model, mbs) == pytest.approx(per_layer * layers, rel=1e-9)
 
 
 def test_the_rehearsal_summary_states_the_current_unfused_mamba_allowance():
@@ -407,9 +409,11 @@ def test_the_rehearsal_summary_states_the_current_unfused_mamba_allowance():
             if dev["id"] != "mamba-mem-eff-path-off":
                 continue
             built = config_io.load_yaml(str(RAW / name / "run_config.yaml"))
-            want = rt.unfused_mamba_extra_bytes(SimpleNamespace(**built["model"]), built["train"]["micro_batch_size"])
+            want = mamba.unfused_mamba_extra_bytes(
+                SimpleNamespace(**built["model"]), built["train"]["micro_batch_size"]
+            )
             assert dev["extra_activation_bytes"] == want, name
-            assert f"{want / rt.GIB:.2f} GiB" in dev["memory_effect"], name
+            assert f"{want / report.GIB:.2f} GiB" in dev["memory_effect"], name
             stated = dev.get("stated_by_run_bytes", want)
             assert stated >= want, name
             seen += 1

@@ -1,0 +1,25 @@
+"""The GPU side of the skill: what ``scripts/rehearse_train.py`` and ``scripts/smoke_train.py`` run.
+
+Both entry points are thin scripts over this package; they run on a GPU machine with real
+Megatron-Bridge, started as subprocesses by ``mfsdp.py rehearse`` / ``mfsdp.py smoke`` and by the
+benchmarks. One module per concern:
+
+* ``args``        the command lines (parsers, argument checks, ``KEY=VALUE`` overrides); pure Python
+* ``presets``     the built-in model shapes and the meta-device decision; pure Python
+* ``bridge``      Megatron-Bridge set-up: strategy settings, config containers from a preset, a YAML or
+                  a recipe, dotted get/set with the record of every change, Bridge's validate and setup
+* ``fakeworld``   one GPU as rank R of a world of N: the fake process group, the settings it needs, the
+                  lowest-rank checkpoint planner, the process groups a rank holds
+* ``collectives`` where ``torch.distributed`` collectives are patched (mirror collectives)
+* ``steps``       step timing and per-step memory (Bridge's train-step callbacks, the optimizer step)
+* ``measure``     CUDA memory per phase, NVML, parameter and optimizer-state counts
+* ``checkpoint``  save/load helpers: forward-only loss, the round-trip verdict, checkpoint listings
+* ``mamba``       hybrid (Mamba) models: preparing mamba-ssm before megatron, labelled deviations
+* ``report``      the JSON records (``rehearse-run/1``, the smoke rank records), progress, versions, failures
+* ``phases``      Bridge's ``setup()`` timed and measured phase by phase
+* ``rehearse``    one rehearsal run (``rehearse_train.py``); ``parity`` its DDP-vs-FSDP mode
+* ``smoke``       one smoke / strategy-benchmark rank (``smoke_train.py``)
+
+torch and megatron are imported only inside functions, so ``--help`` and the CPU tests work without
+them, on Python 3.10 too.
+"""

@@ -1,0 +1,173 @@
+"""The GPU runs' command lines: parsers, argument checks and ``KEY=VALUE`` overrides. Pure Python.
+
+``rehearse_parser`` is ``rehearse_train.py``'s (``mfsdp.py rehearse`` and the rehearsal
+benchmark build its argument lists), ``smoke_parser`` is ``smoke_train.py``'s (``mfsdp.py smoke``
+and the strategy benchmark). Bad input raises :class:`InputError`: one clear line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+
+class InputError(ValueError):
+    """Bad input: one clear line, exit 2."""
+
+
+def parse_value(text: str):
+    """A KEY=VALUE value: JSON/YAML-like scalars and lists; anything else is a string."""
+    t = text.strip()
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "none", "~"):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        f = float(t)
+        if math.isfinite(f):
+            return f
+    except ValueError:
+        pass
+    if t[:1] in '[{"':
+        try:
+            return json.loads(t)
+        except ValueError:
+            pass
+    return t
+
+
+def parse_overrides(items) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise InputError(f"override {item!r} is not KEY=VALUE")
+        key, _, val = item.partition("=")
+        key = key.strip().lstrip("+")
+        if not key or any(not part.isidentifier() for part in key.split(".")):
+            raise InputError(f"override key {key!r} is not a dotted attribute name")
+        out[key] = parse_value(val)
+    return out
+
+
+def rehearse_parser() -> argparse.ArgumentParser:
+    """``rehearse_train.py``'s arguments (parse with ``parse_intermixed_args``: overrides may sit
+    between options)."""
+    from .bridge import STRATEGIES
+    from .parity import PARITY_ATOL
+    from .presets import PRESETS
+
+    p = argparse.ArgumentParser(
+        prog="rehearse_train.py",
+        description="Run K real Megatron-Bridge training steps on one GPU as rank R of a world of N "
+        "(PyTorch's fake process group), and record what passed and the memory of every phase.",
+        epilog="Examples:\n"
+        "  rehearse_train.py --model-preset llama-1b --world-size 8 --strategy optim_grads_params --out r/1b_n8\n"
+        "  rehearse_train.py --yaml run_config.yaml --world-size 64 train.micro_batch_size=1 --out r/job\n"
+        "  rehearse_train.py --model-preset llama-1b --parity --iters 5 --out r/parity\n"
+        "Exit status: 0 all phases passed, 1 a phase failed (see report.json), 2 refused (bad input, no CUDA, "
+        "no Megatron-Bridge).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--yaml", metavar="FILE", help="a Bridge ConfigContainer YAML (e.g. a run's to_yaml() output)")
+    src.add_argument("--recipe", metavar="MODULE:FUNCTION", help="a recipe function returning a ConfigContainer")
+    src.add_argument("--model-preset", choices=sorted(PRESETS), help="a built-in model trunk on mock data")
+    p.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="Bridge dotted overrides, e.g. train.global_batch_size=64"
+    )
+    p.add_argument("--world-size", type=int, default=1, help="N: the world this process is one rank of (default 1)")
+    p.add_argument("--rank", type=int, default=0, help="R: which rank this process plays (default 0)")
+    p.add_argument("--iters", type=int, default=3, help="training steps to run (default 3)")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=None,
+        help="data-parallel strategy; default: optim_grads_params for presets, the config's own for --yaml/--recipe",
+    )
+    p.add_argument(
+        "--fake-pg", dest="fake_pg", action="store_true", default=None, help="use the fake backend (default when N > 1)"
+    )
+    p.add_argument("--no-fake-pg", dest="fake_pg", action="store_false", help="a real NCCL world (N must be 1)")
+    p.add_argument(
+        "--meta-init", dest="meta_init", action="store_true", default=None, help="build the model on the meta device"
+    )
+    p.add_argument("--no-meta-init", dest="meta_init", action="store_false", help="never build on the meta device")
+    p.add_argument("--balanced-routing", action="store_true", help="MoE: force balanced routing")
+    p.add_argument(
+        "--mirror-collectives",
+        dest="mirror",
+        action="store_true",
+        default=None,
+        help="make every rank look like this one in all-gathers/all-to-alls (default: on for MoE)",
+    )
+    p.add_argument("--no-mirror-collectives", dest="mirror", action="store_false")
+    p.add_argument("--peft", choices=("lora",), default=None, help="presets: add LoRA adapters (base weights random)")
+    p.add_argument(
+        "--save-load", action="store_true", help="save a checkpoint at the last step, load it into a fresh model"
+    )
+    p.add_argument("--parity", action="store_true", help="real world of 1: DDP vs Megatron FSDP, compare losses")
+    p.add_argument("--parity-atol", type=float, default=PARITY_ATOL)
+    p.add_argument("--seq-length", type=int, default=2048, help="presets: sequence length (default 2048)")
+    p.add_argument("--micro-batch-size", type=int, default=1, help="presets: micro-batch size (default 1)")
+    p.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=None,
+        help="presets: global batch (default: N x micro-batch / (TP x PP x CP), one micro-batch per step)",
+    )
+    p.add_argument("--out", required=True, help="folder for report.json (created)")
+    return p
+
+
+def check_args(a) -> None:
+    """The combinations argparse cannot refuse."""
+    if a.world_size < 1:
+        raise InputError("--world-size must be at least 1")
+    if not 0 <= a.rank < a.world_size:
+        raise InputError(f"--rank {a.rank} is outside a world of {a.world_size}")
+    if a.iters < 1:
+        raise InputError("--iters must be at least 1")
+    if a.fake_pg is False and a.world_size > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
+        raise InputError("--no-fake-pg needs --world-size 1 (or a launch by torchrun)")
+    if a.parity and a.world_size != 1:
+        raise InputError("--parity runs a real world of 1: use --world-size 1")
+    if a.peft and not a.model_preset:
+        raise InputError("--peft applies to --model-preset; a YAML or recipe brings its own peft section")
+
+
+def use_fake_pg(a) -> bool:
+    """The fake backend unless asked otherwise: by default for worlds larger than one."""
+    if a.fake_pg is not None:
+        return a.fake_pg
+    return a.world_size > 1
+
+
+def smoke_parser() -> argparse.ArgumentParser:
+    """``smoke_train.py``'s arguments."""
+    from .bridge import STRATEGIES
+    from .presets import SMOKE_SHAPES
+
+    p = argparse.ArgumentParser(
+        prog="smoke_train.py",
+        description="Megatron-Bridge pretrain of a small Llama on mock data; run under torchrun.",
+    )
+    p.add_argument("--strategy", choices=STRATEGIES, default="optim_grads_params")
+    p.add_argument("--model", choices=sorted(SMOKE_SHAPES), default="small")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--seq-length", type=int, default=512)
+    p.add_argument("--global-batch-size", type=int, default=8)
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument(
+        "--save-resume",
+        action="store_true",
+        help="save at the last iteration, reload into a fresh model, compare forward loss",
+    )
+    p.add_argument("--out", required=True, help="folder for rank<R>.json, run_config.yaml and checkpoints")
+    return p

@@ -1,0 +1,57 @@
+"""Bridge set-up without Bridge (``mfsdp_gpu.bridge``): dotted get/set, the record of changes, strategy settings."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from mfsdp_gpu import args, bridge, fakeworld
+
+
+def _parse(*argv):
+    return args.rehearse_parser().parse_intermixed_args(list(argv))
+
+
+def _cfg():
+    return SimpleNamespace(
+        ddp=SimpleNamespace(check_for_nan_in_grad=True, use_megatron_fsdp=False),
+        train=SimpleNamespace(exit_signal_handler=True, train_iters=1000),
+        env_vars={},
+        model=None,
+    )
+
+
+def test_set_dotted_refuses_unknown_names_and_unset_sections():
+    cfg = _cfg()
+    assert bridge.set_dotted(cfg, "ddp.check_for_nan_in_grad", False) is True
+    assert cfg.ddp.check_for_nan_in_grad is False
+    bridge.set_dotted(cfg, "env_vars.NCCL_DEBUG", "INFO")
+    assert cfg.env_vars == {"NCCL_DEBUG": "INFO"}
+    with pytest.raises(args.InputError, match="no attribute 'check_nan'"):
+        bridge.set_dotted(cfg, "ddp.check_nan", False)
+    with pytest.raises(args.InputError, match="'model' is not set"):
+        bridge.set_dotted(cfg, "model.seq_length", 1)
+
+
+def test_settings_record_only_real_changes_with_reason_and_category():
+    cfg = _cfg()
+    s = bridge.Settings(cfg)
+    for key, (value, why) in fakeworld.FAKE_BACKEND_SETTINGS.items():
+        if key.startswith("rerun"):
+            continue
+        s.apply(key, value, "fake-backend", why, only_if_present=True)
+    s.apply("train.train_iters", 1000, "rehearsal", "unchanged: not recorded")
+    keys = [r["key"] for r in s.rows]
+    assert keys == ["ddp.check_for_nan_in_grad", "train.exit_signal_handler"]  # gloo key absent here: skipped
+    row = s.rows[0]
+    assert row["was"] is True and row["value"] is False and row["category"] == "fake-backend" and row["why"]
+
+
+def test_strategy_settings():
+    fsdp = bridge.strategy_settings("optim_grads")
+    assert fsdp["ddp.data_parallel_sharding_strategy"] == "optim_grads"
+    assert fsdp["dist.use_megatron_fsdp"] is True and fsdp["checkpoint.ckpt_format"] == "fsdp_dtensor"
+    dist = bridge.strategy_settings("distopt")
+    assert dist["ddp.use_distributed_optimizer"] is True and dist["dist.use_megatron_fsdp"] is False
+    assert bridge.strategy_settings("ddp")["ddp.use_distributed_optimizer"] is False
