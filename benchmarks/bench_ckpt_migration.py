@@ -12,6 +12,9 @@ What it does, and why this way:
   (no hub, no downloads): a tiny Llama (dense) and a tiny Qwen3-MoE (4 experts, top-2). World size 1 for
   real: a real NCCL group of one on one GPU, so expert parallelism is 1 (EP > 1 needs more ranks than one
   GPU can host) and no resharding across data-parallel sizes is covered.
+* The runs are set up by the GPU package (``scripts/mfsdp_gpu/bridge.py``: mock data, NullTokenizer, Adam in
+  bf16, no APEX, Megatron FSDP's settings from ``mfsdp_lib.enable``), around the Hugging Face model's provider
+  (``AutoBridge.to_megatron_provider``), with a flat learning rate: a conversion does not carry the scheduler.
 * One process per model (Bridge's import costs about 30 s), run side by side on the GPU; one failing row
   never stops the others (each row is its own try block, and writes ``RAW/<row>.json`` and ``RAW/<row>.log``
   as soon as it ends). Every conversion is the real command line, ``mfsdp.py convert``, run in-process
@@ -77,6 +80,10 @@ LOGIT_TOKENS = (2, 64)  # fixed tokens for the logits comparisons
 DEFAULT_BUDGET_S = 470  # under 8 minutes with the launcher's own start-up
 MASTER_PORT_BASE = 29571  # one port per worker process
 WORKERS = {"dense": ("a", "b", "c", "d", "upstream"), "moe": ("a", "b")}
+
+# The repositories' converters (NVIDIA-NeMo/Megatron-Bridge examples/conversion/mfsdp/, NVIDIA/Megatron-LM
+# tools/checkpoint/): looked for in the installed packages.
+REPOSITORY_CONVERTERS = ("convert_checkpoints_fsdp.py", "checkpoint_inspector.py")
 
 ROW_NAMES = {
     "a": ("torch_dist", "fsdp_dtensor"),
@@ -257,103 +264,51 @@ def provider_for(hf_dir: str):
     return p
 
 
-STRATEGIES = {
-    "distopt": {
-        "dist.use_megatron_fsdp": False,
-        "ddp.use_megatron_fsdp": False,
-        "ddp.use_distributed_optimizer": True,
-        "optimizer.use_distributed_optimizer": True,
-        "checkpoint.ckpt_format": "torch_dist",
-    },
-}
-
-
-def strategy_overrides(name: str) -> dict:
-    if name == "fsdp":
-        from mfsdp_lib.enable import MINIMAL_OVERRIDES  # the settings `mfsdp.py enable` applies
-
-        o = dict(MINIMAL_OVERRIDES)
-        o["ddp.data_parallel_sharding_strategy"] = "optim_grads_params"
-        return o
-    return dict(STRATEGIES[name])
+# The strategies of the runs, as scripts/mfsdp_gpu/bridge.py names them (Megatron FSDP's settings are the ones
+# `mfsdp.py enable` applies: mfsdp_lib.enable.MINIMAL_OVERRIDES).
+DISTOPT, FSDP = "distopt", "optim_grads_params"
 
 
 def build_cfg(hf_dir, strategy, *, save=None, load=None, pretrained=None, iters=N, save_interval=K):
-    from megatron.bridge.training.config import (
-        CheckpointConfig,
-        ConfigContainer,
-        DistributedDataParallelConfig,
-        DistributedInitConfig,
-        LoggerConfig,
-        MockGPTDatasetConfig,
-        OptimizerConfig,
-        RNGConfig,
-        SchedulerConfig,
-        TokenizerConfig,
-        TrainingConfig,
-        ValidationConfig,
-    )
-
-    from mfsdp_lib.enable import apply_to_object
+    """The GPU package's container (mock data, NullTokenizer, Adam, bf16) around the Hugging Face model's
+    provider, with what differs here: a flat learning rate and no weight decay (a conversion does not carry
+    the scheduler, so the schedule must not change at the resume), and the checkpoint paths."""
+    from mfsdp_gpu import bridge
 
     converted = load is not None or pretrained is not None
-    cfg = ConfigContainer(
-        model=provider_for(hf_dir),
-        dist=DistributedInitConfig(),
-        train=TrainingConfig(train_iters=iters, global_batch_size=GBS, micro_batch_size=MBS, exit_signal_handler=False),
-        validation=ValidationConfig(eval_interval=iters + 1, eval_iters=0),
-        optimizer=OptimizerConfig(
-            optimizer="adam",
-            bf16=True,
-            fp16=False,
-            adam_beta1=0.9,
-            adam_beta2=0.95,
-            adam_eps=1e-8,
-            clip_grad=1.0,
-            lr=LR,
-            min_lr=LR,
-            weight_decay=0.0,
-        ),
-        scheduler=SchedulerConfig(
-            lr_decay_style="constant",  # the schedule is not carried by a conversion: keep it flat
-            lr_warmup_iters=0,
-            lr_decay_iters=iters,
-            start_weight_decay=0.0,
-            end_weight_decay=0.0,
-            weight_decay_incr_style="constant",
-            override_opt_param_scheduler=True,
-        ),
-        ddp=DistributedDataParallelConfig(
-            check_for_nan_in_grad=True, grad_reduce_in_fp32=True, overlap_grad_reduce=False, average_in_collective=False
-        ),
-        dataset=MockGPTDatasetConfig(
-            seq_length=SEQ,
-            random_seed=SEED,
-            reset_attention_mask=False,
-            reset_position_ids=False,
-            eod_mask_loss=False,
-            num_dataset_builder_threads=1,
-            data_sharding=True,
-            dataloader_type="single",
-            num_workers=1,
-        ),
-        logger=LoggerConfig(log_interval=1, log_memory_to_tensorboard=False),
-        tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=VOCAB - 1),
-        checkpoint=CheckpointConfig(
+    cfg = bridge.config_container(
+        provider_for(hf_dir),
+        iters=iters,
+        global_batch_size=GBS,
+        micro_batch_size=MBS,
+        warmup_iters=0,
+        checkpoint=dict(
             save=save,
             load=load,
             pretrained_checkpoint=pretrained,
             save_interval=save_interval if save else None,
-            async_save=False,
-            fully_parallel_save=True,
             # a converted checkpoint carries weights and train state only (mfsdp.py convert --help)
             load_optim=not converted,
             load_rng=not converted,
         ),
-        rng=RNGConfig(seed=SEED),
+        train=dict(exit_signal_handler=False),
     )
-    apply_to_object(cfg, strategy_overrides(strategy))
+    cfg.tokenizer = bridge.null_tokenizer(VOCAB - 1)  # its vocabulary (+ EOD) fits the model's
+    cfg.optimizer.lr = cfg.optimizer.min_lr = LR
+    cfg.optimizer.weight_decay = 0.0
+    cfg.scheduler.lr_decay_style = "constant"
+    cfg.scheduler.start_weight_decay = cfg.scheduler.end_weight_decay = 0.0
+    for key, value in bridge.strategy_settings(strategy).items():
+        bridge.set_dotted(cfg, key, value)
     return cfg
+
+
+def _validated(cfg) -> None:
+    from mfsdp_gpu import bridge
+
+    verdict = bridge.validate(cfg)  # Bridge's runtime_config_update, ending in ConfigContainer.validate()
+    if not verdict["ok"]:
+        raise RuntimeError(f"Bridge rejected the config: {verdict['error_type']}: {verdict['error']}")
 
 
 def train_run(row: Row, cfg, probe=None):
@@ -362,67 +317,43 @@ def train_run(row: Row, cfg, probe=None):
     ``probe`` runs on the live model after the last step and before ``_finish_train``, which destroys the
     parallel state the model's forward needs."""
     import torch
-    from megatron.bridge.data.utils import get_dataset_provider
-    from megatron.bridge.training.callbacks import CallbackManager
-    from megatron.bridge.training.config import runtime_config_update
     from megatron.bridge.training.gpt_step import forward_step
-    from megatron.bridge.training.setup import setup
-    from megatron.bridge.training.state import GlobalState
-    from megatron.bridge.training.train import _finish_train, train
+
+    from mfsdp_gpu import bridge, checkpoint, steps
 
     losses: dict[int, float] = {}
 
     def on_end(ctx):
-        if ctx.loss_dict:
-            key = next((k for k in ctx.loss_dict if "loss" in k), next(iter(ctx.loss_dict)))
-            losses[int(ctx.state.train_state.step)] = float(ctx.loss_dict[key])
+        loss = steps.step_loss(ctx)
+        if loss is not None:
+            losses[int(ctx.state.train_state.step)] = loss
 
-    runtime_config_update(cfg)
-    manager = CallbackManager()
+    _validated(cfg)
+    manager = bridge.callback_manager()
     manager.register("on_train_step_end", on_end)
-    state = GlobalState()
-    state.cfg = cfg
-    so = setup(state, get_dataset_provider(cfg.dataset), callback_manager=manager)
+    so = bridge.setup(cfg, manager)
     start = int(so.state.train_state.step)
     row.log(f"setup done; starting at iteration {start}")
-    train(
-        forward_step,
-        so.model,
-        so.optimizer,
-        so.scheduler,
-        so.train_data_iterator,
-        so.valid_data_iterator,
-        so.state,
-        so.checkpoint_manager,
-        so.pg_collection,
-        callback_manager=manager,
-    )
+    steps.run_train(so, manager, forward_step)
     torch.cuda.synchronize()
     end = int(so.state.train_state.step)
     probed = probe(so) if probe is not None else None
-    _finish_train(so.state, so.checkpoint_manager)
+    checkpoint.finish(so)
     row.log(f"trained to {end}: losses {_fmt(losses)}")
     return losses, start, probed
 
 
 def setup_only(row: Row, cfg, probe):
     """Bridge's setup (which loads cfg.checkpoint.load / pretrained_checkpoint), ``probe(setup_out)``, no training."""
-    from megatron.bridge.data.utils import get_dataset_provider
-    from megatron.bridge.training.callbacks import CallbackManager
-    from megatron.bridge.training.config import runtime_config_update
-    from megatron.bridge.training.setup import setup
-    from megatron.bridge.training.state import GlobalState
-    from megatron.bridge.training.train import _finish_train
+    from mfsdp_gpu import bridge, checkpoint
 
-    runtime_config_update(cfg)
-    state = GlobalState()
-    state.cfg = cfg
-    so = setup(state, get_dataset_provider(cfg.dataset), callback_manager=CallbackManager())
+    _validated(cfg)
+    so = bridge.setup(cfg)
     row.log(f"setup done (iteration {int(so.state.train_state.step)})")
     try:
         return probe(so)
     finally:
-        _finish_train(so.state, so.checkpoint_manager)
+        checkpoint.finish(so)
 
 
 def fixed_tokens():
@@ -531,12 +462,13 @@ def worker(kind: str, out: str) -> int:
     os.makedirs(work, exist_ok=True)
     rows = WORKERS[kind]
     base = dict(model=kind, world_size=1, gpus=1, expert_parallel=1 if kind == "moe" else None)
-    import datetime
+    from mfsdp_gpu import bridge, report
 
+    bridge.unset_cuda_device_max_connections()  # Megatron FSDP needs it unset or > 1
     meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": report.now_utc(),
         "device": torch.cuda.get_device_name(),
-        "versions": _versions(),
+        "versions": dict(report.versions(), transformers=_version("transformers")),
         "K": K,
         "N": N,
         "seq": SEQ,
@@ -552,12 +484,12 @@ def worker(kind: str, out: str) -> int:
     state: dict = {}
 
     with Row(out, f"{kind}_U_distopt", **base, role="reference") as row:
-        state["U"], _, _ = train_run(row, build_cfg(hf0, "distopt", save=ru))
+        state["U"], _, _ = train_run(row, build_cfg(hf0, DISTOPT, save=ru))
         row.data.update(passed=all(math.isfinite(v) for v in state["U"].values()) and len(state["U"]) == N, exit=0)
 
     with Row(out, f"{kind}_a_torch_dist_to_fsdp_dtensor", **base, **_ft("a")) as row:
         if run_convert(row, _iter(ru, K), a_dst, "fsdp_dtensor") == 0:
-            losses, start, logits = train_run(row, build_cfg(hf0, "fsdp", load=a_dst, save=r1), probe=_probe_logits)
+            losses, start, logits = train_run(row, build_cfg(hf0, FSDP, load=a_dst, save=r1), probe=_probe_logits)
             row.data["resumed_from_iteration"] = start
             state["R1"] = losses
             if isinstance(logits, BaseException):  # row b needs them; row a's own check does not
@@ -575,7 +507,7 @@ def worker(kind: str, out: str) -> int:
     if "c" in rows:
         with Row(out, f"{kind}_c_fsdp_dtensor_to_torch_dist", **base, **_ft("c")) as row:
             if run_convert(row, _iter(r1, 2 * K), t_dst, "torch_dist") == 0:
-                losses, start, _ = train_run(row, build_cfg(hf0, "distopt", load=t_dst, save=r2))
+                losses, start, _ = train_run(row, build_cfg(hf0, DISTOPT, load=t_dst, save=r2))
                 row.data["resumed_from_iteration"] = start
                 compare_resume(row, state.get("R1", {}), losses, 2 * K)
 
@@ -583,7 +515,7 @@ def worker(kind: str, out: str) -> int:
         with Row(out, f"{kind}_d_hf_to_fsdp_dtensor", **base, **_ft("d")) as row:
             if run_convert(row, hf0, d_dst, "fsdp_dtensor") == 0:
                 got = setup_only(
-                    row, build_cfg(hf0, "fsdp", pretrained=d_dst, iters=2), lambda so: megatron_logits(so.model)
+                    row, build_cfg(hf0, FSDP, pretrained=d_dst, iters=2), lambda so: megatron_logits(so.model)
                 )
                 compare_logits(
                     row,
@@ -592,7 +524,7 @@ def worker(kind: str, out: str) -> int:
                     "transformers on the source folder",
                     "Megatron FSDP loaded through checkpoint.pretrained_checkpoint",
                 )
-                ft, _, _ = train_run(row, build_cfg(hf0, "fsdp", pretrained=d_dst, iters=2))
+                ft, _, _ = train_run(row, build_cfg(hf0, FSDP, pretrained=d_dst, iters=2))
                 row.data["finetune_losses"] = ft
                 row.data["passed"] = row.data["passed"] and len(ft) == 2 and all(math.isfinite(v) for v in ft.values())
 
@@ -604,7 +536,7 @@ def worker(kind: str, out: str) -> int:
             out, "dense_upstream_pretrained_checkpoint_hf_into_fsdp", **up, **{"from": "hf", "to": "fsdp_dtensor"}
         ) as row:
             row.data["command"] = f"checkpoint.pretrained_checkpoint={hf0} under Megatron FSDP optim_grads_params"
-            got = setup_only(row, build_cfg(hf0, "fsdp", pretrained=hf0, iters=2), lambda so: megatron_logits(so.model))
+            got = setup_only(row, build_cfg(hf0, FSDP, pretrained=hf0, iters=2), lambda so: megatron_logits(so.model))
             row.data["exit"] = 0
             compare_logits(row, hf_logits(hf0), got, "transformers", "Megatron FSDP initialised from the folder")
         upstream_rows(out, work, base, hf0, ru, r1)
@@ -670,25 +602,26 @@ def upstream_rows(out, work, base, hf0, ru, r1) -> None:
             _cleanup_world()
 
     with Row(out, "dense_upstream_repository_converters", **up, **{"from": "-", "to": "-"}) as row:
-        found = {}
-        for mod in ("megatron.bridge", "megatron.core"):
-            spec = importlib.util.find_spec(mod)
-            base_dir = os.path.dirname(os.path.dirname(os.path.dirname(spec.origin))) if spec and spec.origin else None
-            for name in ("convert_checkpoints_fsdp.py", "checkpoint_inspector.py"):
-                hits = []
-                for dirpath, _, files in os.walk(base_dir or "/nonexistent"):
-                    if "megatron" not in dirpath:
-                        continue
+        spec = importlib.util.find_spec("megatron.bridge")
+        pkg = os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else None  # .../megatron
+        site = os.path.dirname(pkg) if pkg else None
+        roots = [r for r in (pkg, site and os.path.join(site, "examples"), site and os.path.join(site, "tools")) if r]
+        found: dict[str, list[str]] = {n: [] for n in REPOSITORY_CONVERTERS}
+        for root in roots:
+            for dirpath, _, files in os.walk(root):
+                for name in REPOSITORY_CONVERTERS:
                     if name in files:
-                        hits.append(os.path.join(dirpath, name))
-                found.setdefault(name, []).extend(hits)
+                        found[name].append(os.path.join(dirpath, name))
         row.data.update(
-            command="search the installed megatron packages for the repositories' converters",
+            command="look for the repositories' converters under the installed megatron package (and "
+            "site-packages/examples, site-packages/tools)",
             exit=0,
-            check="file present in the installed packages",
+            check="converter file present in the installed packages",
             found=found,
-            passed=True,
-            note="examples/ and tools/ are repository folders; absent files cannot be run from a pip install",
+            searched=roots,
+            passed=all(found.values()),
+            note="examples/conversion/mfsdp/ (Megatron-Bridge) and tools/checkpoint/ (Megatron-LM) are repository "
+            "folders; a converter that is not installed cannot be run from a pip install",
         )
 
 
@@ -714,16 +647,13 @@ def _ckpt_format(path: str) -> str | None:
         return None
 
 
-def _versions() -> dict:
+def _version(dist: str) -> str | None:
     from importlib import metadata
 
-    out = {}
-    for d in ("megatron-bridge", "megatron-core", "megatron-fsdp", "torch", "transformers", "transformer-engine"):
-        try:
-            out[d] = metadata.version(d)
-        except metadata.PackageNotFoundError:
-            out[d] = None
-    return out
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def main(argv=None) -> int:
