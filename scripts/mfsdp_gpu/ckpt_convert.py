@@ -264,22 +264,29 @@ def _strip(key: str) -> str:
 
 
 def _copy_into(target_module, source: dict, what: str) -> int:
-    """Load ``source`` (name -> full tensor) into ``target_module``; fail unless every weight matched."""
+    """Load ``source`` (name -> full tensor) into ``target_module``; fail unless every parameter matched.
+
+    Every parameter must be in ``source`` with its shape; a persistent buffer missing from it (say a MoE
+    router's token counters) keeps the value the model was built with. Transformer Engine's ``_extra_state``
+    entries are not weights and are skipped on both sides.
+    """
     import torch
 
+    params = {n for n, _ in target_module.named_parameters()}
     want = {k: v for k, v in target_module.state_dict().items() if not k.endswith("_extra_state")}
-    missing = [k for k in want if k not in source]
+    missing = [k for k in want if k not in source and k in params]
     if missing:
-        raise RuntimeError(f"{what}: {len(missing)} weights not found in the source, e.g. {missing[:3]}")
-    bad = [k for k, v in want.items() if isinstance(v, torch.Tensor) and tuple(source[k].shape) != tuple(v.shape)]
+        raise RuntimeError(f"{what}: {len(missing)} parameters not found in the source, e.g. {missing[:3]}")
+    take = {k: source[k] for k in want if k in source}
+    bad = [k for k, v in take.items() if isinstance(v, torch.Tensor) and tuple(v.shape) != tuple(want[k].shape)]
     if bad:
         k = bad[0]
-        raise RuntimeError(f"{what}: shape of {k} differs ({tuple(source[k].shape)} vs {tuple(want[k].shape)})")
-    result = target_module.load_state_dict({k: source[k] for k in want}, strict=False)
-    left = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+        raise RuntimeError(f"{what}: shape of {k} differs ({tuple(take[k].shape)} vs {tuple(want[k].shape)})")
+    result = target_module.load_state_dict(take, strict=False)
+    left = [k for k in result.missing_keys if k in params]
     if left:
-        raise RuntimeError(f"{what}: weights left unset: {left[:3]}")
-    return len(want)
+        raise RuntimeError(f"{what}: parameters left unset: {left[:3]}")
+    return len(take)
 
 
 def plain_state(model: list) -> dict:
@@ -357,6 +364,10 @@ def convert(src_iter: str, src_format: str, to: str, out: str, hf_ref: str | Non
     import torch
 
     t0 = time.monotonic()
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":  # Megatron FSDP needs it unset or > 1
+        from .bridge import unset_cuda_device_max_connections
+
+        unset_cuda_device_max_connections()
     created = ensure_world_one()
     result: dict = {"world_size": 1, "optimizer_state": "dropped"}
     try:
