@@ -56,6 +56,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -98,8 +99,11 @@ ROW_NAMES = {
 # ------------------------------------------------------------------------------------------------------------
 
 
-def launch(out: str, budget_s: float, only: list[str]) -> int:
+def launch(out: str, budget_s: float, only: list[str], work: str) -> int:
     os.makedirs(out, exist_ok=True)
+    os.makedirs(work, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="run-", dir=work)  # a fresh folder: a rerun never resumes an old checkpoint
+    print(f"[bench_ckpt_migration] models and checkpoints in {work}", flush=True)
     deadline = time.monotonic() + budget_s
     procs = {}
     for i, name in enumerate(only):
@@ -118,7 +122,7 @@ def launch(out: str, budget_s: float, only: list[str]) -> int:
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
         )
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out]
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--out", out, "--work", work]
         procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env), log)
         print(f"[bench_ckpt_migration] started worker {name} (pid {procs[name][0].pid})", flush=True)
     status = {}
@@ -455,10 +459,10 @@ def _iter(root: str, i: int) -> str:
     return os.path.join(root, f"iter_{i:07d}")
 
 
-def worker(kind: str, out: str) -> int:
+def worker(kind: str, out: str, work_root: str) -> int:
     import torch
 
-    work = os.path.join(out, "work", kind)
+    work = os.path.join(work_root, kind)
     os.makedirs(work, exist_ok=True)
     rows = WORKERS[kind]
     base = dict(model=kind, world_size=1, gpus=1, expert_parallel=1 if kind == "moe" else None)
@@ -659,6 +663,11 @@ def _version(dist: str) -> str | None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for RAW/<row>.json, RAW/<row>.log and the workers' logs")
+    ap.add_argument(
+        "--work",
+        default=os.path.join(tempfile.gettempdir(), "mfsdp-ckpt-migration-work"),
+        help="folder for the models and checkpoints the runs write (kept out of --out: only evidence goes there)",
+    )
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="kill the workers after this many s")
     ap.add_argument("--only", action="append", choices=sorted(WORKERS), help="run only this model's worker")
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -669,8 +678,8 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print("bench_ckpt_migration: needs a CUDA GPU", file=sys.stderr)
             return 2
-        return worker(args.worker, os.path.abspath(args.out))
-    return launch(os.path.abspath(args.out), args.budget_s, args.only or sorted(WORKERS))
+        return worker(args.worker, os.path.abspath(args.out), os.path.abspath(args.work))
+    return launch(os.path.abspath(args.out), args.budget_s, args.only or sorted(WORKERS), os.path.abspath(args.work))
 
 
 if __name__ == "__main__":
