@@ -241,7 +241,24 @@ def make_hf_model(kind: str, path: str) -> str:
     torch.manual_seed(SEED)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     model.save_pretrained(path)
+    save_tiny_tokenizer(transformers, path)
     return path
+
+
+def save_tiny_tokenizer(transformers, path: str) -> None:
+    """A word-level tokenizer over the model's vocabulary, saved beside the weights.
+
+    A real Hugging Face model folder carries its tokenizer, and ``AutoBridge.save_hf_pretrained``
+    copies it into the export (it raises when the folder has none); the random models here get
+    one so that the export runs the path users take.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token=f"t{VOCAB - 1}")
+    fast.save_pretrained(path)
 
 
 def provider_for(hf_dir: str):

@@ -359,6 +359,34 @@ def hf_bridge(hf_ref: str | None):
     return AutoBridge.from_hf_pretrained(hf_ref)
 
 
+# Files by which transformers finds a tokenizer in a model folder (any one is enough).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(hf_ref: str | None) -> bool:
+    """True when ``hf_ref`` is a local folder holding a tokenizer (a hub id is assumed to have one)."""
+    if not hf_ref or not os.path.isdir(hf_ref):
+        return bool(hf_ref)
+    return any(os.path.exists(os.path.join(hf_ref, name)) for name in TOKENIZER_FILES)
+
+
+def export_hf(bridge, model, out: str, hf_ref: str | None, say=print) -> str:
+    """Write ``model`` as a Hugging Face folder; returns what was written.
+
+    ``AutoBridge.save_hf_pretrained`` also copies the reference's tokenizer, and raises when the
+    reference folder has none (a config-only folder). Then the config and the weights are written
+    (``save_hf_weights``) and the report says the tokenizer is missing, rather than failing after the
+    weights were gathered.
+    """
+    if has_tokenizer(hf_ref):
+        bridge.save_hf_pretrained(model, out, show_progress=True, strict=True)
+        return "config, tokenizer and weights"
+    say(f"{hf_ref} has no tokenizer: writing the config and the weights only")
+    bridge.hf_pretrained.config.save_pretrained(out)
+    bridge.save_hf_weights(model, out, show_progress=True, strict=True)
+    return "config and weights (the reference folder has no tokenizer)"
+
+
 def convert(src_iter: str, src_format: str, to: str, out: str, hf_ref: str | None = None, say=print) -> dict:
     """Convert ``src_iter`` (an iteration folder, or a Hugging Face folder) into the empty folder ``out``."""
     import torch
@@ -388,7 +416,7 @@ def convert(src_iter: str, src_format: str, to: str, out: str, hf_ref: str | Non
             if to == "hf":
                 bridge = hf_bridge(hf_ref)
                 say(f"exporting to Hugging Face with the architecture of {hf_ref}")
-                bridge.save_hf_pretrained(plain, out, show_progress=True, strict=True)
+                result["hf_written"] = export_hf(bridge, plain, out, hf_ref, say)
             else:  # fsdp_dtensor
                 weights = plain_state(plain)
                 provider = provider_from_checkpoint(src_iter)
@@ -412,7 +440,7 @@ def convert(src_iter: str, src_format: str, to: str, out: str, hf_ref: str | Non
             if to == "hf":
                 bridge = hf_bridge(hf_ref)
                 say(f"exporting to Hugging Face with the architecture of {hf_ref}")
-                bridge.save_hf_pretrained(fsdp, out, show_progress=True, strict=True)
+                result["hf_written"] = export_hf(bridge, fsdp, out, hf_ref, say)
             else:  # torch_dist
                 weights = fsdp_full_state(fsdp)
                 del fsdp
