@@ -30,6 +30,8 @@ import os
 import socket
 import time
 
+from . import bridge as bridge_setup
+
 FSDP_STRATEGY = "optim_grads_params"  # what the skill enables; the saved layout does not depend on it at DP=1
 SEED = 1234
 
@@ -196,28 +198,6 @@ def read_source_train_state(iter_dir: str):
     return read_train_state(path) if os.path.isfile(path) else TrainState()
 
 
-def _minimal_container(provider, ddp, ckpt_kwargs: dict):
-    from megatron.bridge.training.config import (
-        CheckpointConfig,
-        ConfigContainer,
-        LoggerConfig,
-        OptimizerConfig,
-    )
-
-    return ConfigContainer(
-        model=provider,
-        train=None,
-        optimizer=OptimizerConfig(use_distributed_optimizer=bool(ddp is not None)),
-        ddp=ddp,
-        scheduler=None,
-        dataset=None,
-        logger=LoggerConfig(),
-        tokenizer=None,
-        checkpoint=CheckpointConfig(async_save=False, **ckpt_kwargs),
-        dist=None,
-    )
-
-
 def load_fsdp_dtensor(iter_dir: str, say) -> list:
     """An FSDP-wrapped model holding the weights of an fsdp_dtensor iteration folder (Bridge's own loader)."""
     from megatron.bridge.training.checkpointing import load_checkpoint
@@ -226,7 +206,7 @@ def load_fsdp_dtensor(iter_dir: str, say) -> list:
     provider = provider_from_checkpoint(iter_dir)
     model = build_fsdp_model(provider)
     state = GlobalState()
-    state.cfg = _minimal_container(
+    state.cfg = bridge_setup.checkpoint_only_container(
         provider,
         model[0].ddp_config if hasattr(model[0], "ddp_config") else fsdp_ddp_config(),
         dict(
@@ -327,7 +307,7 @@ def save_megatron(model: list, provider, train_state, out: str, fmt: str, say) -
 
     ddp = getattr(model[0], "ddp_config", None) if fmt == "fsdp_dtensor" else None
     state = GlobalState()
-    state.cfg = _minimal_container(
+    state.cfg = bridge_setup.checkpoint_only_container(
         provider,
         ddp,
         dict(
