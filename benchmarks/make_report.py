@@ -118,6 +118,13 @@ EXPECTED = (
         "`python3 benchmarks/bench_memory.py --raw-dir RUNS` on rehearsal runs (`scripts/rehearse_train.py`)",
     ),
     Expected(
+        "ckpt-migration",
+        "Checkpoint migration (torch_dist, fsdp_dtensor, Hugging Face) run and weights checked on one H200",
+        lambda r: _bid(r) == "ckpt_migration_1xh200",
+        "`python3 benchmarks/bench_ckpt_migration.py --out RAW` on one H200, then "
+        "`python3 benchmarks/ckpt_migration_result.py RAW --out benchmarks/results/ckpt_migration_1xh200.json`",
+    ),
+    Expected(
         "evals-claude-code",
         "Skill evals with a real model in Claude Code (with and without the skill)",
         _real_eval("claude-code"),
@@ -162,6 +169,11 @@ def _load_one(path: Path, rel: str) -> dict:
     if not isinstance(cols, list) or not isinstance(rows, list):
         raise ReportError(f"{rel}: columns and rows must be lists")
     for i, row in enumerate(rows):
+        if isinstance(row, dict):  # rows as records (the columns name the fields shown): render those fields
+            absent = [c for c in cols if c not in row]
+            if absent:
+                raise ReportError(f"{rel}: row {i + 1} has no {', '.join(map(str, absent))}")
+            rows[i] = row = [row[c] for c in cols]
         if not isinstance(row, list) or len(row) != len(cols):
             raise ReportError(
                 f"{rel}: row {i + 1} has {len(row) if isinstance(row, list) else 'no'} cells, columns has {len(cols)}"

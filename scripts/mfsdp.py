@@ -69,6 +69,7 @@ COMMANDS = {
     "enable": ("enable", "apply the Megatron FSDP overrides to a config and say what changed"),
     "memory": ("memory", "estimate per-GPU memory for DDP, distributed optimizer and each FSDP strategy"),
     "ckpt": ("ckpt", "tell a checkpoint's real format and whether it matches its run config"),
+    "convert": ("convert", "convert a checkpoint: torch_dist, fsdp_dtensor, hf (one GPU, weights carried)"),
     "log": ("log", "judge a training log: finite loss, skipped/NaN iterations, known failures"),
     "anchors": ("anchors", "verify the skill's code anchors against the installed Megatron-Bridge"),
     "rules": ("rules", "list the rule table, or write references/rules.md from it"),
@@ -84,6 +85,7 @@ Typical flow:
   mfsdp.py rehearse fsdp.yaml --world-size 64 # one GPU plays rank 0 of 64: failures, memory
   mfsdp.py smoke --nproc-per-node 2           # real run on GPUs
   mfsdp.py log train.log; mfsdp.py ckpt /path/to/checkpoints
+  mfsdp.py convert /ckpts/ddp_run /ckpts/fsdp_run --to fsdp_dtensor
 
 Exit codes: 0 ok, 1 findings of error severity, 2 unusable input.
 Run 'mfsdp.py COMMAND --help' for a command's options.

@@ -24,6 +24,7 @@ benchmarks. One module per concern:
 * ``phases``      Bridge's ``setup()`` timed and measured phase by phase
 * ``rehearse``    one rehearsal run (``rehearse_train.py``); ``parity`` its DDP-vs-FSDP mode
 * ``smoke``       one smoke / strategy-benchmark rank (``smoke_train.py``)
+* ``ckpt_convert`` the torch side of ``mfsdp.py convert`` (torch_dist, fsdp_dtensor, hf at world size 1)
 
 torch and megatron are imported only inside functions, so ``--help`` and the CPU tests work without
 them, on Python 3.10 too.

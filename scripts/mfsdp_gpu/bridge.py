@@ -380,3 +380,27 @@ def _same(a, b) -> bool:
         return type(a) is type(b) and a == b
     except Exception:
         return False
+
+
+def checkpoint_only_container(provider, ddp, ckpt_kwargs: dict):
+    """A ConfigContainer for loading or saving a checkpoint outside training (conversion): the model, its
+    DDP config (None for a plain model), synchronous checkpointing with ``ckpt_kwargs``; no training parts."""
+    from megatron.bridge.training.config import (
+        CheckpointConfig,
+        ConfigContainer,
+        LoggerConfig,
+        OptimizerConfig,
+    )
+
+    return ConfigContainer(
+        model=provider,
+        train=None,
+        optimizer=OptimizerConfig(use_distributed_optimizer=bool(ddp is not None)),
+        ddp=ddp,
+        scheduler=None,
+        dataset=None,
+        logger=LoggerConfig(),
+        tokenizer=None,
+        checkpoint=CheckpointConfig(async_save=False, **ckpt_kwargs),
+        dist=None,
+    )

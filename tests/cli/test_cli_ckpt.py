@@ -45,11 +45,35 @@ def test_exit_codes_and_json(cli, name, code, fmt):
     assert any(f["severity"] == "error" for f in obj["findings"]) is (code == 1)
 
 
-def test_expect(cli):
-    proc, obj = run_json(cli, str(CKPT / "torch_dist_ddp"), "--expect", "fsdp_dtensor")
+def test_expect(cli, tmp_path):
+    empty = tmp_path / "passing.json"
+    empty.write_text('{"passing": []}')
+    proc = cli(
+        "ckpt",
+        str(CKPT / "torch_dist_ddp"),
+        "--expect",
+        "fsdp_dtensor",
+        "--format",
+        "json",
+        env={"MFSDP_MIGRATION_TABLE": str(empty)},
+    )
+    obj = json.loads(proc.stdout)
     assert proc.returncode == 1
     f = next(f for f in obj["findings"] if f["rule"] == "MFSDP-CKPT-EXPECT")
-    assert "convert-torch-dist-to-fsdp-dtensor" in f["fix"]
+    assert "mfsdp.py convert" not in f["fix"] and "references/checkpoints.md" in f["fix"]  # not recorded as passing
+    passing = tmp_path / "passing2.json"
+    passing.write_text('{"passing": [{"from": "torch_dist", "to": "fsdp_dtensor", "models": ["dense"]}]}')
+    proc = cli(
+        "ckpt",
+        str(CKPT / "torch_dist_ddp"),
+        "--expect",
+        "fsdp_dtensor",
+        "--format",
+        "json",
+        env={"MFSDP_MIGRATION_TABLE": str(passing)},
+    )
+    f = next(f for f in json.loads(proc.stdout)["findings"] if f["rule"] == "MFSDP-CKPT-EXPECT")
+    assert f["fix"].startswith("python3 scripts/mfsdp.py convert ") and f["fix"].endswith("--to fsdp_dtensor")
     assert cli("ckpt", str(CKPT / "fsdp_dtensor_ok"), "--expect", "fsdp_dtensor").returncode == 0
 
 

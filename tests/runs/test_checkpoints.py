@@ -182,26 +182,54 @@ def test_fixture_cases(name):
     assert rules(report, "error") == errors
 
 
-def test_torch_dist_reads_backend_and_offers_inspector():
+def _table(tmp_path, monkeypatch, *paths):
+    """A synthetic passing table (the real one is written from the GPU result by ckpt_migration_result.py)."""
+    t = tmp_path / "passing.json"
+    t.write_text(json.dumps({"schema": "x", "passing": [{"from": a, "to": b, "models": ["dense"]} for a, b in paths]}))
+    monkeypatch.setenv("MFSDP_MIGRATION_TABLE", str(t))
+    return t
+
+
+def test_torch_dist_offers_convert_only_when_recorded_passing(tmp_path, monkeypatch):
+    _table(tmp_path, monkeypatch)  # nothing recorded as passing
     report = C.inspect(str(CKPT / "torch_dist_ddp"))
     assert report.inspected.backend == "torch_dist"
     conv = [f for f in report.findings if f.rule == "MFSDP-CKPT-CONVERT"]
-    assert conv and "checkpoint_inspector.py convert-torch-dist-to-fsdp-dtensor" in conv[0].fix
-    # The run used a gated MLP (gated_linear_unit: true), which the converter cannot detect by itself.
-    assert report.config["model.gated_linear_unit"] is True and conv[0].fix.rstrip().endswith("--swiglu")
+    assert conv and "mfsdp.py convert" not in conv[0].fix and "recorded" in conv[0].fix
+    assert "references/checkpoints.md" in conv[0].fix and conv[0].extra["recorded_passing"] is False
+    _table(tmp_path, monkeypatch, ("torch_dist", "fsdp_dtensor"))
+    report = C.inspect(str(CKPT / "torch_dist_ddp"))
+    conv = [f for f in report.findings if f.rule == "MFSDP-CKPT-CONVERT"]
+    src = report.inspected.path
+    assert conv[0].fix == f"python3 scripts/mfsdp.py convert {src} <output_dir> --to fsdp_dtensor"
 
 
-def test_expect_not_met_gives_the_conversion():
+def test_expect_not_met_gives_the_conversion(tmp_path, monkeypatch):
+    _table(tmp_path, monkeypatch, ("torch_dist", "fsdp_dtensor"))
     report = C.inspect(str(CKPT / "torch_dist_ddp"), expect="fsdp_dtensor")
     exp = [f for f in report.findings if f.rule == "MFSDP-CKPT-EXPECT"]
-    assert exp and exp[0].severity == "error" and "convert-torch-dist-to-fsdp-dtensor" in exp[0].fix
+    assert exp and exp[0].severity == "error" and "mfsdp.py convert" in exp[0].fix and "--to fsdp_dtensor" in exp[0].fix
     assert "MFSDP-CKPT-EXPECT" not in rules(C.inspect(str(CKPT / "fsdp_dtensor_ok"), expect="fsdp_dtensor"))
 
 
-def test_hf_conversion_uses_bridge_mfsdp_script():
-    report = C.inspect(str(CKPT / "hf_llama"), expect="fsdp_dtensor")
-    fix = next(f.fix for f in report.findings if f.rule == "MFSDP-CKPT-EXPECT")
-    assert "examples/conversion/mfsdp/convert_checkpoints_fsdp.py import" in fix and "--megatron-path" in fix
+def test_export_to_hf_names_the_architecture(tmp_path, monkeypatch):
+    _table(tmp_path, monkeypatch, ("fsdp_dtensor", "hf"))
+    report = C.inspect(str(CKPT / "fsdp_dtensor_ok"))
+    fix = next(f.fix for f in report.findings if f.rule == "MFSDP-CKPT-CONVERT")
+    assert "--to hf --hf-config " in fix
+
+
+def test_committed_table_matches_the_committed_result():
+    """ckpt's commands come from scripts/data/ckpt_migration_passing.json; it must be what the GPU result says."""
+    from mfsdp_lib.runs import migration
+
+    table = migration.load_table(migration.TABLE_PATH)
+    result = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "ckpt_migration_1xh200.json"
+    if result.is_file():
+        rows = json.loads(result.read_text())["rows"]
+        assert table["passing"] == migration.passing_from_rows(rows)
+    else:  # no GPU evidence yet: nothing may be recorded as passing
+        assert table["passing"] == [] and table["source"] is None
 
 
 def test_no_payload_points_at_the_last_complete_iteration():

@@ -24,7 +24,8 @@ Megatron-LM mp_rank_XX/model_optim_rng.pt = torch.
 
 Findings: format on disk vs checkpoint.ckpt_format recorded; --expect not met; tracker pointing at a missing
 iteration; iteration folder without payload or with missing shards; fsdp_dtensor from a run without Megatron
-FSDP (or the reverse); and the conversion command that applies.
+FSDP (or the reverse); and the conversion that applies, with a `mfsdp.py convert` command only for
+paths recorded as run and checked (scripts/data/ckpt_migration_passing.json).
 """
 
 EPILOG = """\

@@ -41,9 +41,8 @@ import stat
 from dataclasses import dataclass, field
 
 from ..findings import Finding, InputError, oserror_to_input
+from . import migration
 from .checkpoint_files import (
-    BRIDGE_CONVERT_SH,
-    BRIDGE_MFSDP_CONVERT,
     DCP_METADATA,
     DCP_SHARD_RE,
     HF_CONFIG,
@@ -57,7 +56,6 @@ from .checkpoint_files import (
     MAX_ITER_SCAN,
     MAX_LISTED,
     MCORE_DIST_CONFIG,
-    MLM_INSPECTOR,
     RELEASE_DIR,
     RUN_CONFIG,
     TRACKER_TRAIN_STATE,
@@ -678,73 +676,29 @@ def _judge_config(info: IterationInfo, cfg: dict, findings: list[Finding]) -> No
 
 
 def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, findings: list[Finding]) -> None:
-    """Say which documented conversion applies, with the command; an error when --expect is not met."""
+    """Say which conversion applies; a command only for a path recorded as passing (``migration``)."""
     fmt = info.format
     src = info.path
-    hf_id = cfg.get("model.hf_model_id") or "<HF model id or path>"
-    tp = cfg.get("model.tensor_model_parallel_size") or 1
-    cp = cfg.get("model.context_parallel_size") or 1
-    ep = cfg.get("model.expert_model_parallel_size") or 1
-    par = f"--tp {tp} --cp {cp} --ep {ep}"
-    glu = cfg.get("model.gated_linear_unit")
-    # checkpoint_inspector cannot tell gated (SwiGLU/GeGLU) fc1 weights from plain ones: --swiglu is manual.
-    swiglu = (
-        "--swiglu"
-        if _truthy(glu)
-        else ""
-        if glu is False
-        else "[--swiglu if the MLP is SwiGLU (model.gated_linear_unit=true)]"
-    )
-    inspector = (
-        f"torchrun --nproc_per_node=<gpus> {MLM_INSPECTOR} convert-torch-dist-to-fsdp-dtensor "
-        f"{src} <output_dir> {swiglu}"
-    ).rstrip()
-    conversions = {
-        ("torch_dist", "fsdp_dtensor"): (
-            f"Megatron-LM (run from an NVIDIA/Megatron-LM checkout, on GPUs): {inspector}"
-        ),
-        ("hf", "fsdp_dtensor"): (
-            f"Bridge (NVIDIA-NeMo/Megatron-Bridge checkout): torchrun --nproc_per_node=<gpus> "
-            f"{BRIDGE_MFSDP_CONVERT} import --hf-model {src} --megatron-path <output_dir> {par} "
-            "--ckpt-format fsdp_dtensor"
-        ),
-        ("fsdp_dtensor", "hf"): (
-            f"Bridge: torchrun --nproc_per_node=<gpus> {BRIDGE_MFSDP_CONVERT} export --hf-model {hf_id} "
-            f"--megatron-path {src} --hf-path <output_dir> {par} "
-            "--ckpt-format fsdp_dtensor"
-        ),
-        ("fsdp_dtensor", "torch_dist"): (
-            "no direct tool: export to Hugging Face with Bridge's "
-            f"'{BRIDGE_MFSDP_CONVERT} export ...' then import with '{BRIDGE_CONVERT_SH} import --hf-model "
-            "<hf_dir> --megatron-path <output_dir>' (torch_dist)"
-        ),
-        ("hf", "torch_dist"): (
-            f"Bridge: {BRIDGE_CONVERT_SH} import --executor local --device gpu --hf-model {src} "
-            "--megatron-path <output_dir>"
-        ),
-        ("torch", "torch_dist"): (
-            "Megatron-LM: run its pretrain script once with --ckpt-format torch --load <root> "
-            "--ckpt-convert-format torch_dist --ckpt-convert-save <output_dir> (it saves and exits)"
-        ),
-        ("torch", "fsdp_dtensor"): (
-            "two steps: Megatron-LM --ckpt-convert-format torch_dist --ckpt-convert-save <dir> (torch -> "
-            f"torch_dist), then {MLM_INSPECTOR} convert-torch-dist-to-fsdp-dtensor <dir>/torch/iter_N <output_dir>"
-        ),
-        ("torch_dist", "hf"): (
-            f"Bridge: {BRIDGE_CONVERT_SH} export --executor local --device gpu --hf-model {hf_id} "
-            f"--megatron-path {src} --hf-path <output_dir>"
-        ),
-    }
+    hf_id = cfg.get("model.hf_model_id") or "<HF model id or folder>"
+    passing = migration.passing_paths()
+
+    def how(source: str | None, target: str) -> str:
+        if (source, target) in passing:
+            return migration.convert_command(src, target, hf_ref=hf_id if target == "hf" and source != "hf" else None)
+        return (
+            f"no conversion from {source} to {target} is recorded as run and checked yet, so no command is "
+            f"given; what was run, on what, and the result: {migration.REFERENCE}"
+        )
+
     if expect:
         if fmt != expect:
-            how = conversions.get((fmt or "", expect), "no documented conversion path between these formats")
             findings.append(
                 Finding(
                     "MFSDP-CKPT-EXPECT",
                     "error",
                     info.path,
                     f"expected {expect!r} but the checkpoint is {fmt!r}",
-                    how,
+                    how(fmt, expect),
                     {"expected": expect, "found": fmt},
                 )
             )
@@ -768,8 +722,8 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
                 severity,
                 info.path,
                 f"{note}: {fmt} -> {target}",
-                conversions[(fmt, target)],
-                {"from": fmt, "to": target},
+                how(fmt, target),
+                {"from": fmt, "to": target, "recorded_passing": (fmt, target) in passing},
             )
         )
     elif fmt == "fsdp_dtensor":
@@ -780,8 +734,8 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
                 info.path,
                 "fsdp_dtensor loads only into Megatron FSDP runs; to share the weights or train without Megatron "
                 "FSDP, export to Hugging Face",
-                conversions[("fsdp_dtensor", "hf")],
-                {"from": fmt, "to": "hf"},
+                how(fmt, "hf"),
+                {"from": fmt, "to": "hf", "recorded_passing": (fmt, "hf") in passing},
             )
         )
 
