@@ -448,6 +448,7 @@ def run_all(rows: list[Row], raw: Path, python: str, budget_s: int, max_concurre
         "started_utc": _dt.datetime.fromtimestamp(t0, _dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(time.time() - t0, 1),
         "budget_s": budget_s,
+        "max_concurrent": max_concurrent,
         "rows": [{k: r[k] for k in ("row", "exit_code", "wall_s", "timed_out")} for r in done],
     }
     (raw / "driver.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -109,8 +109,11 @@ def analytic_check(perf: dict, strategy: str | None) -> dict | None:
         dp=int(dp),
         micro_batches=int(perf.get("micro_batches") or 1),
         param_bytes=int(perf.get("param_gather_bytes") or 2),
-        grad_bytes=int(perf.get("grad_reduce_bytes") or 4),
+        grad_bytes=volumes.gradient_comm_bytes(
+            strategy, grad_reduce_in_fp32=int(perf.get("grad_reduce_bytes") or 4) == 4
+        ),
         unit_params=perf.get("params_in_layers"),
+        other_param_bytes=volumes.FP8_OTHER_PARAM_BYTES if int(perf.get("param_gather_bytes") or 2) == 1 else None,
     )
     rows = volumes.volumes(strategy, job)
     measured = {k: v.get("dp", 0) + v.get("dp_cp", 0) for k, v in comm["bytes_per_step"].items()}
@@ -241,7 +244,8 @@ def build(raw: Path) -> dict:
         "columns": COLUMNS,
         "rows": rows,
         "table_rows": [table_row(r) for r in rows],
-        "notes": notes(rows, versions, driver),
+        "notes": notes(rows, versions, driver)
+        + conditions(driver, _read(raw / "driver_rerun.json"), _text(raw / "driver_stdout.log")),
         "raw": {
             "folder": _rel(raw),
             "driver": driver,
@@ -249,6 +253,36 @@ def build(raw: Path) -> dict:
             "versions": versions,
         },
     }
+
+
+def conditions(driver: dict, rerun: dict | None, stdout: str = "") -> list[str]:
+    """How quiet the GPU machine was: rows that overlapped (the driver's ``max_concurrent``, or its
+    progress line "at most N at a time"), and rows measured again alone."""
+    out = []
+    most = driver.get("max_concurrent")
+    if most is None:
+        m = re.search(r"at most (\d+) at a time", stdout)
+        most = int(m.group(1)) if m else None
+    if most and most > 1:
+        out.append(
+            f"Measured with up to {most} rehearsals in flight: one at a time on the GPU (a lock taken before the "
+            "model is built and held to the end), the others importing Bridge and building configs on the CPU "
+            "meanwhile. Kernel launches of the small (1.1 B) model are CPU-bound, so part of those rows' spread "
+            "and of the N = 1 gap can be that contention: not a quiet machine for them."
+        )
+    for r in (rerun or {}).get("rows") or []:
+        out.append(
+            f"{r.get('row')} was cut off by its row timeout in the first pass and measured again alone "
+            f"(driver_rerun.json, exit {r.get('exit_code')}, {r.get('wall_s')} s); its rows are that run's."
+        )
+    return out
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _why_missing(r: dict | None) -> str:

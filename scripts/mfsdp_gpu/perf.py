@@ -134,6 +134,7 @@ def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, d
         "local_params": params.get("global_numel") if fsdp else params.get("local_numel"),
         "params_in_layers": in_layers,
         "param_gather_bytes": 1 if _get(cfg, "ddp.fp8_param_gather") or _get(cfg, "model.fp8_param") else 2,
+        # what the flag asks; the result applies volumes.gradient_comm_bytes (Megatron FSDP ignores it)
         "grad_reduce_bytes": 4 if _get(cfg, "ddp.grad_reduce_in_fp32") else 2,
         "recorder": {
             "mode": "on the timed steps only",

@@ -97,3 +97,25 @@ def test_distinct_rank_sets_that_classify_alike_stay_apart():
     }
     agg = co.aggregate(log)
     assert set(agg["bytes_per_step"]["all_reduce"]) == {"other", "other#2"}
+
+
+# Real logs recorded by ``rehearse --perf`` on an H200 (tests/fixtures/perf/recorded_*.json, exported by
+# benchmarks/rehearse_perf_result.py --export-logs): counting them must give the per-step figures the
+# result file reports, and the analytic volumes of their strategy within bucket padding.
+RECORDED = sorted((FIXTURES / "perf").glob("recorded_*.json"))
+RESULT = json.loads((FIXTURES.parent.parent / "benchmarks" / "results" / "rehearse_perf_1xh200.json").read_text())
+
+
+def test_real_logs_are_present():
+    assert len(RECORDED) >= 8, [p.name for p in RECORDED]
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_counting_a_real_log_gives_the_reported_bytes(path):
+    log = json.loads(path.read_text())
+    got = co.aggregate(log)["bytes_per_step"]
+    name = path.stem.removeprefix("recorded_").removesuffix("_rank_0")
+    row = next(r for r in RESULT["rows"] if r["row"] == name)
+    for kind, groups in row["comm_bytes_per_step"].items():
+        for group, value in groups.items():
+            assert abs(got.get(kind, {}).get(group, 0) - value) <= max(1, 1e-9 * value), (kind, group)

@@ -69,6 +69,28 @@ SOURCES = {
     "fsdp_nonunit": f"{FSDP} :: AllGatherPipeline.release_bucket (non-unit modules stay gathered)",
 }
 STRATEGIES = ("ddp", "distopt", "no_shard", "optim", "optim_grads", "optim_grads_params")
+FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+SOURCES["fsdp_grad_dtype"] = (
+    f"{FSDP} :: ParamAndGradBuffer._resolve_group_grad_dtype (gradients in the parameter dtype unless "
+    "megatron_fsdp_main_grads_dtype is set; ddp.grad_reduce_in_fp32 is not passed to Megatron FSDP, "
+    "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py :: FullyShardedDataParallel.__init__)"
+)
+# Transformer Engine keeps FP8 copies of its linear layers' weights only; the embedding, the output layer
+# and the norms stay bf16 and are gathered as such when ``fp8_param_gather`` is on (the H200 anchor
+# run's distributed-optimizer all-gather is 6.98 B FP8 layer weights x 1 B + 1.05 B others x 2 B, x 7/8).
+FP8_OTHER_PARAM_BYTES = 2
+
+
+def gradient_comm_bytes(strategy: str, *, grad_reduce_in_fp32: bool, main_grads_bytes: int | None = None) -> int:
+    """Bytes of one reduced gradient element (``bg``) under ``strategy``.
+
+    DDP and the distributed optimizer reduce in fp32 with ``ddp.grad_reduce_in_fp32``, else in bf16.
+    Megatron FSDP ignores that flag: it reduces in the parameter dtype (bf16 in mixed precision) unless
+    ``ddp.megatron_fsdp_main_grads_dtype`` names another (``SOURCES['fsdp_grad_dtype']``).
+    """
+    if strategy in FSDP_STRATEGIES:
+        return main_grads_bytes or 2
+    return 4 if grad_reduce_in_fp32 else 2
 
 
 @dataclass(frozen=True)
@@ -81,6 +103,8 @@ class Job:
     param_bytes: int = 2  # bp: bf16
     grad_bytes: int = 4  # bg: fp32 with ddp.grad_reduce_in_fp32
     unit_params: int | None = None  # P_unit: parameters inside FSDP units (None: all of P)
+    # bytes of a gathered parameter outside the units (None: bp); FP8_OTHER_PARAM_BYTES under FP8 gathers
+    other_param_bytes: int | None = None
 
 
 def _row(kind, bus_low, bus_high, times, formula, source, phase):
@@ -107,7 +131,10 @@ def volumes(strategy: str, job: Job) -> list[dict]:
         raise ValueError("dp and micro_batches must be at least 1, params non-negative")
     n, m, p = job.dp, job.micro_batches, job.params
     f = (n - 1) / n
-    gp, gg = p * job.param_bytes, p * job.grad_bytes
+    unit = p if job.unit_params is None else min(job.unit_params, p)
+    rest = p - unit
+    other = job.param_bytes if job.other_param_bytes is None else job.other_param_bytes
+    gp, gg = unit * job.param_bytes + rest * other, p * job.grad_bytes
     if strategy in ("ddp", "no_shard"):
         src = "ddp_ar" if strategy == "ddp" else "fsdp_reduce"
         return [
@@ -127,11 +154,9 @@ def volumes(strategy: str, job: Job) -> list[dict]:
             ),
             _row("all_gather", f * gp, f * gp, "once per step", "P bp (N-1)/N", "fsdp_step_ag", "optimizer"),
         ]
-    unit = p if job.unit_params is None else min(job.unit_params, p)
-    rest = p - unit
     ag_unit = 2 * m * unit * job.param_bytes * f
-    ag_rest_low = rest * job.param_bytes * f
-    ag_rest_high = 2 * m * rest * job.param_bytes * f
+    ag_rest_low = rest * other * f
+    ag_rest_high = 2 * m * rest * other * f
     return [
         _row("reduce_scatter", m * f * gg, m * f * gg, "per micro-batch", "m P bg (N-1)/N", "fsdp_reduce", "backward"),
         _row(
