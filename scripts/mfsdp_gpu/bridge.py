@@ -313,10 +313,27 @@ def setup(cfg, manager=None):
     from megatron.bridge.training.setup import setup as bridge_setup
     from megatron.bridge.training.state import GlobalState
 
+    reset_process_globals()
     state = GlobalState()
     state.cfg = cfg
     extra = {} if manager is None else {"callback_manager": manager}
     return bridge_setup(state, get_dataset_provider(cfg.dataset), **extra)
+
+
+def reset_process_globals() -> None:
+    """Forget the process-wide singletons a previous ``setup()`` in this process left behind.
+
+    Bridge's ``initialize_megatron`` creates megatron-core's rerun state machine and micro-batch
+    calculator and asserts that neither exists yet (rerun_state_machine.py :: _set_rerun_state_machine,
+    "Rerun state machine is already initialized"; num_microbatches_calculator.py ::
+    init_num_microbatches_calculator, "num microbatches calculator is already initialized."), so a
+    second training run in one process (a checkpoint migration that trains, converts and resumes)
+    fails there. Both modules ship a destroy function; calling them before a first setup does nothing.
+    """
+    from megatron.core import num_microbatches_calculator, rerun_state_machine
+
+    rerun_state_machine.destroy_rerun_state_machine()
+    num_microbatches_calculator.destroy_num_microbatches_calculator()
 
 
 # --------------------------------------------------------------------------- dotted get/set
