@@ -214,6 +214,11 @@ def load_fsdp_dtensor(iter_dir: str, say) -> list:
             finetune=True,
             load_optim=False,
             load_rng=False,
+            # The state dict Bridge builds to load holds "rng_state" whenever save_rng is on, even when the RNG
+            # is not loaded (checkpointing.py :: generate_state_dict: ``if ckpt_cfg.save_rng or ...``);
+            # a checkpoint saved without it then fails DCP's planner ("Missing key in checkpoint state_dict:
+            # rng_state", seen on the H200 for a resumed run's fsdp_dtensor save). Weights are all we read.
+            save_rng=False,
             ckpt_format="fsdp_dtensor",
             strict_fsdp_dtensor_load=True,  # every model key must be in the checkpoint
         ),
