@@ -188,8 +188,8 @@ def table(data: dict) -> tuple:
     """(columns, rows of cells) to print: ``rows`` itself, or ``table_rows`` when ``rows`` are keyed records
     (a result whose rows carry named fields, e.g. ranges and per-group bytes, and a display table beside them)."""
     rows = data["rows"]
-    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
-        return data["columns"], data.get("table_rows")
+    if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows) and "table_rows" in data:
+        return data["columns"], data["table_rows"]
     return data["columns"], rows
 
 
