@@ -43,7 +43,15 @@ PEP552_CHECKED_HASH = 0b11
 HEADER_BYTES = 16  # magic (4), flags (4), source hash (8)
 PRIVATE_MODE = 0o700  # the folders the tool makes: only this user may list, read or write them
 
-_state: dict = {"prefix": None, "root": None}
+_state: dict = {"prefix": None}
+# Source files the import system compiled in this run (heard through the "compile" audit event): the modules
+# whose bytecode is missing or stale in the cache. Only those are written, so a warm call reads nothing twice.
+_compiled: set[str] = set()
+
+
+def _heard(event: str, args: tuple) -> None:
+    if event == "compile" and len(args) > 1 and isinstance(args[1], str):
+        _compiled.add(args[1])
 
 
 def default_dir(environ=None) -> str:
@@ -120,7 +128,9 @@ def enable(skill_root: str, explicit: str | None) -> str | None:
     folder = choose(skill_root, explicit)
     sys.pycache_prefix = folder or NO_CACHE
     sys.dont_write_bytecode = True  # the import system would write timestamp bytecode; store() writes ours
-    _state["prefix"], _state["root"] = folder, os.path.realpath(skill_root)
+    _state["prefix"] = folder
+    if folder and not sys.flags.dont_write_bytecode:
+        sys.addaudithook(_heard)
     return folder
 
 
@@ -138,7 +148,7 @@ def _fresh(cached: str, source: bytes, magic: bytes, source_hash) -> bool:
     )
 
 
-def store(modules=None) -> int:
+def store() -> int:
     """Write checked-hash bytecode for the modules this run imported whose cache entry is missing or stale;
     returns how many were written. Silent: a cache that cannot be written only costs speed.
 
@@ -146,19 +156,23 @@ def store(modules=None) -> int:
     Python looks there for the standard library's and PyYAML's bytecode too, not in their own
     ``__pycache__`` (what ``PYTHONPYCACHEPREFIX`` does for every module of the interpreter).
     """
-    prefix, root = _state["prefix"], _state["root"]
+    prefix = _state["prefix"]
     if not prefix or sys.flags.dont_write_bytecode or sys.pycache_prefix != prefix:
         return 0
     import importlib.util
     import marshal
 
     magic, source_hash = importlib.util.MAGIC_NUMBER, importlib.util.source_hash
+    under = prefix.rstrip(os.sep) + os.sep  # choose() made sure the prefix is outside the skill folder
     written = 0
-    for module in list((sys.modules if modules is None else modules).values()):
+    for module in list(sys.modules.values()):
         spec = getattr(module, "__spec__", None)
         origin, cached = getattr(spec, "origin", None), getattr(spec, "cached", None)
-        if not (origin and cached and origin.endswith(".py")) or not _inside(cached, prefix) or _inside(cached, root):
+        # spec.cached is the prefix joined with the source's path (no link resolution needed): a string test
+        if not (origin and cached and origin.endswith(".py") and cached.startswith(under)):
             continue
+        if origin not in _compiled:
+            continue  # read from the cache (its hash matched the source), or not compiled by this run
         try:
             with open(origin, "rb") as fh:
                 source = fh.read()
