@@ -3,7 +3,8 @@
 #
 #   bash scripts/dev.sh demo          check + enable Megatron FSDP on the bundled Llama 3 8B config
 #   bash scripts/dev.sh test [ARGS]   lint + type check, the whole suite on Python 3.12, the scripts'
-#                                     tests on Python 3.10; with ARGS: lint, then pytest ARGS on 3.12 only
+#                                     tests on Python 3.10 (each in parallel workers, MFSDP_TEST_WORKERS);
+#                                     with ARGS: lint, then pytest ARGS on 3.12 only, in one process
 #   bash scripts/dev.sh lint          ruff check, ruff format --check, mypy (all configured in pyproject.toml)
 #   bash scripts/dev.sh test310 [ARGS] only the scripts' tests on Python 3.10 (ARGS replace the selection)
 #   bash scripts/dev.sh sign          re-sign skill.oms.sig (signers only: needs the release key)
@@ -38,6 +39,11 @@ PY310_EXTRAS="run,test"
 PY310_TESTS=(tests/cli tests/rules tests/memory tests/runs tests/gpu_pkg tests/integrity/test_anchors.py
     tests/test_config_io.py tests/test_enable.py tests/test_findings.py tests/test_schema.py
     tests/security/test_attacks_input.py tests/security/test_attacks_runs.py tests/security/test_fuzz_readers.py)
+# The full suites run in parallel pytest-xdist workers (pytest-xdist is in the test extra): one per CPU, at most
+# MAX_TEST_WORKERS (more only adds start-up cost: the longest test file is a sizeable share of the suite);
+# --dist loadfile keeps each test file in one worker, so a module's fixtures (the adversarial grading, the
+# signed copies) run once. MFSDP_TEST_WORKERS=N sets the count, 0 runs in one process.
+MAX_TEST_WORKERS=4
 # "all" = every extra in pyproject.toml except those in NOT_FOR_TESTS, so a dependency added to any extra
 # (or a new extra) reaches the test suite and CI without touching this file.
 TEST_EXTRAS="all"
@@ -204,6 +210,20 @@ run_pytest() {  # $1 = interpreter, rest = pytest arguments; exit 5 (nothing sel
     return "$rc"
 }
 
+parallel_args() {  # $1 = interpreter; prints the pytest-xdist arguments (none: one process)
+    local py="$1" n="${MFSDP_TEST_WORKERS:-auto}"
+    [ "$n" = 0 ] && return 0
+    if ! "$py" -c 'import xdist' 2>/dev/null; then
+        say "pytest-xdist is not installed in $py: the suite runs in one process"
+        return 0
+    fi
+    if [ "$n" = auto ]; then
+        echo "-n auto --maxprocesses $MAX_TEST_WORKERS --dist loadfile"
+    else
+        echo "-n $n --dist loadfile"
+    fi
+}
+
 cmd_lint() {
     setup_python "$TEST_EXTRAS"
     say "ruff check, ruff format --check, mypy"
@@ -229,7 +249,8 @@ cmd_test310() {
     if [ "$#" -gt 0 ]; then
         run_pytest "$VENV310/bin/python" "$@"
     else
-        run_pytest "$VENV310/bin/python" -q "${PY310_TESTS[@]}"
+        # shellcheck disable=SC2046  # the arguments are words on purpose
+        run_pytest "$VENV310/bin/python" $(parallel_args "$VENV310/bin/python") -q "${PY310_TESTS[@]}"
     fi
 }
 
@@ -244,7 +265,8 @@ cmd_test() {
         return
     fi
     local rc=0
-    run_pytest "$VENV/bin/python" tests || rc=$?
+    # shellcheck disable=SC2046  # the arguments are words on purpose
+    run_pytest "$VENV/bin/python" $(parallel_args "$VENV/bin/python") tests || rc=$?
     cmd_test310 || rc=$?  # runs even when the 3.12 suite failed: CI shows both
     return "$rc"
 }
@@ -273,6 +295,6 @@ case "${1:-}" in
     sign) shift; cmd_sign "$@" ;;
     benchmark-md) shift; cmd_benchmark_md "$@" ;;
     setup) shift; setup_python "$TEST_EXTRAS"; setup_node; say "ready: .venv and .cache/node" ;;
-    -h|--help|help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' ;;
-    *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    -h|--help|help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
+    *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -7,7 +7,8 @@ command names and one line about each, and imports the module behind a command
 only when that command runs. Two reasons:
 
 * speed: ``check`` must start in a few interpreter start-ups, so nothing heavy
-  (jsonschema, the checkpoint reader, the memory model) is imported for it;
+  (jsonschema, the checkpoint reader, the memory model) is imported for it, and the
+  library's bytecode is cached per user outside the skill folder (``mfsdp_lib/bytecode_cache.py``);
 * isolation: a broken optional part (say, the GPU smoke launcher) cannot stop
   the offline commands from working.
 
@@ -25,9 +26,11 @@ import os
 import sys
 
 # Never write bytecode into the skill folder (a .pyc there is a file the signature does not cover, and
-# `skill_signature.py verify` reports it), and never read it from there: with a cache prefix that cannot
-# exist, Python compiles the signed source instead of loading a __pycache__ entry planted beside it.
-# Both are set before the library is imported.
+# `skill_signature.py verify` reports it), and never read it from there. Until the library's cache folder is
+# chosen (mfsdp_lib/bytecode_cache.py: per user, outside the skill folder), the prefix is one that cannot
+# exist, so the first imports compile the signed source instead of loading a __pycache__ entry beside it.
+# The prefix the interpreter started with (PYTHONPYCACHEPREFIX) is kept: the user's choice wins.
+_STARTUP_PYCACHE_PREFIX = sys.pycache_prefix
 sys.dont_write_bytecode = True
 sys.pycache_prefix = os.path.join(os.devnull, "no-bytecode")
 
@@ -42,7 +45,8 @@ def _refuse_unsigned_bytecode(here: str) -> None:
     """Exit 2 when a sourceless ``.pyc`` sits among the skill's scripts (see SECURITY.md).
 
     Python imports a ``name.pyc`` found on sys.path when no ``name.py`` comes first, and the signature does
-    not cover it. (``__pycache__`` bytecode is never read: ``sys.pycache_prefix`` points elsewhere.)
+    not cover it. (``__pycache__`` bytecode beside the sources is never read: ``sys.pycache_prefix`` points
+    elsewhere.)
     """
     for dirpath, dirnames, filenames in os.walk(here):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
@@ -59,6 +63,13 @@ def _refuse_unsigned_bytecode(here: str) -> None:
 
 if os.path.basename(_HERE) == "scripts":  # inside a skill folder (an installed mfsdp-verify has nothing to guard)
     _refuse_unsigned_bytecode(_HERE)
+
+from mfsdp_lib import bytecode_cache  # noqa: E402  (after the guards above; compiled from source every time)
+
+# The skill folder is the parent of scripts/ (or this folder, for an installed copy): no bytecode inside it.
+bytecode_cache.enable(
+    os.path.dirname(_HERE) if os.path.basename(_HERE) == "scripts" else _HERE, _STARTUP_PYCACHE_PREFIX
+)
 
 MIN_PYTHON = (3, 10)  # NVIDIA's PyTorch containers ship 3.10 and newer.
 
@@ -133,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from mfsdp_lib.cli import common
 
-    return common.run_command(prog, name, COMMANDS[name], rest)
+    try:
+        return common.run_command(prog, name, COMMANDS[name], rest)
+    finally:
+        bytecode_cache.store()  # the modules this command imported, for the next call
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ Cache: ``$MFSDP_WHEEL_CACHE`` or ``~/.cache/mfsdp-skill/wheels``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
@@ -29,8 +31,22 @@ MCORE_PLATFORM = "manylinux_2_28_x86_64"
 CACHE = Path(os.environ.get("MFSDP_WHEEL_CACHE", Path.home() / ".cache" / "mfsdp-skill" / "wheels"))
 
 
-def _download(req: str, pattern: str, platform: str | None = None) -> Path:
+@contextlib.contextmanager
+def _cache_lock():
+    """One process at a time in the cache: the suite runs in several pytest-xdist workers, and two of them
+    downloading or unpacking the same wheel at once would see each other's partial files."""
     CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _download(req: str, pattern: str, platform: str | None = None) -> Path:
+    with _cache_lock():
+        return _download_locked(req, pattern, platform)
+
+
+def _download_locked(req: str, pattern: str, platform: str | None) -> Path:
     found = sorted(CACHE.glob(pattern))
     if found:
         return found[-1]
@@ -60,6 +76,11 @@ def _download(req: str, pattern: str, platform: str | None = None) -> Path:
 
 
 def _unpack(wheel: Path) -> Path:
+    with _cache_lock():
+        return _unpack_locked(wheel)
+
+
+def _unpack_locked(wheel: Path) -> Path:
     dest = CACHE / (wheel.name + ".d")
     marker = dest / ".complete"
     if not marker.exists():

@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,16 @@ import pytest
 # No bytecode in the skill folder from the test run either: every .pyc there is an unsigned file that
 # `skill_signature.py verify` reports (dev.sh also exports PYTHONDONTWRITEBYTECODE=1 for pytest's own).
 sys.dont_write_bytecode = True
+# The commands the tests start (scripts/mfsdp.py, python -m evals ..., hundreds of them) get one bytecode cache
+# for the session, in a temporary folder outside the skill folder: with PYTHONPYCACHEPREFIX set, Python writes
+# and reads every .pyc there and never beside a source, and compiling the library, the standard library and
+# PyYAML again in every child was about half the suite's time. (A test of the cache itself, or of bytecode
+# beside the sources, takes both variables out of its child's environment.)
+_CHILD_PYCACHE = tempfile.mkdtemp(prefix="mfsdp-tests-pycache-")
+atexit.register(shutil.rmtree, _CHILD_PYCACHE, True)
+if not Path(_CHILD_PYCACHE).resolve().is_relative_to(Path(__file__).resolve().parent.parent):
+    os.environ["PYTHONPYCACHEPREFIX"] = _CHILD_PYCACHE
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

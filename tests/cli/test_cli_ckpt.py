@@ -185,3 +185,37 @@ def test_metadata_json_nested_too_deep_is_a_finding(cli, tmp_path):
     proc, obj = run_json(cli, str(root))
     assert proc.returncode in (0, 1), proc.stderr
     assert any("metadata.json unreadable" in f["message"] for f in obj["findings"])
+
+
+def _big_metadata_ckpt(tmp_path, monkeypatch):
+    """The real fixture with a walk limit below its .metadata's size: the unchecked-metadata error, in-process."""
+    from mfsdp_lib.runs import checkpoint_files
+
+    monkeypatch.setattr(checkpoint_files, "MAX_DCP_FULL_PARSE", 1000)
+    root = copy_tree(REAL_CKPT, tmp_path / "ck")
+    (root / "iter_0000010" / "__0_0.distcp").write_bytes(b"")  # the fixture keeps metadata only: add its shard
+    return root
+
+
+@pytest.mark.parametrize("torch_reads", [True, False], ids=["torch-reads-it", "torch-refuses"])
+def test_trust_pickle_vouches_for_unchecked_metadata_only_when_torch_reads_it(
+    tmp_path, monkeypatch, capsys, torch_reads
+):
+    """--trust-pickle: once torch's DCP reader read the file, the unchecked error becomes a warning (exit 0);
+    if torch could not read it (or is absent), the error stays. torch cannot be installed here, so its reader
+    is replaced by a stand-in returning what it returns (labelled: the one mock in this module)."""
+    import mfsdp
+    from mfsdp_lib.runs import checkpoints
+
+    root = _big_metadata_ckpt(tmp_path, monkeypatch)
+    assert mfsdp.main(["ckpt", str(root), "--format", "json"]) == 1
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+    answer = ({"entries": 3, "keys_sample": []}, None) if torch_reads else (None, "torch could not read .metadata")
+    monkeypatch.setattr(checkpoints, "trusted_dcp_summary", lambda path: answer)  # stand-in for torch's reader
+    code = mfsdp.main(["ckpt", str(root), "--format", "json", "--trust-pickle"])
+    out = json.loads(capsys.readouterr().out)
+    f = next(f for f in out["findings"] if f["rule"] == "MFSDP-CKPT-METADATA-UNCHECKED")
+    if torch_reads:
+        assert code == 0 and out["ok"] is True and f["severity"] == "warning" and "--trust-pickle" in f["message"]
+    else:
+        assert code == 1 and out["ok"] is False and f["severity"] == "error"

@@ -40,15 +40,23 @@ def keys(signing_keys):
     return signing_keys
 
 
-@pytest.fixture
-def signed_copy(tmp_path, keys):
-    """A copy of this skill's signed set (no .git), freshly signed."""
-    dest = tmp_path / sig.SKILL_NAME
+@pytest.fixture(scope="module")
+def _signed_template(tmp_path_factory, keys):
+    """This skill's signed set (no .git), signed once for the module: signing hashes every file."""
+    dest = tmp_path_factory.mktemp("signed") / sig.SKILL_NAME
     for rel in sig.signed_files(ROOT):
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, target)
     sig.sign(dest, keys["key"], keys["cert"], keys["chain"])
+    return dest
+
+
+@pytest.fixture
+def signed_copy(tmp_path, _signed_template):
+    """A freshly signed copy of this skill's signed set, the test's own to tamper with."""
+    dest = tmp_path / sig.SKILL_NAME
+    shutil.copytree(_signed_template, dest, symlinks=True)
     return dest
 
 

@@ -379,7 +379,11 @@ def test_big_metadata_is_scanned_for_shard_names(monkeypatch, tmp_path):
     assert "MFSDP-CKPT-NO-PAYLOAD" in rules(report, "error")
     root = copy_tree(REAL_CKPT, tmp_path / "ck")
     (root / "iter_0000010" / "__0_0.distcp").write_bytes(b"")
-    assert not rules(C.inspect(str(root)), "error")  # sizes are unknown in this mode: presence only
+    # sizes are unknown in this mode (presence only), and so is what the pickle imports: never consistent
+    report = C.inspect(str(root))
+    assert rules(report, "error") == {"MFSDP-CKPT-METADATA-UNCHECKED"}
+    f = next(f for f in report.findings if f.rule == "MFSDP-CKPT-METADATA-UNCHECKED")
+    assert "past the" in f.message and "do not load" in f.fix
     (tmp_path / "not_dcp").write_bytes(b"x" * 5000)
     assert F.read_dcp_metadata(str(tmp_path / "not_dcp"))[0] is None
 

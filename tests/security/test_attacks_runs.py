@@ -76,6 +76,44 @@ def test_5_large_hostile_metadata_answers_in_seconds(cli, tmp_path, mib):
     assert p.returncode == 1 and "MFSDP-CKPT-DCP-METADATA-BAD" in _rules(obj)
 
 
+_METADATA_HEAD = b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n)\x81}" + _u("state_dict_metadata")
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        # more opcodes than the walk takes (3 million nested marks, 3 MB): it falls back to a names-only scan
+        (_METADATA_HEAD + b"(" * 3_000_000 + _u("__0_0.distcp") + b"sb.", "opcodes"),
+        # past the size walked in full (16 MiB of one-byte opcodes), with the class and shard name a scan looks for
+        (_METADATA_HEAD + b"N" * (16 * 1024 * 1024) + _u("__0_0.distcp") + b"sb.", "bytes"),
+    ],
+    ids=["nested-3M-opcodes", "16MiB"],
+)
+def test_5_metadata_the_walk_refuses_is_never_ok(cli, tmp_path, body, reason):
+    """A .metadata too large or too complex to walk names the right class and shard, yet what it would import
+    is unknown: an error that says not to load it and why, exit 1, "ok": false (it once exited 0, ok)."""
+    root = _ckpt(tmp_path)
+    (root / ITER / ".metadata").write_bytes(body)
+    p, obj, elapsed = _json(cli, root)
+    assert elapsed < 10, elapsed
+    assert p.returncode == 1 and obj["ok"] is False, obj["findings"]
+    f = next(f for f in obj["findings"] if f["rule"] == "MFSDP-CKPT-METADATA-UNCHECKED")
+    assert f["severity"] == "error" and reason in f["message"] and "do not load" in f["fix"], f
+    text = cli("ckpt", str(root), timeout=TIMEOUT)
+    assert text.returncode == 1 and "ERROR" in text.stdout and "MFSDP-CKPT-METADATA-UNCHECKED" in text.stdout
+
+
+def test_5_metadata_nested_past_the_depth_limit_says_do_not_load(cli, tmp_path):
+    """A well-formed Metadata whose state holds lists nested 150 deep (pickle itself would load it): refused by
+    the walk, so an error telling the user not to load it, never ok."""
+    root = _ckpt(tmp_path)
+    (root / ITER / ".metadata").write_bytes(_METADATA_HEAD + b"}s" + _u("x") + b"]" * 150 + b"a" * 149 + b"sb.")
+    p, obj, _ = _json(cli, root)
+    assert p.returncode == 1 and obj["ok"] is False
+    f = next(f for f in obj["findings"] if f["rule"] == "MFSDP-CKPT-DCP-METADATA-BAD")
+    assert "nested more than" in f["message"] and "do not load" in f["fix"], f
+
+
 def _malicious_metadata(extra_call: bytes) -> bytes:
     """A DCP Metadata whose storage_data holds a REDUCE of a function: what pickle.load would call."""
     return (

@@ -82,8 +82,17 @@ def _crafted_cache_entry(source: Path, evil: str) -> Path:
     return pyc
 
 
-def test_1_pycache_bytecode_is_named_by_verify_and_never_loaded(signed, ca):
+def _plain_env(tmp_path: Path) -> dict[str, str]:
+    """A user's environment: Python's default bytecode handling (no PYTHONDONTWRITEBYTECODE, no
+    PYTHONPYCACHEPREFIX, both of which the test session sets), the per-user cache in a temporary folder."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "user-cache")
+    return env
+
+
+def test_1_pycache_bytecode_is_named_by_verify_and_never_loaded(signed, ca, tmp_path):
     evil = "import pathlib; pathlib.Path('PWNED').write_text('x')\nraise SystemExit('PWNED')\n"
+    env = _plain_env(tmp_path)
     pyc = _crafted_cache_entry(signed / "scripts" / "mfsdp_lib" / "findings.py", evil)
     problems = _problems(signed, ca)
     rel = pyc.relative_to(signed).as_posix()
@@ -94,13 +103,16 @@ def test_1_pycache_bytecode_is_named_by_verify_and_never_loaded(signed, ca):
         cwd=signed,
         capture_output=True,
         text=True,
+        env=env,
         timeout=TIMEOUT,
     )
     assert "PWNED" in probe.stderr and (signed / "PWNED").exists()
     (signed / "PWNED").unlink()
-    # ... the skill's entry points never do: they compile the signed source
+    # ... the skill's entry points never do: they read bytecode only from the user's cache, never beside a source
     for argv in (["scripts/mfsdp.py", "check"], ["scripts/skill_signature.py", "files"]):
-        p = subprocess.run([sys.executable, *argv], cwd=signed, capture_output=True, text=True, timeout=TIMEOUT)
+        p = subprocess.run(
+            [sys.executable, *argv], cwd=signed, capture_output=True, text=True, env=env, timeout=TIMEOUT
+        )
         assert p.returncode in (0, 1) and "PWNED" not in p.stderr, p.stderr
     assert not (signed / "PWNED").exists()
 
@@ -148,7 +160,7 @@ def test_1_egg_info_hidden_and_build_files_are_named(signed, ca):
 
 
 def test_1_entry_points_and_tests_write_no_bytecode(signed, ca, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = _plain_env(tmp_path)
     for argv in (["scripts/mfsdp.py", "check"], ["scripts/mfsdp.py", "rules"], ["scripts/skill_signature.py", "files"]):
         p = subprocess.run([sys.executable, *argv], cwd=signed, capture_output=True, env=env, timeout=TIMEOUT)
         assert p.returncode in (0, 1), p.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ..findings import exit_code, render_json, render_text
+from ..findings import Finding, exit_code, render_json, render_text
 from ..runs import checkpoints
 
 DESCRIPTION = """\
@@ -25,7 +25,9 @@ Megatron-LM mp_rank_XX/model_optim_rng.pt = torch.
 Findings: format on disk vs checkpoint.ckpt_format recorded; --expect not met; tracker pointing at a missing
 iteration; iteration folder without payload or with missing shards; fsdp_dtensor from a run without Megatron
 FSDP (or the reverse); and the conversion that applies, with a `mfsdp.py convert` command only for
-paths recorded as run and checked (scripts/data/ckpt_migration_passing.json).
+paths recorded as run and checked (scripts/data/ckpt_migration_passing.json). A .metadata that names code to
+run, or that is too large or too complex to walk in full, is an error: Bridge unpickles it on every rank when it
+loads.
 """
 
 EPILOG = """\
@@ -68,6 +70,8 @@ def run(args) -> int:
             if err:
                 sys.stderr.write(f"mfsdp.py ckpt: --trust-pickle: {err}\n")
             details["trusted_dcp_metadata"] = trusted
+            if trusted is not None:  # the user vouched for the file and torch read it: no longer unchecked
+                report.findings = [_vouched(f) if f.rule == checkpoints.UNCHECKED_RULE else f for f in report.findings]
     if args.format == "json":
         render_json(
             report.findings,
@@ -80,6 +84,19 @@ def run(args) -> int:
     else:
         render_text(report.findings, header=_header(report))
     return exit_code(report.findings)
+
+
+def _vouched(f: Finding) -> Finding:
+    """The unchecked-metadata error once torch's reader read the file under --trust-pickle: a warning that says so."""
+    return Finding(
+        f.rule,
+        "warning",
+        f.path,
+        f"{f.message}; --trust-pickle: torch's DCP reader read it (running the pickle), on your word that the "
+        "source is trusted",
+        f.fix,
+        f.extra,
+    )
 
 
 def _header(r: checkpoints.CheckpointReport) -> str:

@@ -195,7 +195,11 @@ RULES: list[Rule] = [
             f"{kv(e, 'ddp.data_parallel_sharding_strategy')} has no effect while Megatron FSDP is off "
             "(only Megatron FSDP reads it; Bridge's common recipes set it ahead of enabling FSDP)."
         ),
-        fix="dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true (mfsdp.py enable), or drop the strategy",
+        # Not the two use_megatron_fsdp flags alone: validate() then refuses the checkpoint format (MFSDP-CKPT-FORMAT,
+        # 'Megatron-FSDP requires the fsdp_dtensor checkpointing format!') and a PP > 1 layout fails at wrap
+        # (MFSDP-PIPELINE-PARALLEL). enable sets all five settings and stops where a decision is the user's.
+        fix="'mfsdp.py enable' (all five Megatron FSDP settings, ckpt_format included), or "
+        "ddp.data_parallel_sharding_strategy=no_shard",
         source=f"{S.B_CFG}: ConfigContainer._validate_and_apply_megatron_fsdp_configs and "
         "megatron/core/optimizer/__init__.py: 'if ddp_config.use_megatron_fsdp:' (the only readers, "
         "with megatron_fsdp itself)",
@@ -299,12 +303,24 @@ RULES: list[Rule] = [
         stage="advice",
         topic="core",
         paths=("model.init_model_with_meta_device",),
-        when=lambda e: e.fsdp and not e.get("model.init_model_with_meta_device"),
+        # Only where meta-device init works: a sharding strategy other than no_shard (under no_shard Megatron FSDP
+        # builds no model weight buffer, and only that buffer's set-up materialises meta parameters; the wrap
+        # then fails: MFSDP-NO-SHARD-META-INIT) and no PEFT (its pre-wrap hook loads the base weights into the
+        # meta model: MFSDP-PEFT-META-DEVICE). tests/rules/test_fix_closure.py applies this fix everywhere.
+        when=lambda e: (
+            e.fsdp
+            and e.get("ddp.data_parallel_sharding_strategy") != "no_shard"
+            and e.get("peft") is None
+            and not e.get("model.init_model_with_meta_device")
+        ),
         message=lambda e: (
             "model.init_model_with_meta_device=false: the full model is materialised on each GPU before sharding."
         ),
         fix="model.init_model_with_meta_device=true",
         source="megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
-        "(cfg.model.init_model_with_meta_device = True)",
+        "(cfg.model.init_model_with_meta_device = True); not under no_shard: "
+        f"{SRC_MFSDP_BUF}: ParamAndGradBuffer._init_each_parameter_group_buffers (line 2645) "
+        "'if data_parallel_sharding_strategy != \"no_shard\":' (the only model_weight_buffer), then (line 2880) "
+        "'if self.reset_parameters_for_meta_device_init_module and p.is_meta:' runs only 'if wbuf:'",
     ),
 ]

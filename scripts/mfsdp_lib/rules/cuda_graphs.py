@@ -61,7 +61,11 @@ RULES: list[Rule] = [
             f"{kv(e, 'model.cuda_graph_impl')} (per-layer CUDA graphs) with the expert-parallel A2A overlap "
             "(overlap_moe_expert_parallel_comm) under Megatron FSDP: the wrapper asserts when the model is wrapped."
         ),
-        fix="model.cuda_graph_impl=full_iteration (or none, or turn the expert-parallel overlap off)",
+        # full_iteration alone is no fix: validate() then asserts on the NaN check (MFSDP-FULL-ITER-NAN-CHECK) and the
+        # captured iteration needs two ddp settings (MFSDP-FULL-ITER-CUDA-GRAPH); it is offered with all three.
+        fix="model.cuda_graph_impl=none, or model.cuda_graph_impl=full_iteration with "
+        "rerun_state_machine.check_for_nan_in_loss=false, ddp.megatron_fsdp_cuda_graph_mode=true and "
+        "ddp.fsdp_all_gather_in_start_param_sync=false, or turn the expert-parallel overlap off",
         source=f"{SRC_MCORE_FSDP}: FullyShardedDataParallel.__init__ (line 173): assert '1F1B overlap with FSDP does not "
         "support per-layer CUDA graphs'",
     ),

@@ -276,20 +276,20 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
             if size > MAX_DCP_SCAN:
                 return None, f"{size} bytes is too large for a DCP .metadata"
             if size > MAX_DCP_FULL_PARSE:
-                return _scan_dcp_names(path, size)
+                return _scan_dcp_names(path, size, f"{size:,} bytes, past the {MAX_DCP_FULL_PARSE:,} walked in full")
             data = f.read(MAX_DCP_FULL_PARSE + 1)
     except OSError as exc:
         return None, f"cannot read: {exc.strerror or exc}"
     named: list = []
     try:
         tree = read_pickle_tree(data, globals_out=named)
-    except PickleTooLarge:
-        return _scan_dcp_names(path, size)
+    except PickleTooLarge as exc:
+        return _scan_dcp_names(path, size, str(exc))
     except PickleUnreadable as exc:
         bad = unsafe_globals(named, DCP_ALLOWED, DCP_ALLOWED_MODULE_CLASSES)
         if bad:
             return {"unsafe": bad, "files": {}, "outside": []}, None
-        return None, f".metadata unreadable: {exc}"
+        return None, f"unreadable: {exc}"
     bad = unsafe_globals(named, DCP_ALLOWED, DCP_ALLOWED_MODULE_CLASSES)
     if bad:
         return {"unsafe": bad, "files": {}, "outside": []}, None
@@ -362,10 +362,12 @@ def shard_path_is_confined(rel: str) -> bool:
 _TWO_PART_GROUPS = ("model", "optimizer")  # "model.module" vs "model"; "optimizer.state" vs "optimizer.param_..."
 
 
-def _scan_dcp_names(path: str, size: int) -> tuple[dict | None, str | None]:
+def _scan_dcp_names(path: str, size: int, why: str) -> tuple[dict | None, str | None]:
     """Big .metadata: find the class name and the shard file names by a byte scan (C speed, no parsing).
 
-    Extents are unknown in this mode, so shard sizes are not checked (``files`` maps each name to 0).
+    Extents are unknown in this mode, so shard sizes are not checked (``files`` maps each name to 0), and nor
+    is what the pickle would import: ``unchecked`` carries ``why`` (the limit it passed), and the caller must
+    not call such a checkpoint consistent.
     """
     names: set[bytes] = set()
     seen_class = False
@@ -393,7 +395,7 @@ def _scan_dcp_names(path: str, size: int) -> tuple[dict | None, str | None]:
         "version": None,
         "outside": [],
         "unsafe": [],
-        "unchecked": True,  # too large to walk: what it would import when unpickled was not checked
+        "unchecked": why,  # too large to walk: what it would import when unpickled was not checked
         "mode": f"names only ({size} bytes)",
     }, None
 

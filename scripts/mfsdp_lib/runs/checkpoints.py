@@ -70,6 +70,10 @@ from .checkpoint_files import (
     summarize_run_config,
 )
 
+# A .metadata the opcode walk refused (too large, too many opcodes): an error until --trust-pickle's torch read
+# accepts it (cli/ckpt.py), since Bridge unpickles it on every rank and nothing here saw what it imports.
+UNCHECKED_RULE = "MFSDP-CKPT-METADATA-UNCHECKED"
+
 # ----------------------------------------------------------------------------------------------------------
 # Folders
 # ----------------------------------------------------------------------------------------------------------
@@ -94,7 +98,7 @@ class IterationInfo:
     dcp_problems: list[str] = field(default_factory=list)  # .metadata damaged/empty/not DCP: the load would fail
     unsafe: list[str] = field(default_factory=list)  # code a pickle would run when loaded ("file: module.name")
     outside_shards: list[str] = field(default_factory=list)  # shard paths leaving the folder
-    unchecked: bool = False  # .metadata too large to walk: its content was not checked for code
+    unchecked: str | None = None  # why .metadata was not walked in full (its content was not checked for code)
 
     def to_dict(self) -> dict:
         d: dict[str, object] = {
@@ -222,7 +226,7 @@ def _read_iteration_metadata(info: IterationInfo) -> None:
         info.dcp = dcp
         if dcp:
             info.outside_shards = list(dcp.get("outside") or [])
-            info.unchecked = bool(dcp.get("unchecked"))
+            info.unchecked = dcp.get("unchecked") or None
             for rel, need in dcp["files"].items():
                 p = os.path.join(info.path, rel)
                 try:
@@ -579,19 +583,26 @@ def _judge_iteration(info: IterationInfo, findings: list[Finding], fallback: int
                 "MFSDP-CKPT-DCP-METADATA-BAD",
                 "error",
                 name,
-                f"{p}; Bridge's load reads this file first and would fail",
-                f"the save was interrupted or the file was damaged in the copy: copy it again, or {earlier}",
+                f"{p}; Bridge's load unpickles this file first, on every rank: a file this tool cannot read is "
+                "damaged (the load fails) or built to defeat a reader, so the checkpoint is not consistent",
+                f"do not load this iteration: the save was interrupted or the file was damaged in the copy; copy it "
+                f"again from its source, or {earlier}",
             )
         )
     if info.unchecked:
+        # An error, not a warning: a file the walk refused may hold anything Bridge's load would unpickle and run,
+        # so the checkpoint cannot be called consistent (exit 1, "ok": false) until someone vouches for it.
         findings.append(
             Finding(
-                "MFSDP-CKPT-METADATA-UNCHECKED",
-                "warning",
+                UNCHECKED_RULE,
+                "error",
                 name,
-                f"{DCP_METADATA} is too large to walk in full: only its shard names were read, so what it would "
-                "import when Bridge unpickles it was not checked",
-                "load only checkpoints you trust; 'mfsdp.py ckpt DIR --trust-pickle' reads it with torch",
+                f"{DCP_METADATA} was not checked ({info.unchecked}): only its shard file names were read, so the "
+                "classes and functions it would import when Bridge unpickles it on every rank are unknown",
+                "do not load this checkpoint unless it comes from a source you trust; 'mfsdp.py ckpt PATH "
+                "--trust-pickle' reads it with torch's own DCP reader (which runs the pickle) and accepts it if "
+                "torch can",
+                {"reason": info.unchecked},
             )
         )
     for p in info.problems:
