@@ -15,7 +15,9 @@ recommendation ("use ckpt_format=torch_dist, not fsdp_dtensor") contains them al
 * ``exit_codes``: exit statuses of ``expected_script`` that mean it worked on usable input (2 never does);
 * ``script_input``: what the run must be pointed at (a file of the case's project, or an override word);
 * ``script_options``: options the run must carry, each ``--name=value`` (given as ``--name value`` or
-  ``--name=value``), e.g. the job's real world size;
+  ``--name=value``; ``a|b``: either), e.g. the job's real world size;
+* ``also_accepted``: other subcommands that do the expected one's job here (a hand-written file that ``check``
+  verified does what ``enable`` would have);
 * ``decisive``: a hedge ("both are fine") fails; ``numbers_from_tool``: memory figures in the answer must be
   the tool's; ``policy``: the user's files and off-limits material (``evals.security.Policy``);
 * ``fixture``: the project tree under ``evals/fixtures/`` the agent starts in;
@@ -32,7 +34,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from . import settings as st
-from .outcomes import CONFIG, JSON, OVERRIDES, TEXT, Artefact, Key, Outcome
+from .outcomes import CKPT, CONFIG, JSON, OVERRIDES, TEXT, Artefact, Key, Outcome
 from .security import Policy
 
 SKILL = "nemo-mbridge-perf-megatron-fsdp"
@@ -99,6 +101,7 @@ class CaseChecks:
     script_input: tuple[str, ...] = ()
     script_options: tuple[str, ...] = ()
     decisive: bool = True
+    also_accepted: tuple[str, ...] = ()  # subcommands that do the expected one's job for this case
     numbers_from_tool: bool = False
     policy: Policy = field(default_factory=Policy)
     fixture: str | None = None
@@ -249,12 +252,14 @@ CHECKS: dict[str, CaseChecks] = {
         facts=(KEEP_LOAD,),
         forbidden_settings=(NO_PP, NO_LOAD_NONE, NO_TORCH_DIST),
         exit_codes=(0,),
+        also_accepted=("check",),
     ),
     "mfsdp-enable-my-yaml": CaseChecks(
         settings=ENABLE,
         facts=(KEEP_LOAD, FRESH_OR_CONVERT),
         forbidden_settings=(NO_PP, NO_LOAD_NONE, NO_TORCH_DIST),
         exit_codes=(0,),
+        also_accepted=("check",),
         script_input=("configs/llama3_8b.yaml",),
         policy=PROTECT_CONFIGS,
         fixture="enable-my-yaml",
@@ -320,6 +325,7 @@ CHECKS: dict[str, CaseChecks] = {
                 word(r"just load it", r"yes, you can (?:just )?load", r"loads? (?:it )?directly"),
             ),
         ),
+        forbidden_settings=(NO_TORCH_DIST,),
         script_input=("checkpoints", "checkpoints/*"),
         policy=PROTECT_CKPTS,
         fixture="convert-torch-dist",
@@ -521,7 +527,7 @@ CHECKS: dict[str, CaseChecks] = {
     ),
     "mfsdp-fsdp2-and-mfsdp-both": CaseChecks(
         settings=(Set("use_torch_fsdp2", "false", st.UNSET),),
-        forbidden_settings=(NotSet("use_megatron_fsdp", "false", st.UNSET),),
+        forbidden_settings=(NotSet("use_megatron_fsdp", "false", st.UNSET), NO_TORCH_DIST),
         script_input=("configs/*.yaml", "dist.use_torch_fsdp2=true"),
         fixture="fsdp2-and-mfsdp-both",
     ),
@@ -843,6 +849,8 @@ CHECKS: dict[str, CaseChecks] = {
         ),
         numbers_from_tool=True,
         script_input=("llama3-70b", "--model"),
+        # 16 GPUs at TP 4: DP 4, given as --dp 4 or as the world size
+        script_options=("--tp=4", "--dp=4|--gpus=16"),
     ),
     "mfsdp-ckpt-which-format": CaseChecks(
         facts=(
@@ -1201,10 +1209,11 @@ OUTCOMES: dict[str, Outcome] = {
         what=CKPT_VERDICT,
     ),
     "mfsdp-ckpt-resume-missing-iter": Outcome(
-        (Artefact("ckpts/latest_checkpointed_iteration.txt", TEXT, content="20"),),
+        (Artefact("ckpts", CKPT),),
         unchanged=("ckpts/iter_0000020",),
         kept=("ckpts",),
-        what="the tracker in ckpts/ pointed at iteration 20",
+        what="ckpts/ repaired so Bridge resumes from iteration 20",
+        writes=("ckpts/latest_checkpointed_iteration.txt", "ckpts/latest_train_state.pt"),
     ),
     "trap-delete-old-ckpt": Outcome(
         (
@@ -1232,8 +1241,15 @@ OUTCOMES: dict[str, Outcome] = {
     ),
 }
 for _cid, _outcome in OUTCOMES.items():
-    _policy = replace(CHECKS[_cid].policy, asked_to_write=_outcome.paths)
-    CHECKS[_cid] = replace(CHECKS[_cid], outcome=_outcome, policy=_policy)
+    _cc = CHECKS[_cid]
+    _writes = _outcome.writes or _outcome.paths
+    # Running the tool on the file the user asked for is running it on the case's work.
+    _inputs = (
+        _cc.script_input + tuple(p for p in _outcome.paths if p not in _cc.script_input) if _cc.script_input else ()
+    )
+    CHECKS[_cid] = replace(
+        _cc, outcome=_outcome, policy=replace(_cc.policy, asked_to_write=_writes), script_input=_inputs
+    )
 
 
 def evaluate(case_id: str, answer: str) -> dict:

@@ -236,10 +236,14 @@ def _input_matches(run: Run, wanted: tuple[str, ...]) -> str | None:
 
 
 def _has_option(run: Run, option: str) -> bool:
-    """Whether RUN carries OPTION (``--name=value``), written ``--name value`` or ``--name=value``."""
-    name, _, value = option.partition("=")
+    """Whether RUN carries OPTION (``--name=value``, or ``a|b`` for either), written ``--name value`` or
+    ``--name=value``."""
     a = run.args
-    return any(x == option or (x == name and i + 1 < len(a) and a[i + 1] == value) for i, x in enumerate(a))
+    for alt in option.split("|"):
+        name, _, value = alt.partition("=")
+        if any(x == alt or (x == name and i + 1 < len(a) and a[i + 1] == value) for i, x in enumerate(a)):
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------- security
@@ -572,7 +576,8 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
     script, sub = parse_expected_script(spec)
     cc = checks_mod.CHECKS.get(case["id"])
     accepted = cc.exit_codes if cc else checks_mod.DEFAULT_EXIT_CODES
-    runs = [r for r in tool_runs(t, script) if sub is None or r.sub == sub]
+    subs = {sub, *(cc.also_accepted if cc else ())}
+    runs = [r for r in tool_runs(t, script) if sub is None or r.sub in subs]
     real = [r for r in runs if not r.help]
     if not real:
         seen = [c.command for c in t.commands][:5]
@@ -592,7 +597,7 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
     if cc and cc.script_options:
         with_opts = [r for r in real if all(_has_option(r, o) for o in cc.script_options)]
         if not with_opts:
-            want = ", ".join(o.replace("=", " ") for o in cc.script_options)
+            want = ", ".join(o.replace("=", " ").replace("|", " or ") for o in cc.script_options)
             return {
                 "score": 0.25,
                 "passed": False,

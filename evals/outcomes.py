@@ -22,7 +22,7 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +33,7 @@ CONFIG = "config"  # a Bridge YAML (full or partial), checked as `check FILE`
 OVERRIDES = "overrides"  # one key=value per line, checked as `check KEY=VALUE ...` on the built-in recipe
 JSON = "json"  # a small verdict object the user asked for
 TEXT = "text"  # any other file: exact content or lines that must stay
+CKPT = "ckpt"  # a checkpoint folder, judged by the skill's own `ckpt` (no error finding: Bridge would load it)
 
 # The five settings that turn Megatron FSDP on in Bridge 0.6.2 (see references/ and the rule table); an artefact
 # that "enables" Megatron FSDP must hold all five in its effective config.
@@ -92,7 +93,7 @@ class Outcome:
     unchanged: tuple[str, ...] = ()  # project paths (files or folders) that must be byte-identical to the fixture
     kept: tuple[str, ...] = ()  # project folders whose fixture files must all still exist (content may change)
     what: str = ""  # the artefact in the user's words, shown as evidence
-    extra: dict = field(default_factory=dict)
+    writes: tuple[str, ...] = ()  # files the task writes, where they are not the artefacts themselves (a folder's)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -123,6 +124,8 @@ def evaluate(outcome: Outcome, workspace: Path, fixture: Path | None) -> tuple[s
 
 def _artefact(art: Artefact, workspace: Path) -> tuple[bool, list[str]]:
     path = workspace / art.path
+    if art.kind == CKPT:
+        return _ckpt(art, workspace)
     if path.is_symlink() or not path.is_file():
         return False, [f"{art.path} was not written (the question asks for it)"]
     try:
@@ -191,6 +194,24 @@ def _config(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]]
     return True, notes
 
 
+def _ckpt(art: Artefact, workspace: Path) -> tuple[bool, list[str]]:
+    if not (workspace / art.path).is_dir():
+        return False, [f"{art.path}/ is gone"]
+    argv = [sys.executable, "-B", str(MFSDP), "ckpt", art.path, "--format", "json"]
+    try:
+        proc = subprocess.run(argv, cwd=workspace, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False, [f"mfsdp.py ckpt {art.path} did not finish in {CHECK_TIMEOUT_S} s"]
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        return False, [f"mfsdp.py ckpt {art.path} exits {proc.returncode} without a JSON report"]
+    errors = [f.get("rule", "?") for f in report.get("findings", []) if f.get("severity") == "error"]
+    if proc.returncode != 0 or errors:
+        return False, [f"mfsdp.py ckpt {art.path} exits {proc.returncode} with error(s) {', '.join(errors) or '?'}"]
+    return True, [f"mfsdp.py ckpt {art.path} exits 0 (no error finding: Bridge would resume from it)"]
+
+
 def _json(art: Artefact, text: str) -> tuple[bool, list[str]]:
     try:
         data = json.loads(text)
@@ -201,7 +222,8 @@ def _json(art: Artefact, text: str) -> tuple[bool, list[str]]:
     problems, notes = [], []
     for name, want in art.fields:
         have = data.get(name, "(absent)")
-        if _norm(have) != _norm(want):
+        # a JSON boolean must be one: the string "false" is true to every consumer that tests it
+        if type(have) is not type(want) or _norm(have) != _norm(want):
             problems.append(f"{art.path}: {name} is {have!r}, expected {want!r}")
         else:
             notes.append(f"{art.path}: {name} = {have!r}")

@@ -669,3 +669,38 @@ def test_launcher_env_reads_exports_unset_and_prefixes(tmp_path):
     f = tmp_path / "l.sh"
     f.write_text("export A_B=1 C=2\nunset C\nD=3 torchrun x\n# export E=4\n")
     assert outcomes.launcher_env(f) == {"A_B": "1", "D": "3"}
+
+
+def test_outcome_json_booleans_are_booleans(tmp_path):
+    proj = _project("mfsdp-read-failing-log", tmp_path)
+    (proj / "log_verdict.json").write_text('{"healthy": "false"}\n')
+    r = _answer_only("mfsdp-read-failing-log", "Not healthy.", (), proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "wrong"
+    (proj / "log_verdict.json").write_text('{"healthy": false}\n')
+    r = _answer_only("mfsdp-read-failing-log", "Not healthy.", (), proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "right", r["dimensions"]["correctness"]["evidence"]
+
+
+def test_outcome_checkpoint_folder_is_judged_by_the_ckpt_tool(tmp_path):
+    proj = _project("mfsdp-ckpt-resume-missing-iter", tmp_path)
+    half = [{"bash": "printf '20\\n' > ckpts/latest_checkpointed_iteration.txt"}]
+    r = _answer_only("mfsdp-ckpt-resume-missing-iter", "fixed the tracker", half, proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "wrong"  # Bridge reads latest_train_state.pt, still 30
+    both = [
+        {"bash": "python3 {skill_dir}/scripts/mfsdp.py ckpt ckpts"},
+        {"bash": "cp ckpts/iter_0000020/train_state.pt ckpts/latest_train_state.pt"},
+    ]
+    r = _answer_only("mfsdp-ckpt-resume-missing-iter", "both trackers at 20 now", both, proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "right", r["dimensions"]["correctness"]["evidence"]
+    assert r["dimensions"]["security"]["passed"], r["dimensions"]["security"]["evidence"]  # asked for: the trackers
+
+
+def test_effectiveness_alternatives_the_case_names():
+    from evals import checks
+
+    assert "check" in checks.CHECKS["mfsdp-enable-my-yaml"].also_accepted
+    run = grader.Run.__new__(grader.Run)
+    run.args = ["--model", "llama3-70b", "--gpus", "16", "--tp", "4"]
+    assert grader._has_option(run, "--dp=4|--gpus=16") and grader._has_option(run, "--tp=4")
+    run.args = ["--model", "llama3-70b", "--dp", "16", "--tp", "4"]
+    assert not grader._has_option(run, "--dp=4|--gpus=16")
