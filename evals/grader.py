@@ -468,7 +468,8 @@ def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off", work
         return _verdict(WRONG, 0.0, [f"no checks written for case {cid} in evals/checks.py"])
     if t.is_error:
         return _verdict(WRONG, 0.0, [f"the run ended in an error: {t.error[:200]}"])
-    outcome_verdict, outcome_evidence = None, []
+    outcome_verdict: str | None = None
+    outcome_evidence: list[str] = []
     if cc.outcome is not None:
         if workspace is not None and Path(workspace).is_dir():
             outcome_verdict, outcome_evidence = outcomes_mod.evaluate(

@@ -246,7 +246,7 @@ def _text(art: Artefact, text: str) -> tuple[bool, list[str]]:
 def override_lines(text: str) -> tuple[list[str], str | None]:
     """(KEY=VALUE overrides, the first line that is not one) of an overrides file: blank lines and # comments skip;
     Hydra's ``+``/``++`` prefixes are dropped (they only say whether the key may be new)."""
-    out = []
+    out: list[str] = []
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
