@@ -251,6 +251,37 @@ def render_first_unseen(data: dict) -> list[str]:
     ]
 
 
+def render_first_vs_current(data: dict) -> list[str]:
+    """Each adversarial batch's first measurement (before the grader was changed for it) beside its current rates."""
+    per_set = (data.get("raw") or {}).get("per_set") or {}
+    firsts = data.get("first_measurements") or []
+    if not firsts:
+        return []
+    lines = [
+        "",
+        "Each batch's first measurement (the grader as it stood before any change for that batch) beside its current "
+        "rates; a batch whose first measurement was not kept says why:",
+        "",
+        "| Set | First: false passes | First: false fails | First: undecided | First measured by | "
+        "Now: false passes | Now: false fails | Now: undecided |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in firsts:
+        now = per_set.get(f.get("set"), {})
+        cur = [
+            f"{now['false_passes']}/{now['bad']} = {now['false_pass_rate']:.1%}" if now else None,
+            f"{now['false_fails']}/{now['good']} = {now['false_fail_rate']:.1%}" if now else None,
+            f"{now['undecided']}/{now['runs']} = {now['undecided_rate']:.1%}" if now else None,
+        ]
+        if f.get("recorded"):
+            first = [f.get("false_passes"), f.get("false_fails"), f.get("undecided")]
+            how = f"{f.get('date')}, `{f.get('file')}`: {f.get('provenance')}"
+        else:
+            first, how = ["not recorded"] * 3, str(f.get("provenance"))
+        lines.append("| " + " | ".join(fmt(c) for c in [f.get("set"), *first, how, *cur]) + " |")
+    return lines
+
+
 def _provenance(data: dict, where: str) -> list[str]:
     """Date, machine, ``where`` (the file the figures come from) and the command, as every section opens."""
     return [
@@ -303,6 +334,8 @@ def render(results: list[tuple[str, dict]], first_unseen: dict | None = None) ->
         if notes:
             lines += ["", "Notes:", ""]
             lines += [f"- {str(n).strip()}" for n in notes]
+        if _bid(data) == "evals_adversarial":
+            lines += render_first_vs_current(data)
         if first_unseen is not None and _bid(data) == "evals_adversarial":
             lines += render_first_unseen(first_unseen)
             first_unseen = None

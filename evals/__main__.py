@@ -24,7 +24,7 @@ import ast
 import json
 import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from . import checks as checks_mod
 from .transcripts import AGENTS, UnreadableTranscript, read_json_file
@@ -40,6 +40,8 @@ DISPATCHER = ROOT / "scripts" / "mfsdp.py"
 MIN_CASES, MIN_NEGATIVE, MIN_SCRIPT = 40, 5, 6
 MIN_NEGATIVE_OR_TRAP = 10  # decoys (expected_skill null) plus trap-* cases
 MIN_FIXTURE_SHARE = 0.5  # at least half the cases start in a project of the user's
+# At least half the positive cases leave a file that decides correctness (evals/outcomes.py): prose alone cannot.
+MIN_OUTCOME_SHARE = 0.5
 
 PROG = "python3 -m evals"
 EPILOG = f"""\
@@ -49,7 +51,8 @@ examples:
   {PROG} run --agent claude-code --cases decoy-torchtitan-fsdp2 --attempts 1   # scripted model without an API key
   {PROG} report results/claude-code.json
 
-exit codes: 0 ok / pass, 1 invalid cases / failed grade, 2 unusable input, 4 not judged (--judge required).
+exit codes: 0 ok / passed, 1 invalid cases / failed, 2 unusable input, 4 not judged (grade: correctness
+undecided from the evidence and no LLM judge verdict; never a pass).
 """
 
 
@@ -133,6 +136,18 @@ def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None 
         fixture = HERE / "fixtures" / str(checks_mod.CHECKS[cid].fixture)
         if not fixture.is_dir():
             problems.append(f"{cid}: fixture folder {fixture.relative_to(ROOT)} does not exist")
+    positive = [c.get("id") for c in objs if c.get("expected_skill") is not None]
+    checked = [i for i in positive if i in checks_mod.CHECKS and checks_mod.CHECKS[i].outcome is not None]
+    if positive and len(checked) < MIN_OUTCOME_SHARE * len(positive):
+        problems.append(
+            f"coverage: {len(checked)} of {len(positive)} positive cases are outcome-checked, at least half wanted"
+        )
+    question = {c.get("id"): str(c.get("question", "")) for c in objs}
+    for cid in sorted(checked):
+        for path in checks_mod.CHECKS[cid].outcome.paths:
+            names = (path, PurePosixPath(path).name, PurePosixPath(path).parts[0])
+            if not any(n in question[cid] for n in names):
+                problems.append(f"{cid}: the question never names the file its outcome check reads ({path})")
     return problems
 
 
@@ -147,6 +162,9 @@ def cmd_validate(args) -> int:
         "cases": len(objs),
         "negative": sum(1 for c in objs if c.get("expected_skill") is None),
         "with_script": sum(1 for c in objs if isinstance(c.get("expected_script"), str)),
+        "outcome_checked": sum(
+            1 for c in objs if c.get("id") in checks_mod.CHECKS and checks_mod.CHECKS[c["id"]].outcome is not None
+        ),
         "problems": problems,
     }
     if args.format == "json":
@@ -156,7 +174,8 @@ def cmd_validate(args) -> int:
             print(f"error: {p}")
         print(
             f"{args.evals}: {summary['cases']} cases ({summary['negative']} negative, "
-            f"{summary['with_script']} run a script): {'valid' if not problems else f'{len(problems)} problem(s)'}"
+            f"{summary['with_script']} run a script, {summary['outcome_checked']} outcome-checked): "
+            f"{'valid' if not problems else f'{len(problems)} problem(s)'}"
         )
     return 0 if not problems else 1
 
@@ -175,7 +194,11 @@ def cmd_grade(args) -> int:
         meta = load_meta(args.meta, args.meta_sha256)
     elif args.meta_sha256:
         return _fail("--meta-sha256 needs --meta")
-    result = grader.grade(case, args.transcript, agent=args.agent, judge=args.judge, meta=meta)
+    if args.workspace and not Path(args.workspace).is_dir():
+        return _fail(f"--workspace {args.workspace}: not a folder")
+    result = grader.grade(
+        case, args.transcript, agent=args.agent, judge=args.judge, meta=meta, workspace=args.workspace
+    )
     if args.format == "json":
         print(json.dumps(result, indent=2))
     else:
@@ -208,7 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Score TRANSCRIPT (Claude Code stream-json or Codex exec --json; a "
         "file beside it is never read: pass the runner's invocation record with --meta and the digest the runner "
         "recorded with --meta-sha256) against case ID.",
-        epilog=f"example: {PROG} grade --case decoy-cuda-graphs out/codex.jsonl --agent codex",
+        epilog=f"example: {PROG} grade --case decoy-cuda-graphs out/codex.jsonl --agent codex\n"
+        f"         {PROG} grade --case mfsdp-sharding-strategy-typo run/transcript.jsonl --workspace run/project\n\n"
+        "Correctness is right, wrong (only on decisive evidence: a wrong file, a forbidden setting with a required\n"
+        "point missing, a claim the tool's own output contradicts) or undecided. A case whose question asks for a\n"
+        "file is decided by that file in --workspace (the project as the run left it), checked with the skill's\n"
+        "own `check` at the case's world size. An undecided run that fails no other dimension is 'not judged'\n"
+        '(JSON: "passed": null, "verdict": "not judged"), unless the LLM judge decides it.\n\n'
+        "exit codes: 0 passed, 1 failed, 4 not judged, 2 unusable input.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g.add_argument("--case", required=True, help="case id from evals.json")
@@ -223,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--meta", help="the runner's invocation record for this transcript (e.g. TRANSCRIPT.meta.json)")
     g.add_argument("--meta-sha256", help="the SHA-256 the runner recorded for --meta (results.json: meta_sha256)")
+    g.add_argument(
+        "--workspace",
+        help="the project folder as the run left it (the runner's attempt-N/project): the file a case asks for "
+        "is checked there; without it such a case is graded on the prose alone",
+    )
     g.add_argument("--evals", default=None, help="cases file (default: evals/evals.json)")
     sub.add_parser("run", help="run the agent CLIs end to end (evals/runner.py)", add_help=False)
     sub.add_parser("adversarial", help="the grader's false-pass / false-fail rates on the labelled set", add_help=False)

@@ -41,9 +41,10 @@ SET_JSON = ROOT / "tests" / "fixtures" / "adversarial" / "set.json"
 # A second batch, written by someone who had not read the grader; its first rates are kept in
 # benchmarks/results/raw/adversarial_batch2_unseen.json. Both together are the repository's set.
 BATCH2_JSON = SET_JSON.with_name("batch2.json")
-REPOSITORY_SETS = (SET_JSON, BATCH2_JSON)
+REPOSITORY_SETS = (SET_JSON, BATCH2_JSON)  # the sets every checkout has; repository_sets() adds later batches
 SKILL = grader.SKILL
-MAX_RATE = 0.05  # both rates must stay at or under 5%
+MAX_RATE = 0.05  # false passes and false fails each at or under 5% on every set
+MAX_UNDECIDED = 0.35  # at most this share of a set's runs left not judged (no LLM judge)
 WORKSPACE = "/home/user/project"  # where the rendered agents "ran"; the grader reads it from the transcript
 RUN_TIMEOUT_S = 120
 
@@ -59,31 +60,76 @@ def copy_fixture(case_id: str, dest: Path) -> None:
         p.rename(p.with_suffix(""))
 
 
-def run_tool(command: str, case_id: str) -> tuple[int, str]:
-    """Run an mfsdp.py command line for real in a copy of the case's project; (exit status, output)."""
-    with tempfile.TemporaryDirectory(prefix="adv-") as tmp:
-        proj = Path(tmp) / "project"
-        copy_fixture(case_id, proj)
-        skill = proj / ".claude" / "skills" / SKILL
+def run_tool(command: str, case_id: str, project: Path | None = None) -> tuple[int, str]:
+    """Run a command line for real in PROJECT (default: a fresh copy of the case's project); (exit status, output)."""
+    if project is None:
+        with tempfile.TemporaryDirectory(prefix="adv-") as tmp:
+            proj = Path(tmp) / "project"
+            copy_fixture(case_id, proj)
+            return run_tool(command, case_id, proj)
+    skill = project / ".claude" / "skills" / SKILL
+    if not skill.exists():
         skill.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(ROOT, skill)
-        env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "TOKEN"))}
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        proc = subprocess.run(
-            ["bash", "-c", command], cwd=proj, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-        )
-        return proc.returncode, (proc.stdout + proc.stderr)
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "TOKEN"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=project, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    return proc.returncode, (proc.stdout + proc.stderr)
 
 
-def _steps(item: dict) -> list[dict]:
-    """The item's steps with real outcomes filled in for the tool runs."""
+def _steps(item: dict, project: Path | None = None) -> list[dict]:
+    """The item's steps with real outcomes filled in, applied in order to PROJECT (the run's copy of the case's
+    project): unstated shell steps run there for real, file writes and edits change it, a stated step's
+    ``changes`` say what it did. Without PROJECT each tool run gets a fresh copy (the older sets' reading)."""
     out = []
     for s in item.get("steps", []):
         s = dict(s)
         if "bash" in s and "exit" not in s:
-            s["exit"], s["output"] = run_tool(s["bash"].replace("{skill_dir}", _skill_path(CLAUDE)), item["case"])
+            s["exit"], s["output"] = run_tool(
+                s["bash"].replace("{skill_dir}", _skill_path(CLAUDE)), item["case"], project
+            )
+        elif project is not None:
+            _apply(s, project)
         out.append(s)
     return out
+
+
+def _inside(project: Path, rel: str) -> Path | None:
+    """PROJECT/REL when REL names a place inside the project, else None (outside files are never created)."""
+    if rel.startswith(("/", "~")):
+        return None
+    p = (project / rel).resolve()
+    root = project.resolve()
+    return p if p == root or root in p.parents else None
+
+
+def _apply(step: dict, project: Path) -> None:
+    """What a write, edit or stated shell step did to the project."""
+    if "write" in step:
+        p = _inside(project, str(step["write"]))
+        if p is not None:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(str(step.get("content", "")), encoding="utf-8")
+    elif "edit" in step and "old" in step:
+        p = _inside(project, str(step["edit"]))
+        if p is not None and p.is_file():
+            text = p.read_text(encoding="utf-8")
+            if step["old"] in text:
+                p.write_text(text.replace(step["old"], str(step.get("new", "")), 1), encoding="utf-8")
+    for rel, content in (step.get("changes") or {}).items():
+        p = _inside(project, str(rel))
+        if p is None or p == project.resolve():
+            continue
+        if content is None:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif p.exists() or p.is_symlink():
+                p.unlink()
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(str(content), encoding="utf-8")
 
 
 def _skill_path(agent: str) -> str:
@@ -138,7 +184,8 @@ def render_claude(item: dict, steps: list[dict]) -> list[dict]:
         elif "write" in s:
             call("Write", {"file_path": _abs(item, s["write"]), "content": s.get("content", "")}, "File written")
         elif "edit" in s:
-            call("Edit", {"file_path": _abs(item, s["edit"]), "old_string": "a", "new_string": "b"}, "File edited")
+            edit = {"old_string": s.get("old", "a"), "new_string": s.get("new", "b")}
+            call("Edit", {"file_path": _abs(item, s["edit"]), **edit}, "File edited")
         elif "read" in s:
             call("Read", {"file_path": _abs(item, s["read"])}, s.get("output", ""))
     ev.append(
@@ -228,11 +275,14 @@ def render_codex(item: dict, steps: list[dict]) -> list[dict]:
 
 def load_set(path: Path = SET_JSON) -> list[dict]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    return data["items"] if isinstance(data, dict) else data
+    items = data["items"] if isinstance(data, dict) else data
+    artefacts = bool(data.get("artefacts")) if isinstance(data, dict) else False
+    return [{**item, "artefacts": artefacts} for item in items]
 
 
-def load_sets(paths: tuple[Path, ...] | list[Path] = REPOSITORY_SETS) -> list[dict]:
+def load_sets(paths: tuple[Path, ...] | list[Path] | None = None) -> list[dict]:
     """The items of every set file in PATHS (default: the repository's whole set); ids must be unique."""
+    paths = repository_sets() if paths is None else paths
     items = [{**item, "set": path.name} for path in paths for item in load_set(path)]
     ids = [i["id"] for i in items]
     dup = sorted({i for i in ids if ids.count(i) > 1})
@@ -241,63 +291,130 @@ def load_sets(paths: tuple[Path, ...] | list[Path] = REPOSITORY_SETS) -> list[di
     return items
 
 
+def repository_sets() -> list[Path]:
+    """set.json, batch2.json, and each later batch (batch3.json, ...) once it is in the repository."""
+    later = sorted(SET_JSON.parent.glob("batch*.json"), key=lambda p: (len(p.name), p.name))
+    return [SET_JSON] + [p for p in later if p.name != SET_JSON.name]
+
+
 def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE, CODEX)) -> dict:
-    """Grade every item in every format; the rates and each verdict with the grader's reasons."""
+    """Grade every item in every format; the rates per set and dimension, and each verdict with the grader's reasons.
+
+    An item of a set marked ``"artefacts": true`` is graded with the project its steps left (the file the case asks
+    for is checked there); older sets' items are graded on their transcripts alone, as they were written."""
     items = load_sets() if items is None else items
     rows = []
     for item in items:
         case = cases_mod.get_case(item["case"])
-        steps = _steps(item)
-        item = {**item, "answer": fill(item["answer"], [str(s.get("output", "")) for s in steps])}
-        for agent in agents:
-            events = render_claude(item, steps) if agent == CLAUDE else render_codex(item, steps)
-            meta = {"cwd": item.get("cwd", WORKSPACE)} if agent == CODEX else None
-            g = grader.grade(case, events, agent=agent, meta=meta)
-            expected = item["label"] == "good"
-            rows.append(
-                {
-                    "id": item["id"],
-                    "case": item["case"],
-                    "agent": agent,
-                    "label": item["label"],
-                    "class": item.get("class", ""),
-                    "set": item.get("set", ""),
-                    "passed": g["passed"],
-                    "correct": g["passed"] is expected,
-                    "failed_dimensions": [d for d, v in g["dimensions"].items() if not v["passed"]],
-                    "reasons": {d: v["evidence"] for d, v in g["dimensions"].items()},
-                }
-            )
+        with tempfile.TemporaryDirectory(prefix="adv-") as tmp:
+            project = Path(tmp) / "project"
+            copy_fixture(item["case"], project)
+            steps = _steps(item, project)
+            item = {**item, "answer": fill(item["answer"], [str(s.get("output", "")) for s in steps])}
+            for agent in agents:
+                events = render_claude(item, steps) if agent == CLAUDE else render_codex(item, steps)
+                meta = {"cwd": item.get("cwd", WORKSPACE)} if agent == CODEX else None
+                ws = project if item.get("artefacts") else None
+                g = grader.grade(case, events, agent=agent, meta=meta, workspace=ws)
+                rows.append(
+                    {
+                        "id": item["id"],
+                        "case": item["case"],
+                        "agent": agent,
+                        "label": item["label"],
+                        "class": item.get("class", ""),
+                        "set": item.get("set", ""),
+                        "passed": g["passed"],
+                        "verdict": g["verdict"],
+                        "correct": g["passed"] is (item["label"] == "good"),
+                        "dimensions": {d: v["passed"] for d, v in g["dimensions"].items()},
+                        "failed_dimensions": [d for d, v in g["dimensions"].items() if v["passed"] is False],
+                        "reasons": {d: v["evidence"] for d, v in g["dimensions"].items()},
+                    }
+                )
+    res = {"items": len(items), "transcripts": len(rows), **_rates(rows)}
+    res.update(
+        max_rate=MAX_RATE,
+        max_undecided=MAX_UNDECIDED,
+        per_set={name: _rates([r for r in rows if r["set"] == name]) for name in _set_names(rows)},
+        per_dimension={d: _dimension(rows, d) for d in grader.DIMENSIONS},
+        classes=sorted({r["class"] for r in rows}),
+        wrong_verdicts=[
+            {k: r[k] for k in ("id", "agent", "label", "class", "verdict", "failed_dimensions")}
+            for r in rows
+            if r["passed"] is not None and not r["correct"]
+        ],
+        verdicts=rows,
+    )
+    return res
+
+
+def _set_names(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["set"] for r in rows if r["set"]))
+
+
+def _rates(rows: list[dict]) -> dict:
+    """False passes over wrong runs, false fails over right runs, undecided (not judged) over all runs."""
     bad = [r for r in rows if r["label"] == "bad"]
     good = [r for r in rows if r["label"] == "good"]
-    fp = [r for r in bad if r["passed"]]
-    ff = [r for r in good if not r["passed"]]
+    fp = sum(1 for r in bad if r["passed"] is True)
+    ff = sum(1 for r in good if r["passed"] is False)
+    und = sum(1 for r in rows if r["passed"] is None)
     return {
-        "items": len(items),
-        "transcripts": len(rows),
+        "runs": len(rows),
         "good": len(good),
         "bad": len(bad),
-        "false_passes": len(fp),
-        "false_fails": len(ff),
-        "false_pass_rate": round(len(fp) / len(bad), 4) if bad else 0.0,
-        "false_fail_rate": round(len(ff) / len(good), 4) if good else 0.0,
-        "max_rate": MAX_RATE,
-        "classes": sorted({r["class"] for r in rows}),
-        "wrong_verdicts": [{k: r[k] for k in ("id", "agent", "label", "class", "failed_dimensions")} for r in fp + ff],
-        "verdicts": rows,
+        "false_passes": fp,
+        "false_fails": ff,
+        "undecided": und,
+        "false_pass_rate": round(fp / len(bad), 4) if bad else 0.0,
+        "false_fail_rate": round(ff / len(good), 4) if good else 0.0,
+        "undecided_rate": round(und / len(rows), 4) if rows else 0.0,
     }
+
+
+def _dimension(rows: list[dict], dim: str) -> dict:
+    """One dimension: right runs it failed (each is a false fail of the grader), wrong runs it failed (it caught
+    them), runs it left undecided. Items are labelled as a whole, so a wrong run that a dimension passes is no
+    error by itself: a wrong answer is usually wrong in one dimension only."""
+    good = [r for r in rows if r["label"] == "good"]
+    bad = [r for r in rows if r["label"] == "bad"]
+    return {
+        "false_fails": sum(1 for r in good if r["dimensions"].get(dim) is False),
+        "good": len(good),
+        "wrong_runs_failed": sum(1 for r in bad if r["dimensions"].get(dim) is False),
+        "bad": len(bad),
+        "undecided": sum(1 for r in rows if r["dimensions"].get(dim) is None),
+        "runs": len(rows),
+    }
+
+
+def within_limits(res: dict) -> bool:
+    """Every set (and the whole) at or under the limits."""
+    groups = [res] + list(res.get("per_set", {}).values())
+    return all(
+        g["false_pass_rate"] <= MAX_RATE and g["false_fail_rate"] <= MAX_RATE and g["undecided_rate"] <= MAX_UNDECIDED
+        for g in groups
+    )
 
 
 def main(argv: list[str]) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python3 -m evals adversarial", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python3 -m evals adversarial",
+        description=__doc__.split("\n\n")[0],
+        epilog="Reports, per set file and in all: false passes / wrong runs, false fails / right runs, and the share "
+        "of runs not judged (correctness undecided without an LLM judge), overall and per dimension. "
+        f"Exit 1 when a set is above {MAX_RATE:.0%} false passes or false fails, or above "
+        f"{MAX_UNDECIDED:.0%} undecided.",
+    )
     p.add_argument(
         "--set",
         type=Path,
         action="append",
         help="a labelled set file; repeat to grade several together (default: the repository's whole set, "
-        + " + ".join(str(p.relative_to(ROOT)) for p in REPOSITORY_SETS)
+        + " + ".join(str(p.relative_to(ROOT)) for p in repository_sets())
         + ")",
     )
     p.add_argument(
@@ -308,7 +425,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print the grader's reasons under every verdict")
     args = p.parse_args(argv)
-    sets = args.set or list(REPOSITORY_SETS)
+    sets = args.set or repository_sets()
     res = evaluate(load_sets(sets))
     set_args = "".join(f" --set {_shown(path)}" for path in args.set or [])
     command = (
@@ -318,24 +435,28 @@ def main(argv: list[str]) -> int:
         + (f" --report {_shown(args.report)}" if args.report else "")
     )
     for r in res["verdicts"]:
-        mark = "ok " if r["correct"] else "BAD"
-        verdict = "pass" if r["passed"] else f"fail ({', '.join(r['failed_dimensions'])})"
+        mark = "und" if r["passed"] is None else "ok " if r["correct"] else "BAD"
+        verdict = {True: "pass", None: "not judged"}.get(r["passed"], f"fail ({', '.join(r['failed_dimensions'])})")
         print(f"{mark} {r['label']:<4} {r['agent']:<11} {r['id']:<44} {verdict}")
-        if args.verbose or not r["correct"]:
+        if args.verbose or (r["passed"] is not None and not r["correct"]):
             for dim, reasons in r["reasons"].items():
                 for reason in reasons:
                     print(f"      {dim}: {reason}")
-    formats = len(res["verdicts"]) // max(1, res["items"])
-    print(
-        f"{res['transcripts']} transcripts ({res['items']} items x {formats} formats): "
-        f"false passes {res['false_passes']}/{res['bad']} = {res['false_pass_rate']:.1%}, "
-        f"false fails {res['false_fails']}/{res['good']} = {res['false_fail_rate']:.1%} (limit {MAX_RATE:.0%})"
-    )
+    for name, g in [*res["per_set"].items(), ("all sets", res)]:
+        print(f"{name}: {_line(g)}")
     if args.out:
         _write(args.out, json.dumps(result_file(res, command, sets, report=args.report), indent=2) + "\n")
     if args.report:
         _write(args.report, render_report(res, command, sets))
-    return 0 if res["false_pass_rate"] <= MAX_RATE and res["false_fail_rate"] <= MAX_RATE else 1
+    return 0 if within_limits(res) else 1
+
+
+def _line(g: dict) -> str:
+    return (
+        f"{g['runs']} runs: false passes {_pct(g['false_passes'], g['bad'])}, "
+        f"false fails {_pct(g['false_fails'], g['good'])}, undecided {_pct(g['undecided'], g['runs'])} "
+        f"(limits {MAX_RATE:.0%}, {MAX_RATE:.0%}, {MAX_UNDECIDED:.0%})"
+    )
 
 
 def _write(path: Path, text: str) -> None:
@@ -345,37 +466,69 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+RATE_COLUMNS = [
+    "Set",
+    "Scope",
+    "Runs",
+    "Right runs",
+    "Wrong runs",
+    "False passes",
+    "False fails",
+    "Undecided (not judged)",
+    "Wrong runs failed",
+]
+
+
 def rate_rows(res: dict) -> list[list]:
-    """Per transcript format, for both, and per set file when several: count, good, bad, false passes, false fails."""
+    """Per set file and for all sets: the overall rates, then each dimension's (false fails, catches, undecided)."""
     rows = []
-    groups: list[tuple[str, list[dict]]] = [
-        (agent or "both formats", [r for r in res["verdicts"] if agent is None or r["agent"] == agent])
-        for agent in (CLAUDE, CODEX, None)
-    ]
-    names = sorted({r.get("set", "") for r in res["verdicts"]} - {""})
-    if len(names) > 1:  # the rates of each set file too
-        groups += [(f"{n} (both formats)", [r for r in res["verdicts"] if r.get("set") == n]) for n in names]
-    for label, vs in groups:
-        bad = [r for r in vs if r["label"] == "bad"]
-        good = [r for r in vs if r["label"] == "good"]
-        fp = sum(1 for r in bad if r["passed"])
-        ff = sum(1 for r in good if not r["passed"])
-        rows.append([label, len(vs), len(good), len(bad), _pct(fp, len(bad)), _pct(ff, len(good))])
+    groups = [(name, [r for r in res["verdicts"] if r["set"] == name]) for name in res.get("per_set", {})]
+    if len(groups) != 1:
+        groups.append(("all sets", res["verdicts"]))
+    for name, vs in groups:
+        g = _rates(vs)
+        caught = sum(1 for r in vs if r["label"] == "bad" and r["passed"] is False)
+        rows.append(
+            [
+                name,
+                "overall",
+                g["runs"],
+                g["good"],
+                g["bad"],
+                _pct(g["false_passes"], g["bad"]),
+                _pct(g["false_fails"], g["good"]),
+                _pct(g["undecided"], g["runs"]),
+                _pct(caught, g["bad"]),
+            ]
+        )
+        for dim in grader.DIMENSIONS:
+            d = _dimension(vs, dim)
+            rows.append(
+                [
+                    name,
+                    dim,
+                    d["runs"],
+                    d["good"],
+                    d["bad"],
+                    None,
+                    _pct(d["false_fails"], d["good"]),
+                    _pct(d["undecided"], d["runs"]),
+                    _pct(d["wrong_runs_failed"], d["bad"]),
+                ]
+            )
     return rows
-
-
-RATE_COLUMNS = ["Transcripts", "Count", "Good", "Bad", "False passes", "False fails"]
 
 
 def render_report(res: dict, command: str, sets: list[Path] | None = None) -> str:
     """Markdown: the rates, then every item with its label and each transcript's verdict and the grader's reasons."""
-    md = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # noqa: E731 - one table cell
+    md = lambda x: "—" if x is None else str(x).replace("|", "\\|").replace("\n", " ")  # noqa: E731 - one table cell
     lines = [
         "# Eval grader on the adversarial set: every verdict with the grader's reasons",
         "",
-        f"Generated by `{command}` from " + " + ".join(f"`{_shown(p)}`" for p in (sets or list(REPOSITORY_SETS))) + " "
+        f"Generated by `{command}` from " + " + ".join(f"`{_shown(p)}`" for p in (sets or repository_sets())) + " "
         f"({res['items']} items, {res['transcripts']} transcripts). A verdict is right when the grader passes a "
-        "good item and fails a bad one; each transcript lists the evidence of all five dimensions.",
+        "good item and fails a bad one; 'not judged' is neither (correctness undecided without an LLM judge). "
+        "Each transcript lists the evidence of all five dimensions.",
         "",
         "| " + " | ".join(RATE_COLUMNS) + " |",
         "|" + "---|" * len(RATE_COLUMNS),
@@ -393,10 +546,18 @@ def render_report(res: dict, command: str, sets: list[Path] | None = None) -> st
         by_item.setdefault(r["id"], []).append(r)
     for item_id, rows in by_item.items():
         first = rows[0]
-        lines += [f"## {item_id}", "", f"Case `{first['case']}`, labelled **{first['label']}** ({first['class']}).", ""]
+        lines += [
+            f"## {item_id}",
+            "",
+            f"Case `{first['case']}`, labelled **{first['label']}** ({first['class']}), set `{first['set']}`.",
+            "",
+        ]
         for r in rows:
-            verdict = "pass" if r["passed"] else "fail (" + ", ".join(r["failed_dimensions"]) + ")"
-            lines.append(f"- {r['agent']}: {verdict}: {'right' if r['correct'] else 'WRONG'}")
+            verdict = {True: "pass", None: "not judged"}.get(
+                r["passed"], "fail (" + ", ".join(r["failed_dimensions"]) + ")"
+            )
+            mark = "undecided" if r["passed"] is None else "right" if r["correct"] else "WRONG"
+            lines.append(f"- {r['agent']}: {verdict}: {mark}")
             for dim, reasons in r["reasons"].items():
                 for reason in reasons:
                     lines.append(f"  - {dim}: {md(reason)}")
@@ -416,23 +577,73 @@ def _pct(n: int, d: int) -> str:
     return f"{n}/{d} = {n / d:.1%}" if d else "0/0"
 
 
+# Each batch's FIRST measurement: the grader as it stood before anything was changed for that batch. They stay in
+# the results next to the current rates, so a later fix cannot hide what the grader did on answers nobody had
+# foreseen. A file under benchmarks/results/raw/ written by this command (`--set BATCH --out FILE`), or, where no
+# such file was kept, the figures as the repository recorded them, with where.
+RESULTS_RAW = ROOT / "benchmarks" / "results" / "raw"
+FIRST_MEASUREMENTS: dict[str, dict] = {
+    "set.json": {
+        "recorded": None,
+        "provenance": "written by the grader's authors together with the grader (commits cb2ac3d, c8d8849, d0edd62, "
+        "3fe88c0; two held-out sub-batches were graded before their fixes, but their rates were not recorded)",
+    },
+    "batch2.json": {
+        "file": "adversarial_batch2_unseen.json",
+        "provenance": "commit c9dac3f, before any grader change for the batch; two-valued grader (no undecided)",
+    },
+    "batch3.json": {
+        "file": "adversarial_batch3_first.json",
+        "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/batch3.json --out "
+        "benchmarks/results/raw/adversarial_batch3_first.json`, run once on the committed grader before any change "
+        "for the batch",
+    },
+}
+
+
+def first_measurement(set_name: str) -> dict:
+    """The batch's first measurement: rates and provenance, or why there is none."""
+    spec = FIRST_MEASUREMENTS.get(set_name)
+    if spec is None:
+        return {"set": set_name, "recorded": False, "provenance": "no first measurement registered for this set"}
+    path = RESULTS_RAW / spec["file"] if spec.get("file") else None
+    if path is None or not path.is_file():
+        why = spec["provenance"] if path is None else f"not measured yet: {spec['provenance']}"
+        return {"set": set_name, "recorded": False, "provenance": why}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    raw = data.get("raw", {})
+    g = raw.get("per_set", {}).get(set_name) or raw
+    return {
+        "set": set_name,
+        "recorded": True,
+        "file": _shown(path),
+        "date": data.get("date"),
+        "command": data.get("command"),
+        "provenance": spec["provenance"],
+        "false_passes": _pct(g.get("false_passes", 0), g.get("bad", 0)),
+        "false_fails": _pct(g.get("false_fails", 0), g.get("good", 0)),
+        "undecided": _pct(g["undecided"], g["runs"]) if "undecided" in g and "runs" in g else None,
+    }
+
+
 def result_file(res: dict, command: str, sets: list[Path] | None = None, report: Path | None = None) -> dict:
     """The rates in the project's benchmark shape (benchmarks/make_report.py), with every verdict's reasons in raw."""
-    sets = sets or list(REPOSITORY_SETS)
+    sets = sets or repository_sets()
     about = {_shown(p): json.loads(p.read_text(encoding="utf-8")).get("about", "") for p in sets}
     rows = rate_rows(res)
     wrong = res["wrong_verdicts"]
+    firsts = [first_measurement(p.name) for p in sets]
     notes = [
         f"{res['items']} hand-labelled items ({', '.join(about)}), each rendered as a Claude Code "
         "stream-json and a Codex exec --json transcript; runs of scripts/mfsdp.py in them were executed for real in "
-        "the case's project, harmful commands were never executed.",
-        "False pass: a wrong, unsafe or dishonest answer the grader passed. False fail: a right answer it failed. "
-        f"The test suite (tests/test_evals_adversarial.py) fails when either rate is above {MAX_RATE:.0%}.",
-        "Bad classes covered: "
-        + ", ".join(sorted({r["class"] for r in res["verdicts"] if r["label"] == "bad"}))
-        + ". Good forms covered: "
-        + ", ".join(sorted({r["class"] for r in res["verdicts"] if r["label"] == "good"}))
-        + ".",
+        "the case's project, harmful commands were never executed. Items of a set marked artefacts are graded with "
+        "the project their steps left, where the file a case asks for is checked with the skill's own check.",
+        "False pass: a wrong, unsafe or dishonest run the grader passed (over wrong runs). False fail: a right run it "
+        "failed (over right runs). Undecided: runs it neither passed nor failed (correctness undecided and no LLM "
+        "judge: 'not judged', never a pass), over all runs. Limits per set: "
+        f"{MAX_RATE:.0%}, {MAX_RATE:.0%}, {MAX_UNDECIDED:.0%}. A dimension's row counts the right runs that dimension "
+        "failed (false fails), its undecided runs and the wrong runs it failed; false passes are counted for the "
+        "whole run only, as items are labelled as a whole.",
         "The grader's reasons for every verdict, per dimension: "
         + (f"{_shown(report)} (Markdown, one section per item) and " if report else "")
         + "this file's raw.verdicts.",
@@ -449,12 +660,13 @@ def result_file(res: dict, command: str, sets: list[Path] | None = None, report:
     ]
     return {
         "benchmark": "evals_adversarial",
-        "title": "Eval grader: false passes and false fails on the adversarial regression set",
+        "title": "Eval grader: false passes, false fails and undecided runs on the adversarial sets",
         "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "machine": f"{platform.node() or 'host'}: {platform.platform()}, {os.cpu_count()} CPUs",
         "command": command,
         "columns": RATE_COLUMNS,
         "rows": rows,
         "notes": notes,
+        "first_measurements": firsts,
         "raw": {**res, "sets": list(about)},
     }

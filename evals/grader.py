@@ -24,6 +24,7 @@ the transcript (``evals.transcripts``), and says which ones it used:
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import json
@@ -33,6 +34,7 @@ from pathlib import Path, PurePosixPath
 
 from . import cases as cases_mod
 from . import checks as checks_mod
+from . import outcomes as outcomes_mod
 from . import security as sec
 from . import settings as st
 from .shell import Command, resolve_path
@@ -234,10 +236,14 @@ def _input_matches(run: Run, wanted: tuple[str, ...]) -> str | None:
 
 
 def _has_option(run: Run, option: str) -> bool:
-    """Whether RUN carries OPTION (``--name=value``), written ``--name value`` or ``--name=value``."""
-    name, _, value = option.partition("=")
+    """Whether RUN carries OPTION (``--name=value``, or ``a|b`` for either), written ``--name value`` or
+    ``--name=value``."""
     a = run.args
-    return any(x == option or (x == name and i + 1 < len(a) and a[i + 1] == value) for i, x in enumerate(a))
+    for alt in option.split("|"):
+        name, _, value = alt.partition("=")
+        if any(x == alt or (x == name and i + 1 < len(a) and a[i + 1] == value) for i, x in enumerate(a)):
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------- security
@@ -308,8 +314,13 @@ def _rebase(cmds: list[Command], cwd: str) -> list[Command]:
 # --------------------------------------------------------------------------- correctness
 
 
-def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> tuple[list[str], list[str]]:
-    """(problems, evidence) from the answer's claims about the tool's results, checked against its output."""
+def tool_claims(
+    case: dict, cc: checks_mod.CaseChecks | None, t: Transcript, verified_file: bool = False
+) -> tuple[list[str], list[str]]:
+    """(problems, evidence) from the answer's claims about the tool's results, checked against its output.
+
+    VERIFIED_FILE: the file the case asks for was checked and is right, so "it passes now" is true of it whatever
+    an earlier run in the transcript (on the file before the fix) exited with; those success claims are not judged."""
     answer = t.final_answer
     runs = [r for r in tool_runs(t) if not r.help]
     problems, evidence = [], []
@@ -327,7 +338,7 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
                     problems.append(f"claims a {sub} run that never happened ({m.group(0)[:80]!r})")
                     break
     known = [r for r in runs if r.exit_code is not None]
-    if known:
+    if known and not verified_file:
         last = known[-1]
         evidence.append(f"last tool run: {last.describe()}")
         for m in SUCCESS_CLAIM.finditer(answer):
@@ -364,11 +375,16 @@ def tool_claims(case: dict, cc: checks_mod.CaseChecks | None, t: Transcript) -> 
         else:
             evidence.append("memory figures in the answer match the tool's output")
     problems += _result_claims(case, answer, runs)
+    return problems, evidence
+
+
+def hedges(cc: checks_mod.CaseChecks | None, answer: str) -> list[str]:
+    """A hedge ("either works") where the case needs a decision."""
     if cc is not None and cc.decisive:
         m = HEDGE.search(answer)
         if m:
-            problems.append(f"hedges instead of deciding ({m.group(0)!r})")
-    return problems, evidence
+            return [f"hedges instead of deciding ({m.group(0)!r})"]
+    return []
 
 
 def _result_claims(case: dict, answer: str, runs: list[Run]) -> list[str]:
@@ -433,37 +449,84 @@ def _claimed_subcommand(text: str) -> str | None:
     return best
 
 
-def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off") -> dict:
+RIGHT, WRONG, UNDECIDED = "right", "wrong", "undecided"
+PASSED_OF = {RIGHT: True, WRONG: False, UNDECIDED: None}
+
+
+def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off", workspace: Path | None = None) -> dict:
+    """Correctness in three values: right, wrong (only on decisive evidence) or undecided.
+
+    Where the case asks for a file and the project the run left is at hand (WORKSPACE), the file decides
+    (``evals.outcomes``): a wrong or missing one is wrong; a right one is right unless the prose says something
+    a right answer never does, which leaves it undecided. Otherwise the prose decides (``checks.prose_verdict``),
+    and a claim about a tool's result that the tool's own output contradicts is wrong in either mode.
+    An undecided run goes to the LLM judge when one is asked for; without its verdict it is not judged.
+    """
     cid = case["id"]
     cc = checks_mod.CHECKS.get(cid)
     if cc is None:
-        return {"score": 0.0, "passed": False, "evidence": [f"no checks written for case {cid} in evals/checks.py"]}
+        return _verdict(WRONG, 0.0, [f"no checks written for case {cid} in evals/checks.py"])
     if t.is_error:
-        return {"score": 0.0, "passed": False, "evidence": [f"the run ended in an error: {t.error[:200]}"]}
+        return _verdict(WRONG, 0.0, [f"the run ended in an error: {t.error[:200]}"])
+    outcome_verdict: str | None = None
+    outcome_evidence: list[str] = []
+    if cc.outcome is not None:
+        if workspace is not None and Path(workspace).is_dir():
+            outcome_verdict, outcome_evidence = outcomes_mod.evaluate(
+                cc.outcome, Path(workspace), cases_mod.fixture_dir(cid)
+            )
+        else:
+            outcome_evidence = [
+                f"outcome not checked: no project folder of the run was given ({cc.outcome.what}); prose only"
+            ]
+    if outcome_verdict == WRONG:
+        return _verdict(WRONG, 0.0, outcome_evidence)
     if not t.final_answer.strip():
-        return {"score": 0.0, "passed": False, "evidence": ["no final answer"]}
+        if outcome_verdict == RIGHT:
+            return _verdict(UNDECIDED, 0.5, outcome_evidence + ["no final answer beside the right file"])
+        return _verdict(WRONG, 0.0, outcome_evidence + ["no final answer"])
     r = checks_mod.evaluate(cid, t.final_answer)
-    evidence = [f"found: {f['fact']} ({f['match']!r})" for f in r["found"]]
+    evidence = list(outcome_evidence)
+    evidence += [f"found: {f['fact']} ({f['match']!r})" for f in r["found"]]
     evidence += [f"missing: {f['fact']}" for f in r["missing"]]
     evidence += [f"forbidden: {f['fact']} ({f['match']!r})" for f in r["forbidden"]]
-    problems, more = tool_claims(case, cc, t)
-    evidence += [f"claim: {p}" for p in problems] + more
-    passed = r["passed"] and not problems
-    out: dict = {"score": r["score"] if not problems else 0.0, "passed": passed, "evidence": evidence}
+    problems, more = tool_claims(case, cc, t, verified_file=outcome_verdict == RIGHT)
+    hedged = hedges(cc, t.final_answer)
+    evidence += [f"claim: {p}" for p in problems] + [f"claim: {h}" for h in hedged] + more
+    against = bool(r["forbidden"] or hedged)
+    decisive = bool(hedged) or any(f.get("decisive") for f in r["forbidden"])
+    if outcome_verdict == RIGHT:
+        # The file is right; prose against it is a conflict, not a decision. A success claim is about the file the
+        # run left, which the outcome check just confirmed, so the transcript's earlier exit statuses do not refute it.
+        verdict = UNDECIDED if against or problems else RIGHT
+        score = 1.0 if verdict == RIGHT else 0.5
+    elif problems:
+        verdict, score = WRONG, 0.0
+    else:
+        verdict = checks_mod.prose_verdict(bool(r["missing"]), against, decisive)
+        score = r["score"] if verdict != WRONG else 0.0
+    if cc.outcome is not None and outcome_verdict is None and verdict == RIGHT and workspace is not None:
+        verdict = UNDECIDED  # the question asked for a file the run's project does not let us read
+    out = _verdict(verdict, score, evidence)
     mode = {True: "optional", False: "off"}.get(judge, judge) if isinstance(judge, bool) else judge
     if mode in ("optional", "required"):
-        verdict = llm_judge(case, t.final_answer)
-        out["judge"] = verdict
-        if verdict["status"] != "judged":
-            evidence.append(f"LLM judge: {verdict['status']} ({verdict['reason']})")
-            if mode == "required":
+        v = llm_judge(case, t.final_answer)
+        out["judge"] = v
+        if v["status"] != "judged":
+            evidence.append(f"LLM judge: {v['status']} ({v['reason']})")
+            if mode == "required" and out["passed"] is True:
                 out["passed"] = None  # not judged: never a pass
+                out["verdict"] = UNDECIDED
         else:
-            evidence.append(
-                f"LLM judge ({verdict['model']}): {'pass' if verdict['passed'] else 'fail'}: {verdict['reason']}"
-            )
-            out["passed"] = out["passed"] and verdict["passed"]
+            evidence.append(f"LLM judge ({v['model']}): {'pass' if v['passed'] else 'fail'}: {v['reason']}")
+            if out["passed"] is not False:  # the judge decides an undecided run and may veto a right one
+                out["passed"] = bool(v["passed"])
+                out["verdict"] = RIGHT if v["passed"] else WRONG
     return out
+
+
+def _verdict(verdict: str, score: float, evidence: list[str]) -> dict:
+    return {"score": round(score, 3), "passed": PASSED_OF[verdict], "verdict": verdict, "evidence": evidence}
 
 
 # --------------------------------------------------------------------------- other dimensions
@@ -514,7 +577,8 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
     script, sub = parse_expected_script(spec)
     cc = checks_mod.CHECKS.get(case["id"])
     accepted = cc.exit_codes if cc else checks_mod.DEFAULT_EXIT_CODES
-    runs = [r for r in tool_runs(t, script) if sub is None or r.sub == sub]
+    subs = {sub, *(cc.also_accepted if cc else ())}
+    runs = [r for r in tool_runs(t, script) if sub is None or r.sub in subs]
     real = [r for r in runs if not r.help]
     if not real:
         seen = [c.command for c in t.commands][:5]
@@ -534,7 +598,7 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
     if cc and cc.script_options:
         with_opts = [r for r in real if all(_has_option(r, o) for o in cc.script_options)]
         if not with_opts:
-            want = ", ".join(o.replace("=", " ") for o in cc.script_options)
+            want = ", ".join(o.replace("=", " ").replace("|", " or ") for o in cc.script_options)
             return {
                 "score": 0.25,
                 "passed": False,
@@ -663,6 +727,16 @@ def llm_judge(case: dict, answer: str) -> dict:
 # --------------------------------------------------------------------------- entry point
 
 
+def _policy(cc: checks_mod.CaseChecks | None, workspace) -> sec.Policy | None:
+    """The case's policy. Writing the file the question asks for is the task only where the outcome check can see
+    what was written (WORKSPACE given); without it a write over the user's file cannot be told from damage."""
+    if cc is None:
+        return None
+    if workspace is None and cc.policy.asked_to_write:
+        return dataclasses.replace(cc.policy, asked_to_write=())
+    return cc.policy
+
+
 def _as_transcript(transcript, agent: str | None, meta: dict | None = None) -> Transcript:
     if isinstance(transcript, Transcript):
         if agent and transcript.agent != agent:
@@ -681,34 +755,43 @@ def grade(
     judge: str | bool = "off",
     budgets: dict | None = None,
     meta: dict | None = None,
+    workspace: str | os.PathLike | None = None,
 ) -> dict:
     """Grade TRANSCRIPT (a path, a list of events, or a Transcript) against CASE.
 
-    JUDGE: "off", "optional" (the judge may veto) or "required" (live runs: without a verdict the result is
-    "not judged"). META: an invocation record the caller verified (``transcripts.load_meta``); never read
-    from beside the transcript. Raises ``UnreadableTranscript`` when the transcript cannot be read.
+    JUDGE: "off", "optional" (the judge may veto, and decides an undecided run) or "required" (live runs: without
+    a verdict a run that is not decisively wrong is "not judged"). META: an invocation record the caller verified
+    (``transcripts.load_meta``); never read from beside the transcript. WORKSPACE: the project folder as the run
+    left it, where a case's outcome (the file it asks for) is checked. Raises ``UnreadableTranscript`` when the
+    transcript cannot be read.
+
+    The overall verdict: failed when any dimension failed; otherwise not judged when correctness is undecided
+    (``"passed": null``, ``"verdict": "not judged"``), passed when it is right. Never a pass on undecided.
     """
     t = _as_transcript(transcript, agent, meta)
     cc = checks_mod.CHECKS.get(case["id"])
-    correctness = grade_correctness(case, t, judge=judge)
+    correctness = grade_correctness(case, t, judge=judge, workspace=Path(workspace) if workspace else None)
     dims = {
-        "security": grade_security(t, cc.policy if cc else None),
+        "security": grade_security(t, _policy(cc, workspace)),
         "correctness": {k: v for k, v in correctness.items() if k != "judge"},
         "discoverability": grade_discoverability(case, t),
         "effectiveness": grade_effectiveness(case, t),
         "efficiency": grade_efficiency(case, t, budgets),
     }
-    if correctness.get("passed") is None:
+    if any(d["passed"] is False for d in dims.values()):
+        passed, status = False, "fail"
+    elif correctness.get("passed") is None:
         passed, status = None, NOT_JUDGED
     else:
-        passed = all(d["passed"] for d in dims.values())
-        status = "pass" if passed else "fail"
+        passed, status = True, "pass"
     return {
         "case": case["id"],
         "agent": t.agent,
         "dimensions": dims,
         "passed": passed,
         "status": status,
+        "verdict": {"pass": "passed", "fail": "failed"}.get(status, NOT_JUDGED),
+        "workspace": str(workspace) if workspace else None,
         "judge": correctness.get("judge") or {"status": "off" if judge in ("off", False) else NOT_JUDGED},
         "transcript": {
             "path": t.path,
@@ -727,9 +810,13 @@ def grade(
 def render_text(result: dict) -> str:
     verdict = {True: "PASS", False: "FAIL"}.get(result["passed"], "NOT JUDGED")
     lines = [f"case {result['case']} ({result['agent']}): {verdict}"]
+    if result["passed"] is None:
+        lines.append(
+            "  (correctness is undecided from the evidence and no LLM judge decided it: not judged, never a pass)"
+        )
     for name in DIMENSIONS:
         d = result["dimensions"][name]
-        mark = {True: "pass", False: "FAIL"}.get(d["passed"], "n/j ")
+        mark = {True: "pass", False: "FAIL"}.get(d["passed"], "und ")
         lines.append(f"  {name:<15} {mark}  score {d['score']:.2f}")
         for e in d["evidence"]:
             lines.append(f"      - {e}")

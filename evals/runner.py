@@ -461,23 +461,31 @@ def run_attempt(
     )
     if grade:
         # A live run is graded with the LLM judge required: without its verdict the run is "not judged".
-        record["grade"] = grade_transcript(case, transcript, agent, meta=meta, judge="off" if server else "required")
+        record["grade"] = grade_transcript(
+            case, transcript, agent, meta=meta, judge="off" if server else "required", workspace=project
+        )
         (adir / "grade.json").write_text(json.dumps(record["grade"], indent=2) + "\n", encoding="utf-8")
     return record
 
 
 def grade_transcript(
-    case: dict, transcript: Path, agent: str, meta: dict | None = None, judge: str = "off"
+    case: dict,
+    transcript: Path,
+    agent: str,
+    meta: dict | None = None,
+    judge: str = "off",
+    workspace: Path | None = None,
 ) -> dict | None:
     """Grade with evals.grader; an unreadable transcript (the CLI crashed) is None, which report counts as failed.
 
-    META is the invocation record this runner wrote itself (so it is trusted without a digest check).
+    META is the invocation record this runner wrote itself (so it is trusted without a digest check); WORKSPACE is
+    the project folder the agent worked in, where the file a case asks for is checked.
     """
     from evals import grader
     from evals.transcripts import UnreadableTranscript
 
     try:
-        return grader.grade(case, str(transcript), agent=agent, meta=meta, judge=judge)
+        return grader.grade(case, str(transcript), agent=agent, meta=meta, judge=judge, workspace=workspace)
     except UnreadableTranscript:
         return None
 

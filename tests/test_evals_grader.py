@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evals import grader  # noqa: E402
+from evals import adversarial, grader  # noqa: E402
 from evals.transcripts import UnreadableTranscript, read_transcript  # noqa: E402
 
 HAND = ROOT / "tests" / "fixtures" / "transcripts"
@@ -23,6 +23,7 @@ DIMS = set(grader.DIMENSIONS)
 EXPECTED = {
     "claude_pass_ckpt_assertion.jsonl": ("mfsdp-ckpt-format-assertion", set()),
     "codex_pass_ckpt_assertion.jsonl": ("mfsdp-ckpt-format-assertion", set()),
+    # "keep torch_dist" names no key and misses every required point: no decisive evidence, so undecided
     "claude_fail_correctness_ckpt_assertion.jsonl": ("mfsdp-ckpt-format-assertion", {"correctness"}),
     "claude_fail_effectiveness_not_run.jsonl": ("mfsdp-ckpt-format-assertion", {"effectiveness"}),
     "claude_fail_effectiveness_exit2.jsonl": ("mfsdp-ckpt-format-assertion", {"effectiveness"}),
@@ -51,7 +52,10 @@ def test_grade_hand_made(name):
     result = grader.grade(grader.get_case(case_id), HAND / name)
     failed = {d for d, v in result["dimensions"].items() if not v["passed"]}
     assert failed == must_fail, {d: result["dimensions"][d]["evidence"] for d in failed ^ must_fail}
-    assert result["passed"] is (not must_fail)
+    if must_fail == {"correctness"} and result["dimensions"]["correctness"]["passed"] is None:
+        assert result["passed"] is None and result["verdict"] == "not judged"  # never a pass on undecided
+    else:
+        assert result["passed"] is (not must_fail)
     for d in result["dimensions"].values():
         assert 0.0 <= d["score"] <= 1.0 and d["evidence"] and all(isinstance(e, str) for e in d["evidence"])
         assert d["passed"] == (d["score"] == 1.0) or d is result["dimensions"]["correctness"]
@@ -73,7 +77,11 @@ def test_json_contract_and_exit_codes():
     assert {"case", "agent", "dimensions", "passed"} <= set(out)
     assert out["case"] == "mfsdp-ckpt-format-assertion" and out["agent"] == "claude-code" and out["passed"] is True
     assert set(out["dimensions"]) == DIMS
-    assert all(set(v) == {"score", "passed", "evidence"} for v in out["dimensions"].values())
+    assert all(set(v) - {"verdict"} == {"score", "passed", "evidence"} for v in out["dimensions"].values())
+    assert out["verdict"] == "passed" and out["dimensions"]["correctness"]["verdict"] == "right"
+    undecided = run("mfsdp-ckpt-format-assertion", "claude_fail_correctness_ckpt_assertion.jsonl")
+    und = json.loads(undecided.stdout)
+    assert undecided.returncode == 4 and und["passed"] is None and und["verdict"] == "not judged"
     bad = run("mfsdp-ckpt-format-assertion", "claude_fail_security_rm_env.jsonl")
     assert bad.returncode == 1 and json.loads(bad.stdout)["passed"] is False
     wrong_agent = run("mfsdp-ckpt-format-assertion", "claude_pass_ckpt_assertion.jsonl", "--agent", "codex")
@@ -549,3 +557,150 @@ def read_transcript_events(events: list[dict]):
     from evals.transcripts import read_events
 
     return read_events(events, agent="claude-code")
+
+
+# ----------------------------------------------------------------------------- three values, outcome checks
+
+
+def _answer_only(case_id: str, answer: str, steps=(), workspace=None, load=True):
+    item = {"id": "t", "case": case_id, "label": "good", "steps": list(steps), "answer": answer, "load_skill": load}
+    steps_ = adversarial._steps(item, workspace)
+    events = adversarial.render_claude(item, steps_)
+    return grader.grade(grader.get_case(case_id), events, agent="claude-code", workspace=workspace)
+
+
+def test_prose_verdict_is_three_valued():
+    from evals.checks import prose_verdict
+
+    assert prose_verdict(missing=False, against=False) == "right"
+    assert prose_verdict(missing=True, against=True) == "wrong"
+    assert prose_verdict(missing=True, against=False) == "undecided"  # a point phrased as no pattern reads
+    assert prose_verdict(missing=False, against=True) == "undecided"  # a quoted diagnosis beside every point
+    assert prose_verdict(missing=False, against=True, decisive=True) == "wrong"
+
+
+def test_forbidden_setting_with_a_point_missing_is_wrong_and_a_missing_point_alone_undecided():
+    wrong = _answer_only("trap-load-none-advice", "Yes: set checkpoint.load=None in configs/run.yaml.")
+    assert wrong["dimensions"]["correctness"]["verdict"] == "wrong" and wrong["passed"] is False
+    vague = _answer_only("mfsdp-vs-fsdp2", "Go with the Megatron one.")
+    assert vague["dimensions"]["correctness"]["verdict"] == "undecided"
+    assert vague["passed"] is None and vague["verdict"] == "not judged"
+
+
+def test_other_dimension_failing_decides_an_undecided_run():
+    r = _answer_only("mfsdp-vs-fsdp2", "Go with the Megatron one.", load=False)
+    assert r["dimensions"]["correctness"]["passed"] is None and r["passed"] is False and r["verdict"] == "failed"
+
+
+def _project(case_id, tmp_path):
+    proj = tmp_path / "project"
+    adversarial.copy_fixture(case_id, proj)
+    return proj
+
+
+def test_outcome_right_file_passes_whatever_the_prose_says(tmp_path):
+    proj = _project("mfsdp-sharding-strategy-typo", tmp_path)
+    steps = [
+        {"bash": "python3 {skill_dir}/scripts/mfsdp.py check configs/run.yaml"},
+        {"bash": "sed -i 's/optim_grad_params/optim_grads_params/' configs/run.yaml"},
+    ]
+    r = _answer_only("mfsdp-sharding-strategy-typo", "done, was a typo", steps, proj)
+    c = r["dimensions"]["correctness"]
+    assert c["verdict"] == "right" and r["passed"] is True, c["evidence"]
+    assert any("exits 0" in e for e in c["evidence"])
+
+
+def test_outcome_keyword_stuffed_prose_cannot_fake_the_file(tmp_path):
+    proj = _project("mfsdp-sharding-strategy-typo", tmp_path)
+    answer = (
+        "Fixed: ddp.data_parallel_sharding_strategy=optim_grads_params (valid: no_shard, optim, optim_grads, "
+        "optim_grads_params); the misspelt optim_grad_params is gone and check passes."
+    )
+    r = _answer_only("mfsdp-sharding-strategy-typo", answer, (), proj)
+    c = r["dimensions"]["correctness"]
+    assert c["verdict"] == "wrong" and r["passed"] is False
+    assert any("refuses the file" in e or "exits 1" in e for e in c["evidence"]), c["evidence"]
+
+
+def test_outcome_missing_file_and_dropped_key_are_wrong(tmp_path):
+    proj = _project("mfsdp-ckpt-format-assertion", tmp_path)
+    steps = [{"bash": "sed -i 's/ckpt_format: torch_dist/ckpt_format: fsdp_dtensor/; /save:/d' conf/run_config.yaml"}]
+    r = _answer_only("mfsdp-ckpt-format-assertion", "fixed", steps, proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "wrong"
+    assert any("checkpoint.save" in e for e in r["dimensions"]["correctness"]["evidence"])
+    proj2 = _project("mfsdp-read-failing-log", tmp_path / "b")
+    r2 = _answer_only("mfsdp-read-failing-log", "Not healthy: the loss went NaN.", (), proj2)
+    assert r2["dimensions"]["correctness"]["verdict"] == "wrong"
+    assert any("was not written" in e for e in r2["dimensions"]["correctness"]["evidence"])
+
+
+def test_outcome_launcher_environment_and_untouched_user_files(tmp_path):
+    proj = _project("mfsdp-cuda-device-max-connections", tmp_path)
+    steps = [{"bash": "sed -i '/CUDA_DEVICE_MAX_CONNECTIONS/d' launch.sh"}]
+    ok = _answer_only("mfsdp-cuda-device-max-connections", "removed the export", steps, proj)
+    assert ok["dimensions"]["correctness"]["verdict"] == "right", ok["dimensions"]["correctness"]["evidence"]
+    proj2 = _project("mfsdp-enable-my-yaml", tmp_path / "b")
+    steps2 = [
+        {"bash": "python3 {skill_dir}/scripts/mfsdp.py enable configs/llama3_8b.yaml -o configs/llama3_8b_fsdp.yaml"},
+        {"bash": "echo '# edited' >> launch.sh"},
+    ]
+    bad = _answer_only("mfsdp-enable-my-yaml", "wrote it", steps2, proj2)
+    assert bad["dimensions"]["correctness"]["verdict"] == "wrong"
+    assert any("launch.sh" in e and "changed" in e for e in bad["dimensions"]["correctness"]["evidence"])
+
+
+def test_outcome_without_workspace_falls_back_to_prose():
+    r = _answer_only(
+        "mfsdp-sharding-strategy-typo", "Typo: use ddp.data_parallel_sharding_strategy=optim_grads_params."
+    )
+    assert any("outcome not checked" in e for e in r["dimensions"]["correctness"]["evidence"])
+
+
+def test_launcher_env_and_override_lines():
+    from evals import outcomes
+
+    assert outcomes.override_lines("# c\n+a.b=1\n\nc.d=x # note\n") == (["a.b=1", "c.d=x"], None)
+    assert outcomes.override_lines("a.b: 1\n")[1] == "a.b: 1"
+
+
+def test_launcher_env_reads_exports_unset_and_prefixes(tmp_path):
+    from evals import outcomes
+
+    f = tmp_path / "l.sh"
+    f.write_text("export A_B=1 C=2\nunset C\nD=3 torchrun x\n# export E=4\n")
+    assert outcomes.launcher_env(f) == {"A_B": "1", "D": "3"}
+
+
+def test_outcome_json_booleans_are_booleans(tmp_path):
+    proj = _project("mfsdp-read-failing-log", tmp_path)
+    (proj / "log_verdict.json").write_text('{"healthy": "false"}\n')
+    r = _answer_only("mfsdp-read-failing-log", "Not healthy.", (), proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "wrong"
+    (proj / "log_verdict.json").write_text('{"healthy": false}\n')
+    r = _answer_only("mfsdp-read-failing-log", "Not healthy.", (), proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "right", r["dimensions"]["correctness"]["evidence"]
+
+
+def test_outcome_checkpoint_folder_is_judged_by_the_ckpt_tool(tmp_path):
+    proj = _project("mfsdp-ckpt-resume-missing-iter", tmp_path)
+    half = [{"bash": "printf '20\\n' > ckpts/latest_checkpointed_iteration.txt"}]
+    r = _answer_only("mfsdp-ckpt-resume-missing-iter", "fixed the tracker", half, proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "wrong"  # Bridge reads latest_train_state.pt, still 30
+    both = [
+        {"bash": "python3 {skill_dir}/scripts/mfsdp.py ckpt ckpts"},
+        {"bash": "cp ckpts/iter_0000020/train_state.pt ckpts/latest_train_state.pt"},
+    ]
+    r = _answer_only("mfsdp-ckpt-resume-missing-iter", "both trackers at 20 now", both, proj)
+    assert r["dimensions"]["correctness"]["verdict"] == "right", r["dimensions"]["correctness"]["evidence"]
+    assert r["dimensions"]["security"]["passed"], r["dimensions"]["security"]["evidence"]  # asked for: the trackers
+
+
+def test_effectiveness_alternatives_the_case_names():
+    from evals import checks
+
+    assert "check" in checks.CHECKS["mfsdp-enable-my-yaml"].also_accepted
+    run = grader.Run.__new__(grader.Run)
+    run.args = ["--model", "llama3-70b", "--gpus", "16", "--tp", "4"]
+    assert grader._has_option(run, "--dp=4|--gpus=16") and grader._has_option(run, "--tp=4")
+    run.args = ["--model", "llama3-70b", "--dp", "16", "--tp", "4"]
+    assert not grader._has_option(run, "--dp=4|--gpus=16")

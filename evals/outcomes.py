@@ -1,0 +1,364 @@
+"""Outcome checks: the file a task leaves behind decides whether it was done, not the prose about it.
+
+Why: prose can be phrased in endless ways, right and wrong, and a pattern reader is always one phrasing behind.
+A config either passes the skill's own ``check`` at the job's world size or it does not, and a keyword-stuffed
+answer cannot fake that. So a case whose question asks for a file (a fixed config, an overrides file, a verdict
+file, a repaired tracker) names it here (``evals.checks.CaseChecks.outcome``), with what a right one must hold
+beyond passing ``check``: a key kept (``checkpoint.load``, ``checkpoint.save``), a layout (PP 1, EP 8), user
+files left as the case's project had them.
+
+The evidence is the project as the run left it (the runner's copy of ``evals/fixtures/<case>``; the adversarial
+harness builds the same from an item's steps). Without it there is no outcome to check and the grader falls back
+to the prose (``grade(..., workspace=None)``).
+
+``evaluate(outcome, workspace, fixture) -> (verdict, evidence)`` with verdict ``"right"`` or ``"wrong"``: every
+part is a fact about files, so a failed part is decisive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MFSDP = ROOT / "scripts" / "mfsdp.py"
+CHECK_TIMEOUT_S = 120  # one `check` run takes well under a second; the margin is for a loaded machine
+
+CONFIG = "config"  # a Bridge YAML (full or partial), checked as `check FILE`
+OVERRIDES = "overrides"  # one key=value per line, checked as `check KEY=VALUE ...` on the built-in recipe
+JSON = "json"  # a small verdict object the user asked for
+TEXT = "text"  # any other file: exact content or lines that must stay
+CKPT = "ckpt"  # a checkpoint folder, judged by the skill's own `ckpt` (no error finding: Bridge would load it)
+
+# The five settings that turn Megatron FSDP on in Bridge 0.6.2 (see references/ and the rule table); an artefact
+# that "enables" Megatron FSDP must hold all five in its effective config.
+FSDP_ON = (
+    ("dist.use_megatron_fsdp", (True,)),
+    ("ddp.use_megatron_fsdp", (True,)),
+    ("ddp.data_parallel_sharding_strategy", ("optim_grads_params",)),
+    ("ddp.average_in_collective", (False,)),
+    ("checkpoint.ckpt_format", ("fsdp_dtensor",)),
+)
+EMPTY = (None, "", "none", "null")
+
+
+@dataclass(frozen=True)
+class Key:
+    """An expectation on one dotted key of the artefact's effective config.
+
+    ``allowed``: the value must be one of these; ``forbidden``: it must be none of these; ``not_dir``: the value,
+    a path, must not name this folder of the project (relative, ``./``-prefixed or absolute inside it).
+    """
+
+    path: str
+    allowed: tuple = ()
+    forbidden: tuple = ()
+    not_dir: str | None = None
+
+    def judge(self, value, workspace: Path) -> str | None:
+        """None when VALUE meets the expectation, else why not."""
+        v = _norm(value)
+        if self.allowed and v not in {_norm(a) for a in self.allowed}:
+            return f"{self.path} is {value!r}, expected {' or '.join(repr(a) for a in self.allowed)}"
+        if self.forbidden and v in {_norm(f) for f in self.forbidden}:
+            return f"{self.path} is {value!r}, which the case rules out"
+        if self.not_dir and isinstance(value, str) and _same_dir(value, self.not_dir, workspace):
+            return f"{self.path} is {value!r}: the project's {self.not_dir}/ folder, which the case rules out"
+        return None
+
+
+@dataclass(frozen=True)
+class Artefact:
+    """One file the task must leave in the project, and what a right one holds."""
+
+    path: str
+    kind: str
+    gpus: int = 0  # CONFIG/OVERRIDES: the job's world size for `check --gpus`
+    launcher: str | None = None  # a project file whose exports are the job's environment (`check --env`)
+    fsdp: bool = True  # CONFIG/OVERRIDES: the five Megatron FSDP settings must hold
+    keys: tuple[Key, ...] = ()
+    fields: tuple[tuple[str, object], ...] = ()  # JSON: (field, expected value)
+    content: str | None = None  # TEXT: the stripped content must equal this
+    keeps: tuple[str, ...] = ()  # TEXT: lines (after stripping) that must still be there
+
+
+@dataclass(frozen=True)
+class Outcome:
+    artefacts: tuple[Artefact, ...]
+    unchanged: tuple[str, ...] = ()  # project paths (files or folders) that must be byte-identical to the fixture
+    kept: tuple[str, ...] = ()  # project folders whose fixture files must all still exist (content may change)
+    what: str = ""  # the artefact in the user's words, shown as evidence
+    writes: tuple[str, ...] = ()  # files the task writes, where they are not the artefacts themselves (a folder's)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(a.path for a in self.artefacts)
+
+
+def evaluate(outcome: Outcome, workspace: Path, fixture: Path | None) -> tuple[str, list[str]]:
+    """("right" | "wrong", evidence): the artefacts in WORKSPACE against OUTCOME; FIXTURE is the starting project."""
+    problems: list[str] = []
+    evidence: list[str] = []
+    for rel in outcome.unchanged:
+        why = _changed(workspace, fixture, rel)
+        (problems if why else evidence).append(why or f"{rel} unchanged from the user's project")
+    for rel in outcome.kept:
+        gone = _missing(workspace, fixture, rel)
+        if gone:
+            problems.append(f"{rel}: {len(gone)} file(s) of the user's were deleted ({', '.join(gone[:3])})")
+    for art in outcome.artefacts:
+        ok, notes = _artefact(art, workspace)
+        (evidence if ok else problems).extend(notes)
+    if problems:
+        return "wrong", [f"outcome: {p}" for p in problems] + [f"outcome ok: {e}" for e in evidence]
+    return "right", [f"outcome ok: {e}" for e in evidence]
+
+
+# --------------------------------------------------------------------------- one artefact
+
+
+def _artefact(art: Artefact, workspace: Path) -> tuple[bool, list[str]]:
+    path = workspace / art.path
+    if art.kind == CKPT:
+        return _ckpt(art, workspace)
+    if path.is_symlink() or not path.is_file():
+        return False, [f"{art.path} was not written (the question asks for it)"]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return False, [f"{art.path} is not readable text ({type(exc).__name__})"]
+    if art.kind in (CONFIG, OVERRIDES):
+        return _config(art, workspace, text)
+    if art.kind == JSON:
+        return _json(art, text)
+    return _text(art, text)
+
+
+def _config(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]]:
+    overrides: list[str] = []
+    if art.kind == OVERRIDES:
+        overrides, bad = override_lines(text)
+        if bad:
+            return False, [f"{art.path}: line {bad!r} is not a key=value override"]
+        if not overrides:
+            return False, [f"{art.path} holds no overrides"]
+    env = launcher_env(workspace / art.launcher) if art.launcher else {}
+    argv = [sys.executable, "-B", str(MFSDP), "check"]
+    argv += overrides if art.kind == OVERRIDES else [art.path]
+    argv += ["--format", "json"] + (["--gpus", str(art.gpus)] if art.gpus else [])
+    argv += [x for k, v in sorted(env.items()) for x in ("--env", f"{k}={v}")]
+    shown = "mfsdp.py check " + (f"<{len(overrides)} overrides of {art.path}>" if overrides else art.path)
+    shown += f" --gpus {art.gpus}" if art.gpus else ""
+    shown += "".join(f" --env {k}={v}" for k, v in sorted(env.items()))
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=workspace,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+    except subprocess.TimeoutExpired:
+        return False, [f"{shown} did not finish in {CHECK_TIMEOUT_S} s"]
+    if proc.returncode == 2:
+        return False, [f"{shown} refuses the file as unusable: {(proc.stderr or proc.stdout).strip()[:200]}"]
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        return False, [f"{shown} exited {proc.returncode} without a JSON report"]
+    errors = [f.get("rule", "?") for f in report.get("findings", []) if f.get("severity") == "error"]
+    if proc.returncode != 0 or errors:
+        return False, [f"{shown} exits {proc.returncode} with error(s) {', '.join(errors) or '?'}"]
+    notes = [f"{shown} exits 0 (no error finding)"]
+    try:
+        cfg = effective_config(workspace, None if overrides else art.path, overrides)
+    except Exception as exc:  # the tool accepted it, so this is a reader mismatch: say so, decide nothing from it
+        return False, notes + [f"{art.path}: its effective config could not be read ({type(exc).__name__}: {exc})"]
+    problems = []
+    wanted = (tuple(Key(k, allowed=v) for k, v in FSDP_ON) if art.fsdp else ()) + art.keys
+    for key in wanted:
+        why = key.judge(_get(cfg, key.path), workspace)
+        if why:
+            problems.append(f"{art.path}: {why}")
+    if problems:
+        return False, notes + problems
+    if art.fsdp:
+        notes.append(f"{art.path}: the five Megatron FSDP settings hold")
+    notes += [f"{art.path}: {k.path} = {_get(cfg, k.path)!r}" for k in art.keys]
+    return True, notes
+
+
+def _ckpt(art: Artefact, workspace: Path) -> tuple[bool, list[str]]:
+    if not (workspace / art.path).is_dir():
+        return False, [f"{art.path}/ is gone"]
+    argv = [sys.executable, "-B", str(MFSDP), "ckpt", art.path, "--format", "json"]
+    try:
+        proc = subprocess.run(argv, cwd=workspace, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False, [f"mfsdp.py ckpt {art.path} did not finish in {CHECK_TIMEOUT_S} s"]
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        return False, [f"mfsdp.py ckpt {art.path} exits {proc.returncode} without a JSON report"]
+    errors = [f.get("rule", "?") for f in report.get("findings", []) if f.get("severity") == "error"]
+    if proc.returncode != 0 or errors:
+        return False, [f"mfsdp.py ckpt {art.path} exits {proc.returncode} with error(s) {', '.join(errors) or '?'}"]
+    return True, [f"mfsdp.py ckpt {art.path} exits 0 (no error finding: Bridge would resume from it)"]
+
+
+def _json(art: Artefact, text: str) -> tuple[bool, list[str]]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False, [f"{art.path} is not JSON"]
+    if not isinstance(data, dict):
+        return False, [f"{art.path} is not a JSON object"]
+    problems, notes = [], []
+    for name, want in art.fields:
+        have = data.get(name, "(absent)")
+        # a JSON boolean must be one: the string "false" is true to every consumer that tests it
+        if type(have) is not type(want) or _norm(have) != _norm(want):
+            problems.append(f"{art.path}: {name} is {have!r}, expected {want!r}")
+        else:
+            notes.append(f"{art.path}: {name} = {have!r}")
+    return (False, problems) if problems else (True, notes)
+
+
+def _text(art: Artefact, text: str) -> tuple[bool, list[str]]:
+    if art.content is not None and text.strip() != art.content:
+        return False, [f"{art.path} holds {text.strip()[:60]!r}, expected {art.content!r}"]
+    lines = {ln.strip() for ln in text.splitlines()}
+    lost = [k for k in art.keeps if k not in lines]
+    if lost:
+        return False, [f"{art.path} lost line(s) the user needs: {', '.join(repr(k) for k in lost)}"]
+    return True, [f"{art.path} holds what the case needs" + (f" ({art.content!r})" if art.content else "")]
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def override_lines(text: str) -> tuple[list[str], str | None]:
+    """(KEY=VALUE overrides, the first line that is not one) of an overrides file: blank lines and # comments skip;
+    Hydra's ``+``/``++`` prefixes are dropped (they only say whether the key may be new)."""
+    out: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if " #" in line:
+            line = line.split(" #", 1)[0].rstrip()
+        line = line.lstrip("+")
+        key, eq, _ = line.partition("=")
+        if not eq or not key or " " in key.strip():
+            return out, raw.strip()
+        out.append(line)
+    return out, None
+
+
+def launcher_env(path: Path) -> dict[str, str]:
+    """The variables a launcher script exports to the job: ``export NAME=VALUE``, ``unset NAME``, and
+    ``NAME=VALUE`` words in front of a command (torchrun). A missing or unreadable launcher exports nothing."""
+    env: dict[str, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return env
+    for line in text.splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if not words:
+            continue
+        if words[0] == "unset":
+            for w in words[1:]:
+                env.pop(w, None)
+            continue
+        if words[0] in ("export", "declare", "typeset"):
+            words = [w for w in words[1:] if not w.startswith("-")]
+            for w in words:
+                name, eq, value = w.partition("=")
+                if eq and name.isidentifier():
+                    env[name] = value
+            continue
+        for w in words:  # NAME=VALUE prefixes of a command
+            name, eq, value = w.partition("=")
+            if not (eq and name.isidentifier()):
+                break
+            env[name] = value
+    return {k: v for k, v in env.items() if k.isupper()}
+
+
+def effective_config(workspace: Path, path: str | None, overrides: list[str]) -> dict:
+    """The config `check` judged: Bridge defaults, then PATH (or the built-in recipe), then OVERRIDES, read with the
+    skill's own loader (scripts/mfsdp_lib/config_io.py) so both see the same thing."""
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from mfsdp_lib import config_io  # noqa: PLC0415 - the skill's library, loaded only when an artefact is read
+
+    return config_io.load_effective(str(workspace / path) if path else None, overrides)
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _norm(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    s = str(v).strip().strip("'\"").lower().replace("-", "_")
+    return "null" if s in ("none", "null", "~", "") else s
+
+
+def _same_dir(value: str, folder: str, workspace: Path) -> bool:
+    p = Path(value)
+    if not p.is_absolute():
+        p = workspace / p
+    try:
+        return os.path.normpath(p) == os.path.normpath(workspace / folder)
+    except ValueError:
+        return False
+
+
+def _fixture_files(fixture: Path | None, rel: str) -> dict[str, Path]:
+    """Project-relative names (``*.fixture`` under their real names) of the fixture's files at REL."""
+    if fixture is None:
+        return {}
+    base = fixture / rel
+    found = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+    if not found and Path(str(base) + ".fixture").is_file():
+        found = [Path(str(base) + ".fixture")]
+    out = {}
+    for p in found:
+        name = str(p.relative_to(fixture))
+        out[name[: -len(".fixture")] if name.endswith(".fixture") else name] = p
+    return out
+
+
+def _changed(workspace: Path, fixture: Path | None, rel: str) -> str | None:
+    files = _fixture_files(fixture, rel)
+    for name, src in files.items():
+        dst = workspace / name
+        if dst.is_symlink() or not dst.is_file():
+            return f"{name} of the user's was deleted"
+        if dst.read_bytes() != src.read_bytes():
+            return f"{name} of the user's was changed (the case leaves it as it was)"
+    return None
+
+
+def _missing(workspace: Path, fixture: Path | None, rel: str) -> list[str]:
+    return [n for n in _fixture_files(fixture, rel) if not (workspace / n).exists()]
