@@ -85,7 +85,7 @@ COMMANDS = {
     "anchors": ("anchors", "verify the skill's code anchors against the installed Megatron-Bridge"),
     "rules": ("rules", "list the rule table, or write references/rules.md from it"),
     "smoke": ("smoke", "run the GPU smoke test (torchrun + Megatron-Bridge pretrain)"),
-    "rehearse": ("rehearse", "rehearse a job on one GPU as rank R of a world of N: failures and memory per rank"),
+    "rehearse": ("rehearse", "rehearse a job on one GPU as rank R of a world of N: failures, memory, --perf step time"),
 }
 
 EPILOG = """\
@@ -94,6 +94,7 @@ Typical flow:
   mfsdp.py enable my_run_config.yaml -o fsdp.yaml
   mfsdp.py memory fsdp.yaml --gpu-mem-gib 80  # will it fit, per strategy
   mfsdp.py rehearse fsdp.yaml --world-size 64 # one GPU plays rank 0 of 64: failures, memory
+  mfsdp.py rehearse fsdp.yaml --world-size 64 --perf --compare  # step time range, comm bytes, per strategy
   mfsdp.py smoke --nproc-per-node 2           # real run on GPUs
   mfsdp.py log train.log; mfsdp.py ckpt /path/to/checkpoints
   mfsdp.py convert /ckpts/ddp_run /ckpts/fsdp_run --to fsdp_dtensor

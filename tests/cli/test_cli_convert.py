@@ -138,3 +138,21 @@ def test_empty_destination_folder_is_accepted(cli, tmp_path, src):
     dst.mkdir()
     proc = cli("convert", str(src), str(dst), "--to", "fsdp_dtensor", "--dry-run")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_import_from_hugging_face_may_hold_a_zero_tracker_and_nothing_else_may(tmp_path):
+    # What an hf -> fsdp_dtensor import writes: iteration 0 (a starting point for
+    # checkpoint.pretrained_checkpoint); the same tracker on a resume target is still refused.
+    from mfsdp_lib.cli import convert
+    from mfsdp_lib.runs import checkpoints
+
+    ck = copy_tree(CKPT / "fsdp_dtensor_ok", tmp_path / "imported")
+    (ck / checkpoints.TRACKER_TXT).write_text("0\n")
+    for extra in ck.glob(checkpoints.TRACKER_TRAIN_STATE):
+        extra.unlink()
+    resume = convert._check_written(str(ck), "fsdp_dtensor")
+    assert any(p.startswith("MFSDP-CKPT-TRACKER-BAD") for p in resume)
+    start = convert._check_written(str(ck), "fsdp_dtensor", starting_point=True)
+    assert not any(p.startswith("MFSDP-CKPT-TRACKER-BAD") for p in start)
+    (ck / checkpoints.TRACKER_TXT).write_text("garbage\n")  # only the import's 0 is excused
+    assert any(p.startswith("MFSDP-CKPT-TRACKER-BAD") for p in convert._check_written(str(ck), "fsdp_dtensor", True))

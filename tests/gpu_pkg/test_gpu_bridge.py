@@ -55,3 +55,24 @@ def test_strategy_settings():
     dist = bridge.strategy_settings("distopt")
     assert dist["ddp.use_distributed_optimizer"] is True and dist["dist.use_megatron_fsdp"] is False
     assert bridge.strategy_settings("ddp")["ddp.use_distributed_optimizer"] is False
+
+
+def test_setup_forgets_the_singletons_a_previous_run_left(monkeypatch):
+    # Bridge's initialize_megatron asserts megatron-core's rerun state machine and micro-batch calculator do
+    # not exist yet; a second training run in one process (the migration driver) needs both forgotten first.
+    import sys
+    import types
+
+    calls = []
+    core = types.ModuleType("megatron.core")
+    rerun = types.ModuleType("megatron.core.rerun_state_machine")
+    micro = types.ModuleType("megatron.core.num_microbatches_calculator")
+    rerun.destroy_rerun_state_machine = lambda: calls.append("rerun")  # stand-in for megatron-core's function
+    micro.destroy_num_microbatches_calculator = lambda: calls.append("micro")  # likewise
+    core.rerun_state_machine, core.num_microbatches_calculator = rerun, micro
+    monkeypatch.setitem(sys.modules, "megatron", types.ModuleType("megatron"))
+    monkeypatch.setitem(sys.modules, "megatron.core", core)
+    monkeypatch.setitem(sys.modules, "megatron.core.rerun_state_machine", rerun)
+    monkeypatch.setitem(sys.modules, "megatron.core.num_microbatches_calculator", micro)
+    bridge.reset_process_globals()
+    assert calls == ["rerun", "micro"]
