@@ -117,7 +117,18 @@ BUILD_PRODUCT_SUFFIXES = (".pyc", ".pyo")
 VCS_FILES = frozenset({".git"})
 # verify --dev-tree: the tool folders a maintainer's checkout holds at its top after `bash scripts/dev.sh test`.
 DEV_TREE_DIRS = frozenset(
-    {".venv", "venv", "node_modules", ".cache", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", ".tox"}
+    {
+        ".venv",
+        ".venv310",
+        "venv",
+        "node_modules",
+        ".cache",
+        ".pytest_cache",
+        ".hypothesis",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".tox",
+    }
     | {".whl", ".gpuwork"}
 )
 CARD = "card.yaml"  # carries the skill's name and version; signed like every file
