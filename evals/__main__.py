@@ -144,7 +144,8 @@ def validate_cases(cases, schema: dict, root: Path = ROOT, budgets: dict | None 
         )
     question = {c.get("id"): str(c.get("question", "")) for c in objs}
     for cid in sorted(checked):
-        for path in checks_mod.CHECKS[cid].outcome.paths:
+        outcome = checks_mod.CHECKS[cid].outcome
+        for path in outcome.paths if outcome is not None else ():
             names = (path, PurePosixPath(path).name, PurePosixPath(path).parts[0])
             if not any(n in question[cid] for n in names):
                 problems.append(f"{cid}: the question never names the file its outcome check reads ({path})")

@@ -98,7 +98,7 @@ def _assignments(text: str, fn: str) -> dict[str, str]:
                 if isinstance(node.value, ast.Dict):
                     for k, v in zip(node.value.keys, node.value.values, strict=True):
                         if isinstance(k, ast.Constant):
-                            out[f"{ast.unparse(t)}[{k.value}]"] = ast.unparse(v)
+                            out[f"{ast.unparse(t)}[{k.value!s}]"] = ast.unparse(v)
     return out
 
 

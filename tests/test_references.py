@@ -13,7 +13,15 @@ import yaml
 
 from _helpers_skill import ROOT, headings, read, relative_links
 
-MY_REFERENCES = ["checkpoints.md", "fsdp2.md", "perf.md", "rehearse.md", "smoke-test.md", "troubleshooting.md", "tuning.md"]
+MY_REFERENCES = [
+    "checkpoints.md",
+    "fsdp2.md",
+    "perf.md",
+    "rehearse.md",
+    "smoke-test.md",
+    "troubleshooting.md",
+    "tuning.md",
+]
 DOCS = ["SKILL.md", "skill-card.md", *[f"references/{n}" for n in MY_REFERENCES]]
 TOC_OVER_LINES = 60  # "a short table of contents when long"
 LINKS = [(doc, link) for doc in DOCS for link in relative_links(read(doc))]
