@@ -280,36 +280,43 @@ def test_7_launch_runs_an_argument_list_without_a_shell(tmp_path, monkeypatch, l
 
 
 @pytest.fixture
-def planted(root):
-    """A megatron_bridge egg-info and a megatron/ package planted in scripts/ (removed afterwards)."""
-    egg = root / "scripts" / "megatron_bridge-0.6.2.egg-info"
-    pkg = root / "scripts" / "megatron"
-    if egg.exists() or pkg.exists():
-        pytest.skip("scripts/ already holds a megatron package or egg-info")
+def planted(root, tmp_path):
+    """A copy of the skill's scripts/ with a megatron_bridge egg-info and a megatron/ package planted in it.
+
+    Planted in a private copy, never in the skill folder itself: other tests copy that folder at the same
+    time (the suite runs in parallel), and a half-removed plant there breaks their copy.
+    """
     import importlib.metadata as md
+    import shutil
 
     try:
         md.distribution("megatron-bridge")
         pytest.skip("megatron-bridge is really installed here: the planted one cannot be told apart by this test")
     except md.PackageNotFoundError:
         pass
+    skill = tmp_path / "skill"
+    shutil.copytree(root / "scripts", skill / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("SKILL.md", "card.yaml"):  # anchors reads the skill's own text
+        shutil.copy2(root / name, skill / name)
+    shutil.copytree(root / "references", skill / "references")
+    egg = skill / "scripts" / "megatron_bridge-0.6.2.egg-info"
+    pkg = skill / "scripts" / "megatron"
     egg.mkdir()
     (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: megatron-bridge\nVersion: 0.6.2\n")
     (pkg / "bridge").mkdir(parents=True)
     (pkg / "bridge" / "__init__.py").write_text("raise SystemExit('planted megatron.bridge was imported')\n")
-    try:
-        yield
-    finally:
-        import shutil
-
-        shutil.rmtree(egg)
-        shutil.rmtree(pkg)
+    return skill / "scripts" / "mfsdp.py"
 
 
-def test_6_planted_egg_info_is_not_believed(cli, planted):
-    p = cli("enable", "--recipe", "llama3_8b_pretrain_config", timeout=TIMEOUT)
+def test_6_planted_egg_info_is_not_believed(planted):
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, str(planted), *args], capture_output=True, text=True, timeout=TIMEOUT, cwd=planted.parent
+        )
+
+    p = run("enable", "--recipe", "llama3_8b_pretrain_config")
     assert p.returncode == 2 and "needs Megatron-Bridge installed" in p.stderr, p.stderr
-    p = cli("anchors", timeout=TIMEOUT)
+    p = run("anchors")
     assert p.returncode == 2 and "not installed" in p.stderr, p.stderr
     assert "planted" not in p.stderr
 
