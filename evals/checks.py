@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from . import settings as st
-from .outcomes import CKPT, CONFIG, JSON, OVERRIDES, TEXT, Artefact, Key, Outcome
+from .outcomes import CKPT, COMMAND, CONFIG, JSON, OVERRIDES, TEXT, Artefact, Key, Outcome
 from .security import Policy
 
 SKILL = "nemo-mbridge-perf-megatron-fsdp"
@@ -326,6 +326,56 @@ CHECKS: dict[str, CaseChecks] = {
             ),
         ),
         forbidden_settings=(NO_TORCH_DIST,),
+        script_input=("checkpoints", "checkpoints/*"),
+        policy=PROTECT_CKPTS,
+        fixture="convert-torch-dist",
+    ),
+    # The conversion planned on a laptop: `convert --dry-run` says what crosses over; the command for the cluster
+    # goes into a file (OUTCOMES), and the resume settings follow from what is dropped.
+    "mfsdp-convert-plan": CaseChecks(
+        settings=(S_FORMAT, Set("load_optim", "false"), Set("load_rng", "false")),
+        facts=(
+            Fact(
+                "says the optimizer state is dropped",
+                near(
+                    word(r"optimi[sz]er(?: state)?", "Adam moments", r"exp_avg\w*"),
+                    word(
+                        "dropped",
+                        "drops",
+                        r"not (?:be )?carried",
+                        r"isn't carried",
+                        r"aren't carried",
+                        "lost",
+                        "loses",
+                        "discarded",
+                        r"not (?:be )?(?:kept|converted|preserved)",
+                        r"left behind",
+                        r"restarts? from zero",
+                        r"starts? fresh",
+                        r"does not survive",
+                        r"doesn't survive",
+                    ),
+                    120,
+                ),
+                negatable=False,
+            ),
+            Fact(
+                "says the weights are carried",
+                near(
+                    word("weights", r"model weights", "parameters"),
+                    word("carried", "carries", "kept", "keeps", "preserved", "converted", "survive", "cross over"),
+                    120,
+                ),
+            ),
+        ),
+        forbidden=(
+            Fact(
+                "claims the optimizer state is carried",
+                r"optimi[sz]er(?: state)? (?:is |are |gets? )?(?:also )?(?:carried|kept|preserved|converted) (?:over|across|too|as well)",
+            ),
+        ),
+        forbidden_settings=(NO_TORCH_DIST, NotSet("load_optim", "true")),
+        also_accepted=("ckpt",),
         script_input=("checkpoints", "checkpoints/*"),
         policy=PROTECT_CKPTS,
         fixture="convert-torch-dist",
@@ -1207,6 +1257,22 @@ OUTCOMES: dict[str, Outcome] = {
         (Artefact(CKPT_VERDICT, JSON, fields=(("format", "torch_dist"), ("loadable_with_megatron_fsdp", False))),),
         unchanged=("checkpoints",),
         what=CKPT_VERDICT,
+    ),
+    "mfsdp-convert-plan": Outcome(
+        (
+            Artefact(
+                "convert_cmd.txt",
+                COMMAND,
+                command="convert",
+                sources=("checkpoints", "checkpoints/iter_0000020"),
+                options=(("--to", "fsdp_dtensor"),),
+                value_options=("--to", "--hf-config"),
+                dst_outside="checkpoints",
+            ),
+        ),
+        unchanged=("checkpoints",),
+        sealed=("checkpoints",),
+        what="the conversion command in convert_cmd.txt, ./checkpoints untouched",
     ),
     "mfsdp-ckpt-resume-missing-iter": Outcome(
         (Artefact("ckpts", CKPT),),

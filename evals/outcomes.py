@@ -22,6 +22,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ OVERRIDES = "overrides"  # one key=value per line, checked as `check KEY=VALUE .
 JSON = "json"  # a small verdict object the user asked for
 TEXT = "text"  # any other file: exact content or lines that must stay
 CKPT = "ckpt"  # a checkpoint folder, judged by the skill's own `ckpt` (no error finding: Bridge would load it)
+COMMAND = "command"  # a file holding the skill command the user will run elsewhere, judged by its own --dry-run
 
 # The five settings that turn Megatron FSDP on in Bridge 0.6.2 (see references/ and the rule table); an artefact
 # that "enables" Megatron FSDP must hold all five in its effective config.
@@ -85,12 +87,21 @@ class Artefact:
     fields: tuple[tuple[str, object], ...] = ()  # JSON: (field, expected value)
     content: str | None = None  # TEXT: the stripped content must equal this
     keeps: tuple[str, ...] = ()  # TEXT: lines (after stripping) that must still be there
+    # COMMAND: the `mfsdp.py SUBCOMMAND` the file must hold, the project paths its first positional (the source)
+    # may name, the options it must carry (name, value), the options of the subcommand that take a value (to tell
+    # them from positionals), and a project folder its second positional (the output) must lie outside.
+    command: str | None = None
+    sources: tuple[str, ...] = ()
+    options: tuple[tuple[str, str], ...] = ()
+    value_options: tuple[str, ...] = ()
+    dst_outside: str | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
     artefacts: tuple[Artefact, ...]
     unchanged: tuple[str, ...] = ()  # project paths (files or folders) that must be byte-identical to the fixture
+    sealed: tuple[str, ...] = ()  # project folders that must gain no file (a conversion written into them)
     kept: tuple[str, ...] = ()  # project folders whose fixture files must all still exist (content may change)
     what: str = ""  # the artefact in the user's words, shown as evidence
     writes: tuple[str, ...] = ()  # files the task writes, where they are not the artefacts themselves (a folder's)
@@ -107,6 +118,10 @@ def evaluate(outcome: Outcome, workspace: Path, fixture: Path | None) -> tuple[s
     for rel in outcome.unchanged:
         why = _changed(workspace, fixture, rel)
         (problems if why else evidence).append(why or f"{rel} unchanged from the user's project")
+    for rel in outcome.sealed:
+        new = _added(workspace, fixture, rel)
+        if new:
+            problems.append(f"{rel}: {len(new)} file(s) were added to the user's folder ({', '.join(new[:3])})")
     for rel in outcome.kept:
         gone = _missing(workspace, fixture, rel)
         if gone:
@@ -136,6 +151,8 @@ def _artefact(art: Artefact, workspace: Path) -> tuple[bool, list[str]]:
         return _config(art, workspace, text)
     if art.kind == JSON:
         return _json(art, text)
+    if art.kind == COMMAND:
+        return _command(art, workspace, text)
     return _text(art, text)
 
 
@@ -228,6 +245,104 @@ def _json(art: Artefact, text: str) -> tuple[bool, list[str]]:
         else:
             notes.append(f"{art.path}: {name} = {have!r}")
     return (False, problems) if problems else (True, notes)
+
+
+SHELL_OPERATORS = ("&&", "||", ";", "|", ">", ">>", "<", "&")
+
+
+def command_lines(text: str, sub: str) -> list[list[str]]:
+    """The words after ``mfsdp.py SUB`` of each such command in TEXT: backslash continuations joined, # comments
+    skipped, the command cut at the first shell operator (``&&``, ``;``, ``|``, a redirection). Whatever runs the
+    script (``python3``, a path to the skill) may stand in front of it."""
+    found: list[list[str]] = []
+    for line in text.replace("\\\n", " ").splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        for i, w in enumerate(words[:-1]):
+            if Path(w).name == "mfsdp.py" and words[i + 1] == sub:
+                rest = words[i + 2 :]
+                cut = next((j for j, x in enumerate(rest) if x in SHELL_OPERATORS), len(rest))
+                found.append(rest[:cut])
+                break
+    return found
+
+
+def _inside(path: str, folder: str, workspace: Path) -> bool:
+    """Whether PATH (relative to the project or absolute) is FOLDER of the project or lies inside it."""
+    p = Path(path) if Path(path).is_absolute() else workspace / path
+    top = os.path.normpath(workspace / folder)
+    here = os.path.normpath(p)
+    return here == top or here.startswith(top + os.sep)
+
+
+def _command(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]]:
+    """The file must hold ``mfsdp.py COMMAND SRC DST`` with the case's options, SRC one of the case's sources, DST
+    outside the user's folder, and no --dry-run (the user asked for the command that does the work); the skill's
+    own --dry-run of that very command, in the project, must accept it (exit 0). Every such command in the file
+    must pass: a file that offers a right and a wrong one hands the user a coin toss."""
+    sub = art.command or ""
+    cmds = command_lines(text, sub)
+    if not cmds:
+        return False, [f"{art.path} holds no `mfsdp.py {sub}` command (the question asks for it)"]
+    notes: list[str] = []
+    for args in cmds:
+        shown = f"mfsdp.py {sub} {shlex.join(args)}"
+        pos: list[str] = []
+        at: list[int] = []  # where each positional stands in ARGS
+        opts: dict[str, str] = {}
+        i = 0
+        while i < len(args):
+            a = args[i]
+            name, eq, value = a.partition("=")
+            if a.startswith("--") and eq:
+                opts[name] = value
+            elif a in art.value_options and i + 1 < len(args):
+                opts[a] = args[i + 1]
+                i += 1
+            elif a.startswith("-"):
+                opts[a] = ""
+            else:
+                pos.append(a)
+                at.append(i)
+            i += 1
+        if "--dry-run" in opts:
+            return False, notes + [f"{art.path}: {shown} is only a dry run; the user asked for the command to run"]
+        for name, want in art.options:
+            if opts.get(name) != want:
+                return False, notes + [f"{art.path}: {shown} lacks {name} {want}"]
+        if len(pos) != 2:
+            return False, notes + [f"{art.path}: {shown} does not name a source and an output folder"]
+        src, dst = pos
+        if art.sources and not any(_same_dir(src, s, workspace) for s in art.sources):
+            want = " or ".join(art.sources)
+            return False, notes + [f"{art.path}: {shown} converts {src!r}, not the user's checkpoint ({want})"]
+        if art.dst_outside and _inside(dst, art.dst_outside, workspace):
+            return False, notes + [f"{art.path}: {shown} writes into the user's {art.dst_outside}/ folder"]
+        run_args = list(args)
+        with tempfile.TemporaryDirectory() as scratch:
+            # An absolute output folder outside the project names a place on the cluster (/lustre/...), which this
+            # machine lacks: the dry run gets a new folder in its stead, so it judges everything but that place.
+            if Path(dst).is_absolute() and not _inside(dst, ".", workspace):
+                run_args[at[1]] = str(Path(scratch) / (Path(dst).name or "out"))
+            argv = [sys.executable, "-B", str(MFSDP), sub, *run_args, "--dry-run"]
+            try:
+                proc = subprocess.run(
+                    argv,
+                    cwd=workspace,
+                    capture_output=True,
+                    text=True,
+                    timeout=CHECK_TIMEOUT_S,
+                    env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                )
+            except subprocess.TimeoutExpired:
+                return False, notes + [f"{shown} --dry-run did not finish in {CHECK_TIMEOUT_S} s"]
+        if proc.returncode != 0:
+            why = (proc.stderr or proc.stdout).strip().splitlines()
+            return False, notes + [f"{shown} --dry-run exits {proc.returncode}: {(why[-1] if why else '')[:200]}"]
+        notes.append(f"{art.path}: {shown} (its --dry-run in the project exits 0; {dst!r} is outside the checkpoint)")
+    return True, notes
 
 
 def _text(art: Artefact, text: str) -> tuple[bool, list[str]]:
@@ -358,6 +473,15 @@ def _changed(workspace: Path, fixture: Path | None, rel: str) -> str | None:
         if dst.read_bytes() != src.read_bytes():
             return f"{name} of the user's was changed (the case leaves it as it was)"
     return None
+
+
+def _added(workspace: Path, fixture: Path | None, rel: str) -> list[str]:
+    """Project-relative names of the files under REL that the fixture did not have."""
+    base = workspace / rel
+    if not base.is_dir():
+        return []
+    have = set(_fixture_files(fixture, rel))
+    return [n for n in (str(p.relative_to(workspace)) for p in sorted(base.rglob("*")) if p.is_file()) if n not in have]
 
 
 def _missing(workspace: Path, fixture: Path | None, rel: str) -> list[str]:
