@@ -524,7 +524,7 @@ def _signal(proc: subprocess.Popen, sig) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process_group(proc: subprocess.Popen) -> None:
     """SIGTERM the run's process group (the engine records the phase it was in), then SIGKILL."""
     for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
         try:
@@ -554,7 +554,7 @@ def run_group(runs: list[Run], out: Path, a) -> dict:
             rc = proc.poll()
             if rc is None and now - started > run.timeout_s:  # the group deadline is handled below, for all at once
                 stamp(f"{name}: stopping (timeout after {run.timeout_s}s)")
-                _stop(proc)
+                stop_process_group(proc)
                 rc = proc.poll()
                 jobs[name]["stopped"] = "timeout"
             if rc is not None:

@@ -52,12 +52,13 @@ import datetime as _dt
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench_rehearse import stop_process_group  # SIGTERM then SIGKILL of a run's process group
 
 ROOT = Path(__file__).resolve().parent.parent
 MFSDP = ROOT / "scripts" / "mfsdp.py"
@@ -322,20 +323,6 @@ def child_env(raw: Path) -> dict:
     return env
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the row's process group (the engine records the phase it was in), then SIGKILL."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _read_json(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -427,7 +414,7 @@ def run_all(rows: list[Row], raw: Path, python: str, budget_s: int, max_concurre
             if rc is None and time.time() > min(until, deadline):
                 why = "budget" if time.time() > deadline else "row timeout"
                 stamp(f"{name}: stopping ({why})")
-                _stop(proc)
+                stop_process_group(proc)
                 rc = proc.poll()
             if rc is None:
                 continue

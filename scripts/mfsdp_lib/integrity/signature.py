@@ -116,21 +116,7 @@ BUILD_PRODUCT_SUFFIXES = (".pyc", ".pyo")
 # A git worktree keeps `.git` as a file; it is never part of the skill.
 VCS_FILES = frozenset({".git"})
 # verify --dev-tree: the tool folders a maintainer's checkout holds at its top after `bash scripts/dev.sh test`.
-DEV_TREE_DIRS = frozenset(
-    {
-        ".venv",
-        ".venv310",
-        "venv",
-        "node_modules",
-        ".cache",
-        ".pytest_cache",
-        ".hypothesis",
-        ".mypy_cache",
-        ".ruff_cache",
-        ".tox",
-    }
-    | {".whl", ".gpuwork"}
-)
+DEV_TREE_DIRS = BUILD_PRODUCT_DIRS - {"build", "dist"}  # build/ and dist/ are never a checkout's tool folders
 CARD = "card.yaml"  # carries the skill's name and version; signed like every file
 
 INSTALL_HINT = (
