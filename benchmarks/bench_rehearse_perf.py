@@ -42,7 +42,12 @@ benchmarks/results/rehearse_perf_1xh200.json`` and ``bash scripts/dev.sh benchma
 
     python3 benchmarks/bench_rehearse_perf.py --out RAW            # everything, about 8 minutes
     python3 benchmarks/bench_rehearse_perf.py --out RAW --list     # the rows and their commands only
-    python3 benchmarks/bench_rehearse_perf.py --out RAW --only n1_perf,n1_plain
+    python3 benchmarks/bench_rehearse_perf.py --out RAW --only n1_perf,n1_plain --repeat 2 --max-concurrent 1
+
+``--repeat K`` runs the selected rows K times, interleaved (A1 B1 A2 B2 ...), as rows named
+``<row>_r<k>``: the N = 1 agreement is then measured pair by pair with its spread, and with
+``--max-concurrent 1`` nothing else runs on the machine while a row holds the GPU (the 1.1 B model's
+kernel launches are CPU-bound, so another process importing Bridge slows its steps).
 """
 
 from __future__ import annotations
@@ -111,7 +116,10 @@ SAME_CHECKS = [
     "rerun_state_machine.check_for_spiky_loss=false",
 ]
 N1_GBS = 8  # 8 micro-batches of 2048 tokens: a step long enough (about 1 s) that per-step overheads are small
-N1_WARMUP, N1_ITERS = 2, 5
+N1_WARMUP, N1_ITERS = (
+    2,
+    8,
+)  # the plain run's timer is per iteration: 8 steps give a median that one slow step cannot move
 
 
 @dataclass
@@ -305,6 +313,20 @@ def plan(raw: Path) -> list[Row]:
     return rows
 
 
+def repeated(rows: list[Row], raw: Path, times: int) -> list[Row]:
+    """``rows`` ``times`` times, interleaved, as ``<row>_r<k>`` with their own output folders."""
+    if times <= 1:
+        return rows
+    out = []
+    for k in range(1, times + 1):
+        for r in rows:
+            name = f"{r.name}_r{k}"
+            old, new = str(Path(raw) / f"{r.name}.run"), str(Path(raw) / f"{name}.run")
+            argv = [new if a == old else a for a in r.argv]
+            out.append(Row(name, argv, r.cap_s, r.gpu_s, f"{r.why} (repeat {k} of {times})", r.kind, list(r.runs)))
+    return out
+
+
 def expected_wall_s(rows: list[Row]) -> int:
     """One import that nothing hides, then the GPU work one row after another, and each process's exit."""
     processes = sum(max(len(r.runs), 1) for r in rows)
@@ -372,7 +394,9 @@ def collect(row: Row, raw: Path, rc: int | None, wall: float, timed_out: str | N
     return out
 
 
-def run_all(rows: list[Row], raw: Path, python: str, budget_s: int, max_concurrent: int) -> dict:
+def run_all(
+    rows: list[Row], raw: Path, python: str, budget_s: int, max_concurrent: int, summary_name: str = "driver.json"
+) -> dict:
     raw.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     deadline = t0 + budget_s
@@ -438,7 +462,7 @@ def run_all(rows: list[Row], raw: Path, python: str, budget_s: int, max_concurre
         "max_concurrent": max_concurrent,
         "rows": [{k: r[k] for k in ("row", "exit_code", "wall_s", "timed_out")} for r in done],
     }
-    (raw / "driver.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (raw / summary_name).write_text(json.dumps(summary, indent=1) + "\n")
     (raw / "gpu.lock").unlink(missing_ok=True)  # the engines' lock file: nothing to keep
     stamp(f"done in {summary['wall_s']:.0f} s; next: python3 benchmarks/rehearse_perf_result.py {raw}")
     return summary
@@ -456,6 +480,12 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=int, default=BUDGET_S, help=f"all rows together (default {BUDGET_S})")
     p.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT, help=f"default {MAX_CONCURRENT}")
     p.add_argument("--only", default=None, help="comma-separated row names")
+    p.add_argument("--repeat", type=int, default=1, help="run the selected rows this many times, interleaved")
+    p.add_argument(
+        "--summary",
+        default="driver.json",
+        help="the driver's summary file in RAW (default driver.json; give another name to add runs to a RAW folder)",
+    )
     p.add_argument("--list", action="store_true", help="print the rows and their commands, run nothing")
     return p.parse_args(argv)
 
@@ -470,6 +500,10 @@ def main(argv=None) -> int:
             sys.stderr.write(f"bench_rehearse_perf.py: unknown rows: {', '.join(unknown)}\n")
             return 2
         rows = [r for r in rows if r.name in wanted]
+    if a.repeat < 1:
+        sys.stderr.write("bench_rehearse_perf.py: --repeat must be 1 or more\n")
+        return 2
+    rows = repeated(rows, a.out, a.repeat)
     if a.list:
         for r in rows:
             print(f"# {r.name} (about {r.gpu_s} s on the GPU, cap {r.cap_s} s): {r.why}")
@@ -478,7 +512,7 @@ def main(argv=None) -> int:
             f"# expected: about {expected_wall_s(rows)} s in all (imports overlap the GPU work); budget {a.budget_s} s"
         )
         return 0
-    summary = run_all(rows, a.out, a.python, a.budget_s, a.max_concurrent)
+    summary = run_all(rows, a.out, a.python, a.budget_s, a.max_concurrent, a.summary)
     return 0 if all(r["exit_code"] == 0 for r in summary["rows"]) else 1
 
 

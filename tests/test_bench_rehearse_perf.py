@@ -156,6 +156,52 @@ def test_result_rows_carry_the_keys_and_the_anchor_the_published_figures(tmp_pat
     assert any("llama70b_n64: not run" in n for n in doc["notes"])
 
 
+def test_repeat_interleaves_the_rows_each_with_its_own_output(tmp_path):
+    rows = [r for r in drv.plan(tmp_path) if r.name in ("n1_perf", "n1_plain")]
+    rep = drv.repeated(rows, tmp_path, 2)
+    assert [r.name for r in rep] == ["n1_perf_r1", "n1_plain_r1", "n1_perf_r2", "n1_plain_r2"]
+    for r in rep:
+        outs = [a for a in r.argv if a.endswith(".run")]
+        assert outs == [str(tmp_path / f"{r.name}.run")], r.name
+    assert drv.repeated(rows, tmp_path, 1) == rows
+    assert drv.main(["--out", str(tmp_path / "raw"), "--only", "n1_perf", "--repeat", "0"]) == 2
+
+
+def _pair(raw: Path, k: int, perf_steps: list[float], plain_ms: list[float] | None) -> None:
+    n1 = _summary("optim_grads_params", 1, {"step_times_s": perf_steps})
+    (raw / f"n1_perf_r{k}.json").write_text(json.dumps({"row": f"n1_perf_r{k}", "result": {"ranks": [n1]}}))
+    iters = 2 + len(perf_steps)
+    plain = {"row": f"n1_plain_r{k}", "kind": "engine", "result": {"request": {"iters": iters}}}
+    (raw / f"n1_plain_r{k}.json").write_text(json.dumps(plain))
+    if plain_ms is not None:
+        lines = [
+            f" iteration        {i}/       {iters} | elapsed time per iteration (ms): {t:.1f} | lm loss: 1.0 |"
+            for i, t in enumerate([5000.0, 1500.0, *plain_ms], start=1)
+        ]
+        (raw / f"n1_plain_r{k}.log").write_text("\n".join(lines) + "\n")
+
+
+def test_n1_agreement_comes_from_the_interleaved_pairs_with_the_first_pass_kept(tmp_path):
+    raw = _raw(tmp_path)
+    (raw / "driver.json").write_text(json.dumps({"started_utc": "2026-12-04T00:00:00+00:00", "max_concurrent": 3}))
+    _pair(raw, 1, [1.00, 1.00, 1.00], [980.0, 990.0, 1000.0])  # +1.0 %
+    _pair(raw, 2, [1.10, 1.10, 1.10], [1000.0, 1000.0, 1000.0])  # +10 %
+    _pair(raw, 3, [1.02, 1.02, 1.02], [1000.0, 1000.0, 1000.0])  # +2 %
+    _pair(raw, 4, [1.00, 1.00, 1.00], None)  # the plain run left no timer line: listed, not counted
+    (raw / res.PAIRS_SUMMARY).write_text(json.dumps({"max_concurrent": 1, "rows": []}))
+    doc = res.build(raw)
+    n1 = next(r for r in doc["rows"] if r["row"] == "n1_perf")
+    assert n1["agreement"] == pytest.approx(0.02)  # the median pair, not the mean
+    assert n1["agreement_spread"] == {"min": pytest.approx((1.0 - 0.99) / 0.99), "max": pytest.approx(0.10), "n": 3}
+    assert n1["agreement_within_5pct"] is True
+    assert [p["pair"] for p in n1["agreement_pairs"]] == [1, 2, 3, 4] and "why" in n1["agreement_pairs"][3]
+    first = n1["agreement_first_pass"]
+    assert first["agreement"] == pytest.approx((1.00 - 1.02) / 1.02) and "3 rehearsals" in first["conditions"]
+    assert "at most 1 process" in n1["agreement_conditions"]
+    note = next(t for t in doc["notes"] if t.startswith("N = 1 agreement"))
+    assert "+2.0%" in note and "+10.0%" in note and "within 5%" in note
+
+
 def test_result_file_renders_in_benchmark_md(tmp_path):
     out = tmp_path / "results" / "rehearse_perf_1xh200.json"
     out.parent.mkdir()
