@@ -275,6 +275,12 @@ def test_trackers_disagree(tmp_path):
     (root / "latest_checkpointed_iteration.txt").write_text("19")
     assert "MFSDP-CKPT-TRACKER-DISAGREE" in rules(C.inspect(str(root)), "warning")
     (root / "latest_checkpointed_iteration.txt").write_text("banana")
+    # Bridge reads latest_train_state.pt first and never parses the text file beside it: only Megatron-LM's
+    # tools would exit on it, so a warning; without the train-state tracker Bridge parses it, so an error.
+    assert (root / "latest_train_state.pt").is_file()
+    assert "MFSDP-CKPT-TRACKER-BAD" in rules(C.inspect(str(root)), "warning")
+    assert "MFSDP-CKPT-TRACKER-BAD" not in rules(C.inspect(str(root)), "error")
+    (root / "latest_train_state.pt").unlink()
     assert "MFSDP-CKPT-TRACKER-BAD" in rules(C.inspect(str(root)), "error")
 
 

@@ -460,12 +460,22 @@ def _read_trackers(path: str, entries: list[str], findings: list[Finding]):
         tracker[TRACKER_TXT] = RELEASE_DIR if release else (it if err is None else {"error": err})
         txt_iter = RELEASE_DIR if release else it
         if err:
+            # Bridge parses the text file only when latest_train_state.pt is absent (checkpointing.py ::
+            # _load_checkpoint_from_path and _resolve_checkpoint_iteration: the train-state tracker first, then
+            # read_metadata, which asserts the iteration is > 0): beside it, only Megatron-LM's tools read it.
+            bridge_reads_it = TRACKER_TRAIN_STATE not in entries
             findings.append(
                 Finding(
                     "MFSDP-CKPT-TRACKER-BAD",
-                    "error",
+                    "error" if bridge_reads_it else "warning",
                     os.path.join(path, TRACKER_TXT),
-                    f"{TRACKER_TXT} {err}; Megatron-LM and Bridge exit when parsing it",
+                    f"{TRACKER_TXT} {err}; "
+                    + (
+                        "Megatron-LM and Bridge exit when parsing it"
+                        if bridge_reads_it
+                        else f"Bridge reads {TRACKER_TRAIN_STATE} instead and never parses it, but Megatron-LM's "
+                        "tools exit on it"
+                    ),
                     f"write the last saved iteration number into it (echo N > {os.path.join(path, TRACKER_TXT)})",
                 )
             )
