@@ -474,3 +474,28 @@ def test_batch_rules_use_the_expert_layout_for_the_smallest_world():
     # smallest world: lcm(TP 2, ETP 2 x EP 4) = 8, DP = 8 / 2 = 4 > 2
     found = {f.rule: f for f in rules.evaluate(cfg, {}, None)}
     assert "data-parallel size 4 = 4 at 8 GPUs" in found["MFSDP-TRAIN-BATCH-DP"].message
+
+
+def test_muon_under_fsdp_names_the_measured_failure_and_other_optimizers_stay_unverified():
+    def found(optimizer):
+        cfg = config_io.load_effective(None, BASE + [f"optimizer.optimizer={optimizer}"])
+        return next(f for f in rules.evaluate(cfg, {}) if f.rule == "MFSDP-OPTIMIZER-UNSUPPORTED")
+
+    msg = found("muon").message
+    assert "main_grad" in msg and "first optimizer step fails" in msg and "unverified" not in msg
+    assert "unverified" in found("soap").message and "main_grad" not in found("soap").message
+
+
+def test_muon_evidence_shows_the_failure_under_fsdp_and_a_pass_under_the_distributed_optimizer():
+    import json
+    from pathlib import Path
+
+    raw = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "raw" / "muon_fsdp_1xh200"
+    fsdp = json.loads((raw / "optim_grads_params" / "rank_0.report.json").read_text())
+    dist = json.loads((raw / "distopt" / "rank_0.report.json").read_text())
+    fail = fsdp["first_failure"]
+    assert fail["phase"] == "train" and fail["type"] == "AttributeError" and "main_grad" in fail["message"]
+    assert "_copy_model_grads_to_main_grads" in fail["frames"]["innermost"]
+    assert dist["result"] == "passed" and dist["first_failure"] is None
+    for rep in (fsdp, dist):
+        assert "optimizer.optimizer" in rep["settings_summary"]["user"]
