@@ -144,3 +144,27 @@ def test_coverage_is_stated_in_readme_help_and_rule_reference(root, cli):
         assert word in " ".join(readme.split()), word
         assert word in " ".join(families.split()), word
     assert "references/families.md" in readme and "(families.md)" in ref
+
+
+def test_conversion_evidence_table_states_the_recorded_results():
+    """checkpoints.md's results table says 'passes' for each path that passed in the recorded run, with
+    its recorded difference, and names each failing installed route with its recorded error."""
+    import json
+
+    doc = read("references/checkpoints.md")
+    table = doc[doc.index("## Conversion evidence") :]
+    rows = json.loads((ROOT / "benchmarks" / "results" / "ckpt_migration_1xh200.json").read_text())["rows"]
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    for r in rows:
+        if r["via"] != "convert":
+            continue
+        line = next(ln for ln in lines if ln.startswith(f"| {r['from']} → {r['to']}") and "**passes**" in ln)
+        assert r["passed"], r
+        if "logits" in r["check"]:
+            assert f"{100 * r['difference']:.2f} %" in line, (line, r["difference"])
+    table_words = [" ".join(re.findall(r"[A-Za-z0-9_]+", ln)) for ln in lines]
+    for r in rows:
+        if r["via"] == "upstream" and r.get("error"):
+            words = re.findall(r"[A-Za-z0-9_]+", r["error"].split(":", 1)[1])
+            runs = {" ".join(words[i : i + 4]) for i in range(max(len(words) - 3, 1))}
+            assert any(run in tw for run in runs for tw in table_words), r["error"][:200]

@@ -91,6 +91,10 @@ CASES = {
         (["checkpoint.async_save=true"], {}),
         (["checkpoint.async_save=false"], {}),
     ),
+    "MFSDP-PRETRAINED-HF-AFTER-WRAP": (
+        (["checkpoint.pretrained_checkpoint=/models/Llama-3-8B-hf"], {}),
+        (LORA + ["checkpoint.pretrained_checkpoint=/models/Llama-3-8B-hf"], {}),  # PEFT loads before the wrap
+    ),
     "MFSDP-HF-EXPORT-DTENSOR": (
         (["checkpoint.also_save_hf_checkpoint=true"], {}),
         (OFF + ["checkpoint.also_save_hf_checkpoint=true"], {}),

@@ -103,6 +103,29 @@ RULES: list[Rule] = [
         "save_fsdp_dtensor_checkpoint, synchronous) then 'assert async_save_request is not None'",
     ),
     Rule(
+        id="MFSDP-PRETRAINED-HF-AFTER-WRAP",
+        severity="warning",
+        stage="runtime",
+        topic="checkpoint",
+        paths=("checkpoint.pretrained_checkpoint",),
+        # Without PEFT, Bridge loads checkpoint.pretrained_checkpoint after Megatron FSDP wrapped the model; for a
+        # Hugging Face folder it then calls install_optimized_model_weights() on the wrapper's inner module, a
+        # Float16Module, and fails (measured on an H200: benchmarks/results/raw/ckpt_migration_1xh200/
+        # dense_upstream_pretrained_checkpoint_hf_into_fsdp.log). PEFT loads before the wrap (rules/peft.py).
+        when=lambda e: e.fsdp and e.get("peft") is None and e.get("checkpoint.pretrained_checkpoint") is not None,
+        message=lambda e: (
+            f"checkpoint.pretrained_checkpoint={fmt(e.get('checkpoint.pretrained_checkpoint'))} with Megatron FSDP: "
+            "if it is a Hugging Face folder, Bridge 0.6.2 fails to load it into the wrapped model "
+            "(AttributeError: 'Float16Module' object has no attribute 'install_optimized_model_weights'); an "
+            "fsdp_dtensor checkpoint loads. check cannot see the folder; 'mfsdp.py ckpt PATH' tells its format."
+        ),
+        fix="convert the Hugging Face folder first (python3 scripts/mfsdp.py convert HF_DIR DST --to fsdp_dtensor) "
+        "and set checkpoint.pretrained_checkpoint=DST",
+        source=f"{SRC_B_CKPT}: _load_hf_pretrained_checkpoint: 'bridge.load_hf_weights(model, hf_path=hf_dir)'; "
+        "megatron/bridge/models/conversion/model_bridge.py: load_weights_hf_to_megatron: "
+        "'m.module.install_optimized_model_weights()'",
+    ),
+    Rule(
         id="MFSDP-HF-EXPORT-DTENSOR",
         severity="error",
         stage="validate",
