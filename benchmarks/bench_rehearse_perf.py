@@ -19,7 +19,7 @@ plain run:
    TP 1, ``optim_grads_params``, meta-device init) at N = 64, with full recompute instead of
    the recipe's CPU offloading of 5 layers' activations and GBS 64 (one micro-batch per rank), so
    that rank 0 fits one H200 and a step takes seconds;
-5. ``n1_perf`` and ``n1_plain``: the N = 1 agreement check, the llama 1.1 B preset at GBS 8 under
+5. ``n1_perf`` and ``n1_plain``: the N = 1 agreement check, the llama 1.1 B preset at MBS 8, GBS 32 under
    ``optim_grads_params``: ``rehearse --perf`` (fake backend, recorder on, CUDA events) against a
    plain real run of the same config (a real NCCL world of 1, no recorder, no ``--perf``; its step
    time is Bridge's own ``elapsed time per iteration`` log line).
@@ -115,7 +115,11 @@ SAME_CHECKS = [
     "rerun_state_machine.check_for_nan_in_loss=false",
     "rerun_state_machine.check_for_spiky_loss=false",
 ]
-N1_GBS = 8  # 8 micro-batches of 2048 tokens: a step long enough (about 1 s) that per-step overheads are small
+# Micro-batches of 8 x 2048 tokens: large enough that the GPU, not the host's kernel launches, sets the step
+# time. At micro-batch 1 the 1.1 B model runs at about 12 % MFU and its step time follows the host: the same
+# plain run measured 0.73 s and 1.08 s per step in two runs a minute apart (n1_pairs_mbs1/).
+N1_MBS = 8
+N1_GBS = 32  # four micro-batches per step
 N1_WARMUP, N1_ITERS = (
     2,
     8,
@@ -275,6 +279,7 @@ def plan(raw: Path) -> list[Row]:
                 str(N1_WARMUP),
                 "--iters",
                 str(N1_ITERS),
+                f"train.micro_batch_size={N1_MBS}",
                 f"train.global_batch_size={N1_GBS}",
                 *SAME_CHECKS,
                 *out("n1_perf"),
@@ -297,6 +302,8 @@ def plan(raw: Path) -> list[Row]:
                 "optim_grads_params",
                 "--iters",
                 str(N1_WARMUP + N1_ITERS),
+                "--micro-batch-size",
+                str(N1_MBS),
                 "--global-batch-size",
                 str(N1_GBS),
                 *SAME_CHECKS,
