@@ -395,6 +395,8 @@ def n1_pairs(raw: Path) -> dict | None:
             pair["why"] = (
                 f"rehearse --perf: {prow.get('status')}"
                 if not mine
+                else f"the plain run was cut off by the driver ({plain['timed_out']}) before its timed steps"
+                if plain.get("timed_out")
                 else f"no 'elapsed time per iteration' line after warm-up in n1_plain_r{k}.log"
             )
         pairs.append(pair)
@@ -509,12 +511,19 @@ def notes(rows: list[dict], versions: dict, driver: dict) -> list[str]:
     n1 = next((r for r in rows if r["row"] == "n1_perf"), None)
     if n1 and n1.get("agreement_pairs") and n1.get("agreement") is not None:
         sp = n1["agreement_spread"]
+        done = [p for p in n1["agreement_pairs"] if p.get("agreement") is not None]
+        steps = (
+            f"; steps {min(p['perf_steps']['min'] for p in done):.3f}-{max(p['perf_steps']['max'] for p in done):.3f} s "
+            f"against {min(p['plain_steps']['min'] for p in done):.3f}-{max(p['plain_steps']['max'] for p in done):.3f} s"
+        )
+        left = [f"pair {p['pair']}: {p['why']}" for p in n1["agreement_pairs"] if p.get("agreement") is None]
         out.append(
-            f"N = 1 agreement, {n1['agreement_conditions']}: rehearse --perf (fake backend, recorder on) measured "
-            f"{n1['agreement_perf_step_s']:.3f} s per step (median over pairs), a plain real run of the same config (real "
-            f"NCCL world of 1, Bridge's own 'elapsed time per iteration') {n1['plain_run_step_s']['median']:.3f} s: "
-            f"{100 * n1['agreement']:+.1f}% (pairs {100 * sp['min']:+.1f}% to {100 * sp['max']:+.1f}%; "
-            f"{'within' if n1['agreement_within_5pct'] else 'NOT within'} 5%)."
+            f"N = 1 agreement, {n1['agreement_conditions']}, {len(done)} complete: rehearse --perf (fake backend, "
+            f"recorder on) measured {n1['agreement_perf_step_s']:.3f} s per step (median over pairs), a plain real "
+            f"run of the same config (real NCCL world of 1, Bridge's own 'elapsed time per iteration') "
+            f"{n1['plain_run_step_s']['median']:.3f} s: {100 * n1['agreement']:+.1f}% (pairs {100 * sp['min']:+.1f}% "
+            f"to {100 * sp['max']:+.1f}%{steps}; {'within' if n1['agreement_within_5pct'] else 'NOT within'} 5%)."
+            + (f" Left out: {'; '.join(left)}." if left else "")
         )
         first = n1.get("agreement_first_pass") or {}
         if first.get("agreement") is not None:
