@@ -273,6 +273,8 @@ def render_first_vs_current(data: dict) -> list[str]:
             f"{now['false_fails']}/{now['good']} = {now['false_fail_rate']:.1%}" if now else None,
             f"{now['undecided']}/{now['runs']} = {now['undecided_rate']:.1%}" if now else None,
         ]
+        if f.get("pending"):
+            cur = ["pending: not in the repository set"] * 3
         if f.get("recorded"):
             first = [f.get("false_passes"), f.get("false_fails"), f.get("undecided")]
             how = f"{f.get('date')}, `{f.get('file')}`: {f.get('provenance')}"

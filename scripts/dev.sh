@@ -224,6 +224,30 @@ parallel_args() {  # $1 = interpreter; prints the pytest-xdist arguments (none: 
     fi
 }
 
+warm_bytecode() {  # $1 = interpreter: one run of each subcommand fills the per-user bytecode cache
+    # The suites run mfsdp.py in thousands of subprocesses with PYTHONDONTWRITEBYTECODE=1 (no .pyc in the skill
+    # folder), which reads the per-user cache but never writes it (scripts/mfsdp_lib/bytecode_cache.py): without
+    # this, each of them compiles the library again, as a user's very first call does. These runs write the
+    # cache outside the skill folder, as a user's first calls do; what they print is not needed.
+    local py="$1" tmp
+    tmp="$(mktemp -d)"
+    (
+        unset PYTHONDONTWRITEBYTECODE
+        local m="scripts/mfsdp.py" ck="tests/fixtures/gpu-run/checkpoints"
+        "$py" "$m" check
+        "$py" "$m" enable
+        "$py" "$m" memory
+        "$py" "$m" rules
+        "$py" "$m" ckpt "$ck"
+        "$py" "$m" log tests/fixtures/gpu-run/smoke_train.log
+        "$py" "$m" convert "$ck" "$tmp/out" --to fsdp_dtensor --dry-run
+        "$py" "$m" rehearse --model-preset tiny --world-size 8 --dry-run
+        "$py" "$m" smoke --nproc-per-node 2 --dry-run
+        "$py" "$m" anchors --help
+    ) >/dev/null 2>&1 || true
+    rm -rf "$tmp"
+}
+
 cmd_lint() {
     setup_python "$TEST_EXTRAS"
     say "ruff check, ruff format --check, mypy"
@@ -245,6 +269,7 @@ cmd_test310() {
     fi
     make_venv "$VENV310" "$py"
     setup_python "$PY310_EXTRAS" "$VENV310"
+    warm_bytecode "$VENV310/bin/python"
     say "the scripts' tests on $("$VENV310/bin/python" -V 2>&1)"
     if [ "$#" -gt 0 ]; then
         run_pytest "$VENV310/bin/python" "$@"
@@ -259,6 +284,7 @@ cmd_test() {
     setup_node
     export PATH="$VENV/bin:$PATH"  # agentskills (skills-ref) for the install test
     cmd_lint
+    warm_bytecode "$VENV/bin/python"
     say "the test suite on $("$VENV/bin/python" -V 2>&1)"
     if [ "$#" -gt 0 ]; then
         run_pytest "$VENV/bin/python" "$@"

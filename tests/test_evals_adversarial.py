@@ -141,7 +141,9 @@ def test_cli_writes_the_results_file(cli_run):
     assert data["raw"]["undecided_rate"] <= adversarial.MAX_UNDECIDED
     # every batch's first measurement beside the current rates, or why there is none
     firsts = {f["set"]: f for f in data["first_measurements"]}
-    assert set(firsts) == {p.name for p in adversarial.repository_sets()}
+    pending = {p.name for p in adversarial.pending_sets()}
+    assert set(firsts) == {p.name for p in adversarial.repository_sets()} | pending
+    assert all(firsts[name].get("pending") and firsts[name]["recorded"] for name in pending)
     assert firsts["batch2.json"]["recorded"] and firsts["batch2.json"]["false_fails"] == "12/60 = 20.0%"
     assert all(f["provenance"] for f in firsts.values())
     assert all(v["reasons"] for v in data["raw"]["verdicts"])
@@ -223,3 +225,17 @@ def test_skill_card_and_committed_result_state_the_rates_the_command_gives(resul
     # the test can fail: a card that rounds a rate away from the command's output is caught
     with pytest.raises(AssertionError):
         assert _stated("false passes 1/120 = 0.0%", "false passes") == (1, 120)
+
+
+def test_a_pending_batch_keeps_its_first_measurement_and_stays_out_of_the_repository_set():
+    pending = adversarial.pending_sets()
+    assert pending, "no batch waits in tests/fixtures/adversarial/pending/"
+    names = {p.name for p in adversarial.repository_sets()}
+    for p in pending:
+        assert p.name not in names
+        first = adversarial.first_measurement(p.name)
+        assert first["recorded"], first  # measured once, before any grader change for it, and kept
+        items = json.loads(p.read_text())["items"]
+        assert len(items) >= 60 and {i["label"] for i in items} == {"good", "bad"}
+        ids = {i["id"] for i in adversarial.load_sets()}
+        assert not ids & {i["id"] for i in items}  # ids stay unique for the day it joins the set
