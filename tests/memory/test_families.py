@@ -425,9 +425,19 @@ def test_muon_keeps_one_buffer_per_matrix():
     est = m.estimate(cfg, dp=8, strategies=("distopt",))
     c = est.counts
     matrix, other = c.gpu_matrix, c.gpu_total - c.gpu_matrix
-    # Plain Muon: whole fp32 main + momentum for 2-D weights on every rank; Adam (sharded) for the rest.
-    expected = 8 * matrix + 12 * other / 8
+    # Plain Muon: whole fp32 main + momentum for 2-D weights on every rank, and its scalar Adam is not distributed
+    # either (built with use_distributed_optimizer=False): whole fp32 main + two moments for the rest.
+    expected = 8 * matrix + 12 * other
     assert est.rows["distopt"].optimizer == pytest.approx(expected)
+    # The H200 rehearsal of this preset with Muon under the distributed optimizer, rank 0 of 8, counted its
+    # optimizer state: momentum for the matrices and two Adam moments for the rest, on every rank, unsharded.
+    import json
+    from pathlib import Path
+
+    rep = Path(__file__).resolve().parents[2] / "benchmarks/results/raw/muon_fsdp_1xh200/distopt/rank_0.report.json"
+    measured = json.loads(rep.read_text())["optimizer_state"]
+    assert measured["state_numel"] == matrix + 2 * other
+    assert measured["updated_param_numel"] == c.gpu_total
     layer_wise = m.estimate(dict(LLAMA_1B, optimizer={"optimizer": "dist_muon"}), dp=8, strategies=("distopt",))
     assert layer_wise.rows["distopt"].optimizer == pytest.approx(8 * matrix / 8 + 12 * other / 8)
     adam = m.estimate(LLAMA_1B, dp=1, strategies=("ddp",)).rows["ddp"].optimizer

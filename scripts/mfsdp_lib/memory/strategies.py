@@ -348,10 +348,14 @@ def strategy_memory(
         held_sharded = t_full if strategy == "ddp" else t_shard
         mat_b, sca_b = _optimizer_bytes(q, fsdp=False)
         if muon and not p.layer_wise:
-            matrix_held = t_full
+            # Plain Muon is not distributed, and neither is its scalar optimizer: get_megatron_optimizer's emerging
+            # path builds the non-Muon groups with fallback_config.use_distributed_optimizer = False unless
+            # layer-wise (optimizer/__init__.py :: _get_megatron_emerging_optimizer). Measured on an H200: the
+            # llama 1.1 B preset's Muon + Adam state is 1.235 G fp32 numbers on rank 0 of 8, none of it sharded.
+            matrix_held = scalar_held = t_full
         else:
-            matrix_held = held_sharded
-        optimizer = (mat_b * matrix_frac * matrix_held + sca_b * (1 - matrix_frac) * held_sharded) * keep
+            matrix_held = scalar_held = held_sharded
+        optimizer = (mat_b * matrix_frac * matrix_held + sca_b * (1 - matrix_frac) * scalar_held) * keep
         step = muon_step
         if p.ddp_grad_bytes != FP32 and p.param_bytes < FP32 and not precision_aware:
             step += FP32 * held_sharded  # main_param.grad = main_grad.float(): a copy unless already fp32
