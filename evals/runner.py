@@ -322,6 +322,33 @@ def install_skill(skills_cli: list[str], skill_copy: Path, project: Path, home: 
     return {"argv": argv, "seconds": round(time.monotonic() - t0, 2), "installed": str(installed.parent)}
 
 
+def prepare_installation(skills_cli: list[str], agent: str, root: Path) -> dict:
+    """One real ``skills add`` into an empty project (``root/project``, home ``root/home``), for reuse.
+
+    Installing is the same for every case (the CLI copies the skill into the project and records it), so a sweep
+    over many cases installs once per agent and copies the result into each run's project and home
+    (``run_attempt(..., installation=...)``): the per-run cost of the install (a Node process copying the skill)
+    goes, the installed files are the ones the real CLI wrote."""
+    project, home = root / "project", root / "home"
+    project.mkdir(parents=True)
+    home.mkdir()
+    with tempfile.TemporaryDirectory(prefix="skillcopy-") as tmp:
+        copy = Path(tmp) / SKILL_NAME
+        source = prepare_skill_copy(copy)
+        install = install_skill(skills_cli, copy, project, home, agent)
+    return {"agent": agent, "root": str(root), "skill_source": source, "install": install}
+
+
+def _copy_installation(installation: dict, project: Path, home: Path, agent: str) -> dict:
+    if installation["agent"] != agent:
+        raise RunError(f"an installation made for {installation['agent']} cannot serve {agent}")
+    root = Path(installation["root"])
+    for src, dst in ((root / "project", project), (root / "home", home)):
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    installed = project / PROJECT_SKILL_DIRS[agent] / SKILL_NAME
+    return dict(installation["install"], installed=str(installed), copied_from=str(root))
+
+
 def agent_argv(agent: str, cli: list[str], prompt: str, model: str | None) -> list[str]:
     if agent == CLAUDE:
         argv = [
@@ -381,8 +408,11 @@ def run_attempt(
     model: str | None = None,
     timeout_s: float | None = None,
     grade: bool = True,
+    installation: dict | None = None,
 ) -> dict:
-    """Run one case once; returns the row for results.json (also written as attempt files)."""
+    """Run one case once; returns the row for results.json (also written as attempt files).
+
+    ``installation`` (from ``prepare_installation``): copy that real install instead of running the skills CLI."""
     case_id = case["id"]
     adir = out / agent / ("with-skill" if with_skill else "without-skill") / case_id / f"attempt-{attempt}"
     if adir.exists():
@@ -397,7 +427,10 @@ def run_attempt(
         "with_skill": with_skill,
         "scripted_model": script_path is not None,
     }
-    if with_skill:
+    if with_skill and installation is not None:
+        record["skill_source"] = installation["skill_source"]
+        record["install"] = _copy_installation(installation, project, home, agent)
+    elif with_skill:
         if skills_cli is None:
             raise RunError(
                 f"the skills CLI is not installed (npm install skills@{SKILLS_NPM_VERSION}, or set SKILLS_CLI)"

@@ -333,6 +333,9 @@ def every_run(tmp_path_factory, skills_cli, cases):
     clis = {agent: _cli_or_skip(agent) for agent in runner.AGENTS}
     scripts = {v: runner.scripted_cases(variant=v) for v in runner.VARIANTS}
     jobs = [(a, c, v) for a in runner.AGENTS for c in ALL_CASES for v in runner.VARIANTS]
+    # One real `skills add` per agent, copied into each run: the install does not depend on the case, and the
+    # install itself is tested run by run above (and in test_install.py, test_agentskills_validate.py).
+    installs = {a: runner.prepare_installation(skills_cli, a, out / f"install-{a}") for a in runner.AGENTS}
 
     def one(job):
         agent, case_id, variant = job
@@ -345,6 +348,7 @@ def every_run(tmp_path_factory, skills_cli, cases):
             cli=clis[agent],
             skills_cli=skills_cli,
             script_path=scripts[variant][case_id],
+            installation=installs[agent],
         )
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:

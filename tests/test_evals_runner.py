@@ -270,3 +270,50 @@ def test_runner_and_grader_read_the_cases_through_one_loader():
 
     assert grader.get_case is cases.get_case and grader.load_cases is cases.load_cases
     assert runner.load_cases() == cases.by_id()
+
+
+def test_a_copied_installation_is_the_real_install_file_for_file(tmp_path):
+    """The all-cases sweep installs once per agent and copies it into each run: the copy must hold exactly what
+    a real `skills add` writes into a project and its home, byte for byte."""
+    import hashlib
+
+    skills = runner.find_skills_cli(allow_npx=False)
+    assert skills, "the skills CLI is not installed (bash scripts/dev.sh setup installs it)"
+
+    def tree(root: Path) -> dict:
+        return {
+            str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+        }
+
+    agent = runner.CODEX
+    inst = runner.prepare_installation(skills, agent, tmp_path / "once")
+    direct_project, direct_home = tmp_path / "direct" / "project", tmp_path / "direct" / "home"
+    direct_project.mkdir(parents=True)
+    direct_home.mkdir()
+    copy = tmp_path / "src" / runner.SKILL_NAME
+    runner.prepare_skill_copy(copy)
+    runner.install_skill(skills, copy, direct_project, direct_home, agent)
+    project, home = tmp_path / "run" / "project", tmp_path / "run" / "home"
+    project.mkdir(parents=True)
+    home.mkdir()
+    got = runner._copy_installation(inst, project, home, agent)
+    # the lock file records the temporary folder the skill was installed from, which differs between any two
+    # installs; everything else must be equal
+    lock = "skills-lock.json"
+
+    def unlocked(root: Path) -> dict:
+        return {k: v for k, v in tree(root).items() if k != lock}
+
+    def lock_of(root: Path) -> dict:
+        data = json.loads((root / lock).read_text())
+        for entry in data["skills"].values():
+            entry.pop("source")
+        return data
+
+    assert unlocked(project) == unlocked(direct_project) and tree(home) == tree(direct_home)
+    assert lock_of(project) == lock_of(direct_project)
+    assert Path(got["installed"], "SKILL.md").is_file() and got["copied_from"] == inst["root"]
+    with pytest.raises(runner.RunError):
+        runner._copy_installation(inst, project, home, runner.CLAUDE)
