@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mfsdp_lib import config_io
 from mfsdp_lib import memory as m
 from mfsdp_lib.memory import hf
 
@@ -550,13 +551,12 @@ def test_uneven_pipeline_stages():
 def test_every_corpus_recipe_is_estimated_or_refused_with_a_reason():
     """Each Bridge 0.6.2 recipe's YAML (tests/fixtures/recipes/yaml): an estimate at a data-parallel
     size its layout allows, or a ModelError naming what is missing or impossible; never a traceback."""
-    import yaml
 
     paths = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "recipes" / "yaml").glob("*.yaml"))
     assert len(paths) > 150
     refused = {}
     for p in paths:
-        cfg = yaml.safe_load(p.read_text())
+        cfg = config_io.load_yaml(str(p))  # as the tools load it (libyaml when present)
         dp = 2 * m.dp_step(m.parallel_from(cfg))
         try:
             est = m.estimate(cfg, dp=dp, strategies=("optim_grads_params",))
