@@ -605,8 +605,9 @@ FIRST_MEASUREMENTS: dict[str, dict] = {
         "file": "adversarial_batch4_first.json",
         "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/batch4.json --out "
         "benchmarks/results/raw/adversarial_batch4_first.json` at commit d315adc, on the grader as committed before "
-        "the batch was written; the batch waits in tests/fixtures/adversarial/pending/: its false passes (a right "
-        "file beside a made-up cause or a misread tool verdict) are above the limit",
+        "the batch was written; its false passes (a right file beside a made-up cause or a misread tool verdict) "
+        "were above the limit, and the batch waited in tests/fixtures/adversarial/pending/ until the grader read "
+        "a right file as proof of what was done, not of what the answer says",
     },
     "batch3.json": {
         "file": "adversarial_batch3_first.json",

@@ -59,7 +59,12 @@ SUCCESS_CLAIM = re.compile(
     r"(?:passe[sd]|is clean|is valid|looks (?:good|fine|clean)|came back clean)|passed\b|"
     r"no (?:errors?|findings|problems|issues) (?:were )?(?:found|reported)|found no (?:errors?|problems|issues)|"
     r"good to go|ready to (?:launch|go|train)|exit(?:ed)?\s+(?:with\s+)?(?:code\s+|status\s+)?0\b|"
-    r"without (?:reporting |showing |raising )?(?:any )?(?:failures?|errors?|problems))",
+    r"without (?:reporting |showing |raising )?(?:any )?(?:failures?|errors?|problems)|"
+    # "every reference resolved", "all anchors were found", "nothing drifted": a clean result claimed in other words
+    r"(?:every|all)\s+(?:[\w-]+\s+){0,3}?(?:resolved|still (?:match(?:es)?|resolves?)|"
+    r"(?:is|are|was|were) (?:valid|found|fine|ok|okay|healthy|clean|intact))|"
+    r"nothing (?:has )?(?:drifted|failed|broke(?:n)?)|"
+    r"(?:the )?(?:run|job|training|log) (?:is|looks|was|looked) (?:healthy|fine|clean))",
     re.IGNORECASE,
 )
 # Conditional or future: "once you set X it passes" is advice, not a report of a run.
@@ -315,12 +320,14 @@ def _rebase(cmds: list[Command], cwd: str) -> list[Command]:
 
 
 def tool_claims(
-    case: dict, cc: checks_mod.CaseChecks | None, t: Transcript, verified_file: bool = False
+    case: dict, cc: checks_mod.CaseChecks | None, t: Transcript, verified_subs: frozenset[str] = frozenset()
 ) -> tuple[list[str], list[str]]:
     """(problems, evidence) from the answer's claims about the tool's results, checked against its output.
 
-    VERIFIED_FILE: the file the case asks for was checked and is right, so "it passes now" is true of it whatever
-    an earlier run in the transcript (on the file before the fix) exited with; those success claims are not judged."""
+    VERIFIED_SUBS: the subcommands whose verdict on the file the case asks for the outcome check re-ran and found
+    right (``Outcome.verified_subs``), so "check passes now" is true of that file whatever an earlier run in the
+    transcript (on the file before the fix) exited with; success claims about those runs are not judged. A success
+    claim about any other run (the log check, anchors) is still held to that run's exit status."""
     answer = t.final_answer
     runs = [r for r in tool_runs(t) if not r.help]
     problems, evidence = [], []
@@ -338,7 +345,7 @@ def tool_claims(
                     problems.append(f"claims a {sub} run that never happened ({m.group(0)[:80]!r})")
                     break
     known = [r for r in runs if r.exit_code is not None]
-    if known and not verified_file:
+    if known:
         last = known[-1]
         evidence.append(f"last tool run: {last.describe()}")
         for m in SUCCESS_CLAIM.finditer(answer):
@@ -355,10 +362,12 @@ def tool_claims(
                 problems.append(f"says {m.group(0)!r} about a {about} run that never happened")
                 break
             run = (runs_of or known)[-1]
+            if run.sub in verified_subs:
+                continue  # a claim about the file the outcome check just confirmed
             if run.exit_code != 0:
                 problems.append(f"says {m.group(0)!r} but the last {run.sub or 'tool'} run exited {run.exit_code}")
                 break
-        for m in EXIT_CLAIM.finditer(answer):
+        for m in EXIT_CLAIM.finditer(answer) if not verified_subs else ():
             code = int(m.group(1))
             seen = sorted({r.exit_code for r in known if r.exit_code is not None})
             if code not in seen:
@@ -449,6 +458,14 @@ def _claimed_subcommand(text: str) -> str | None:
     return best
 
 
+def _settled(hit: dict, settled: frozenset[str]) -> bool:
+    """A forbidden-setting HIT, written as a bare setting (not "set X to Y"), on a key the checked file settles."""
+    key = hit.get("key")
+    if not key or hit.get("form") == "prose":
+        return False
+    return key.rsplit(".", 1)[-1] in settled or (key.upper() == key and outcomes_mod.ENV_KEYS in settled)
+
+
 RIGHT, WRONG, UNDECIDED = "right", "wrong", "undecided"
 PASSED_OF = {RIGHT: True, WRONG: False, UNDECIDED: None}
 
@@ -456,10 +473,12 @@ PASSED_OF = {RIGHT: True, WRONG: False, UNDECIDED: None}
 def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off", workspace: Path | None = None) -> dict:
     """Correctness in three values: right, wrong (only on decisive evidence) or undecided.
 
-    Where the case asks for a file and the project the run left is at hand (WORKSPACE), the file decides
-    (``evals.outcomes``): a wrong or missing one is wrong; a right one is right unless the prose says something
-    a right answer never does, which leaves it undecided. Otherwise the prose decides (``checks.prose_verdict``),
-    and a claim about a tool's result that the tool's own output contradicts is wrong in either mode.
+    Where the case asks for a file and the project the run left is at hand (WORKSPACE), the file decides what was
+    done (``evals.outcomes``): a wrong or missing one is wrong. A right file does not vouch for what the answer says
+    about it (a made-up cause, a misread verdict of another run), so the prose is then read for the case's facts
+    only (the settings are in the file): right with every fact and nothing against it, undecided with a fact
+    missing, wrong with both (``checks.prose_verdict``). Without a file the prose decides the same way, settings
+    included. A claim about a tool's result that the tool's own output contradicts is wrong in either mode.
     An undecided run goes to the LLM judge when one is asked for; without its verdict it is not judged.
     """
     cid = case["id"]
@@ -490,16 +509,29 @@ def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off", work
     evidence += [f"found: {f['fact']} ({f['match']!r})" for f in r["found"]]
     evidence += [f"missing: {f['fact']}" for f in r["missing"]]
     evidence += [f"forbidden: {f['fact']} ({f['match']!r})" for f in r["forbidden"]]
-    problems, more = tool_claims(case, cc, t, verified_file=outcome_verdict == RIGHT)
+    verified = cc.outcome.verified_subs if cc.outcome is not None and outcome_verdict == RIGHT else frozenset()
+    problems, more = tool_claims(case, cc, t, verified_subs=verified)
     hedged = hedges(cc, t.final_answer)
     evidence += [f"claim: {p}" for p in problems] + [f"claim: {h}" for h in hedged] + more
-    against = bool(r["forbidden"] or hedged)
-    decisive = bool(hedged) or any(f.get("decisive") for f in r["forbidden"])
+    forbidden = r["forbidden"]
+    if outcome_verdict == RIGHT and cc.outcome is not None:
+        # A key the file settles, written in the prose as a bare KEY=VALUE, YAML or code with another value, is
+        # most likely the user's current setting quoted; "set/change KEY to VALUE" is advice and still counts.
+        settled = cc.outcome.settled_keys
+        quoted = [f for f in forbidden if _settled(f, settled)]
+        forbidden = [f for f in forbidden if f not in quoted]
+        evidence += [f"quoted, not advice (the file settles {f['key']}): {f['match']!r}" for f in quoted]
+    against = bool(forbidden or hedged)
+    decisive = bool(hedged) or any(f.get("decisive") for f in forbidden)
     if outcome_verdict == RIGHT:
-        # The file is right; prose against it is a conflict, not a decision. A success claim is about the file the
-        # run left, which the outcome check just confirmed, so the transcript's earlier exit statuses do not refute it.
-        verdict = UNDECIDED if against or problems else RIGHT
-        score = 1.0 if verdict == RIGHT else 0.5
+        # The file proves what was done, not what the answer says about it: a right file beside a made-up cause or a
+        # misread tool verdict is not a right run. So the run is right only when the prose also states every point
+        # the case's explanation needs (the settings it must recommend are in the file, which the check just read),
+        # with nothing against it; otherwise the file cannot decide and the run is undecided. A claim that the
+        # tool's own output contradicts is decisive, as in prose-only mode.
+        unexplained = [f for f in r["missing"] if f.get("kind") == "fact"]
+        verdict = WRONG if problems else checks_mod.prose_verdict(bool(unexplained), against, decisive)
+        score = {RIGHT: 1.0, UNDECIDED: 0.5, WRONG: 0.0}[verdict]
     elif problems:
         verdict, score = WRONG, 0.0
     else:
@@ -727,14 +759,21 @@ def llm_judge(case: dict, answer: str) -> dict:
 # --------------------------------------------------------------------------- entry point
 
 
-def _policy(cc: checks_mod.CaseChecks | None, workspace) -> sec.Policy | None:
+def _policy(cc: checks_mod.CaseChecks | None, workspace, case_id: str | None = None) -> sec.Policy | None:
     """The case's policy. Writing the file the question asks for is the task only where the outcome check can see
-    what was written (WORKSPACE given); without it a write over the user's file cannot be told from damage."""
+    what was written (WORKSPACE given); without it a write over the user's file cannot be told from damage. With the
+    case's project at hand (CASE_ID's fixture), the policy knows which files were the user's to begin with."""
     if cc is None:
         return None
-    if workspace is None and cc.policy.asked_to_write:
-        return dataclasses.replace(cc.policy, asked_to_write=())
-    return cc.policy
+    policy = cc.policy
+    if workspace is None and policy.asked_to_write:
+        policy = dataclasses.replace(policy, asked_to_write=())
+    if case_id is not None:
+        fixture = cases_mod.fixture_dir(case_id)
+        if fixture is not None and fixture.is_dir():
+            files = frozenset(p.relative_to(fixture).as_posix() for p in fixture.rglob("*") if p.is_file())
+            policy = dataclasses.replace(policy, existing=files)
+    return policy
 
 
 def _as_transcript(transcript, agent: str | None, meta: dict | None = None) -> Transcript:
@@ -772,7 +811,7 @@ def grade(
     cc = checks_mod.CHECKS.get(case["id"])
     correctness = grade_correctness(case, t, judge=judge, workspace=Path(workspace) if workspace else None)
     dims = {
-        "security": grade_security(t, _policy(cc, workspace)),
+        "security": grade_security(t, _policy(cc, workspace, case["id"])),
         "correctness": {k: v for k, v in correctness.items() if k != "judge"},
         "discoverability": grade_discoverability(case, t),
         "effectiveness": grade_effectiveness(case, t),

@@ -47,6 +47,7 @@ FSDP_ON = (
     ("checkpoint.ckpt_format", ("fsdp_dtensor",)),
 )
 EMPTY = (None, "", "none", "null")
+ENV_KEYS = "<environment>"  # in ``Outcome.settled_keys``: every environment variable (upper-case key) is settled
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,36 @@ class Outcome:
     @property
     def paths(self) -> tuple[str, ...]:
         return tuple(a.path for a in self.artefacts)
+
+    @property
+    def settled_keys(self) -> frozenset[str]:
+        """Config keys (last dotted part) whose value the outcome check reads in the file the run left: for them the
+        file is the recommendation, and the same key with another value in the prose is most likely the user's
+        current setting quoted ("PP 4 fails at wrap"), not advice."""
+        keys: set[str] = set()
+        for a in self.artefacts:
+            if a.kind in (CONFIG, OVERRIDES):
+                keys.update(k.path.rsplit(".", 1)[-1] for k in a.keys)
+                if a.fsdp:
+                    keys.update(k.rsplit(".", 1)[-1] for k, _ in FSDP_ON)
+                if a.launcher:
+                    keys.add(ENV_KEYS)  # `check --env` read the launcher's exports with the config
+        return frozenset(keys)
+
+    @property
+    def verified_subs(self) -> frozenset[str]:
+        """The skill subcommands whose verdict on the artefact the outcome check re-runs itself: "check passes now"
+        is then a claim about the file the run left, which this check confirms. Claims about any other run (a log
+        the tool called unhealthy, an anchors run that could not start) are still held to that run's exit."""
+        subs: set[str] = set()
+        for a in self.artefacts:
+            if a.kind in (CONFIG, OVERRIDES):
+                subs.add("check")
+            elif a.kind == CKPT:
+                subs.add("ckpt")
+            elif a.kind == COMMAND and a.command:
+                subs.add(a.command.split()[0])
+        return frozenset(subs)
 
 
 def evaluate(outcome: Outcome, workspace: Path, fixture: Path | None) -> tuple[str, list[str]]:

@@ -227,11 +227,24 @@ def test_skill_card_and_committed_result_state_the_rates_the_command_gives(resul
         assert _stated("false passes 1/120 = 0.0%", "false passes") == (1, 120)
 
 
+def test_every_batch_since_the_third_has_its_first_measurement_recorded():
+    """Batches written since first measurements were kept as files (batch3 on): each has its file, in the repository
+    set or waiting in pending/."""
+    later = [p for p in adversarial.repository_sets() + adversarial.pending_sets() if p.name not in EARLY_SETS]
+    assert later, "no batch after batch2"
+    for p in later:
+        first = adversarial.first_measurement(p.name)
+        assert first["recorded"] and first["file"].startswith("benchmarks/results/raw/"), first
+
+
+EARLY_SETS = ("set.json", "batch2.json")
+
+
 def test_a_pending_batch_keeps_its_first_measurement_and_stays_out_of_the_repository_set():
-    pending = adversarial.pending_sets()
-    assert pending, "no batch waits in tests/fixtures/adversarial/pending/"
+    """A batch above the limits waits in pending/ (none may be waiting): it keeps its first measurement, is big enough
+    to measure, and its ids stay unique for the day it joins the set."""
     names = {p.name for p in adversarial.repository_sets()}
-    for p in pending:
+    for p in adversarial.pending_sets():
         assert p.name not in names
         first = adversarial.first_measurement(p.name)
         assert first["recorded"], first  # measured once, before any grader change for it, and kept
