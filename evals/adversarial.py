@@ -609,6 +609,12 @@ FIRST_MEASUREMENTS: dict[str, dict] = {
         "were above the limit, and the batch waited in tests/fixtures/adversarial/pending/ until the grader read "
         "a right file as proof of what was done, not of what the answer says",
     },
+    "batch5.json": {
+        "file": "adversarial_batch5_first.json",
+        "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/pending/batch5.json --out "
+        "benchmarks/results/raw/adversarial_batch5_first.json` at commit aca1bfa, on the grader as committed before "
+        "the batch was measured (written meanwhile, from the cases and the tools' real outputs, without the grader)",
+    },
     "batch3.json": {
         "file": "adversarial_batch3_first.json",
         "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/batch3.json --out "
