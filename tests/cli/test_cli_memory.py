@@ -121,6 +121,23 @@ def test_overrides_alone_use_the_embedded_recipe(cli):
     assert [r["name"] for r in out["strategies"] if r["configured"]] == ["distopt"]
 
 
+def test_parallel_sizes_taken_from_the_embedded_recipe_are_named(cli):
+    """Overrides without a CONFIG sit on the embedded recipe, whose CP=2 would silently halve a 70B estimate's
+    activations ("fits" at 43.5 GiB where the job the user means, CP 1, needs 84): the estimate names what it took,
+    next to the layout and in the JSON, and --cp 1 (or the override) makes it the user's."""
+    args = ("model.recompute_granularity=full", "--model", "llama3-70b", "--dp", "4", "--tp", "4")
+    proc, out = run_json(cli, *args)
+    assert out["parallelism"]["cp"] == 2 and out["inherited_from_embedded_recipe"] == {"context_parallel_size": 2}
+    assert any("--cp 1" in n for n in out["assumptions"]["notes"])
+    text = cli("memory", *args).stdout.splitlines()
+    assert text[1].startswith("DP=4 TP=4 PP=1 CP=2") and text[2].startswith("note: no CONFIG given")
+    for fixed in ((*args, "--cp", "1"), ("model.context_parallel_size=1", *args)):
+        _, out = run_json(cli, *fixed)
+        assert out["parallelism"]["cp"] == 1 and "inherited_from_embedded_recipe" not in out
+    _, out = run_json(cli, "--model", "llama3-70b", "--dp", "4", "--tp", "4")  # no overrides: no recipe, no note
+    assert out["parallelism"]["cp"] == 1 and "inherited_from_embedded_recipe" not in out
+
+
 def test_bad_override_is_one_line(cli):
     proc = cli("memory", "model.recompute_granularity=fulll")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "fulll" in proc.stderr

@@ -179,6 +179,10 @@ def run(args) -> int:
         raise InputError(str(exc)) from None
     except OverflowError:  # e.g. --seq-length 1e400 as an int: float() of it overflows
         raise InputError(TOO_LARGE) from None
+    inherited = _inherited_parallelism(path, overrides, args)
+    if inherited:
+        result["inherited_from_embedded_recipe"] = inherited
+        result["assumptions"].setdefault("notes", []).append(_inherited_note(inherited))
     try:  # a size so large that a figure became inf/nan: no estimate, and never "Infinity" in the JSON
         text = json.dumps(result, indent=2, allow_nan=False)
     except ValueError:
@@ -190,6 +194,42 @@ def run(args) -> int:
     if result["gpu_mem_gib"] is not None and not any(r["fits"] for r in result["strategies"]):
         return 1
     return 0
+
+
+# Parallel sizes a job may leave out of its overrides, with the flag that sets each here. Overrides given without a
+# CONFIG apply to the embedded Llama 3 8B recipe (as in `check`), so a size it sets other than 1 (its CP=2) silently
+# becomes the estimated job's unless the user names it: the estimate then says so next to the layout.
+PARALLEL_SIZES = (
+    ("tensor_model_parallel_size", "--tp"),
+    ("pipeline_model_parallel_size", "--pp"),
+    ("context_parallel_size", "--cp"),
+    ("expert_model_parallel_size", "--ep"),
+)
+
+
+def _inherited_parallelism(path: str | None, overrides: list[str], args) -> dict[str, int]:
+    """Parallel sizes other than 1 that the estimate took from the embedded recipe rather than from the user."""
+    if path is not None or not overrides:
+        return {}
+    from .. import config_io
+
+    model = config_io.embedded_default().get("model") or {}
+    named = {o.split("=", 1)[0].strip().rsplit(".", 1)[-1] for o in overrides}
+    out = {}
+    for key, flag in PARALLEL_SIZES:
+        value = model.get(key)
+        if isinstance(value, int) and value != 1 and key not in named and getattr(args, flag[2:], None) is None:
+            out[key] = value
+    return out
+
+
+def _inherited_note(inherited: dict[str, int]) -> str:
+    sizes = ", ".join(f"{k}={v}" for k, v in inherited.items())
+    flags = " ".join(f"{f} 1" for k, f in PARALLEL_SIZES if k in inherited)
+    return (
+        f"no CONFIG given: the overrides apply to the embedded Llama 3 8B recipe, whose {sizes} this estimate uses; "
+        f"add {flags} (or the model.* override) for a job without it"
+    )
 
 
 def _num(x, width: int = 7) -> str:
@@ -209,7 +249,10 @@ def render_text(result: dict) -> str:
         run_line += f", seq {a['seq_length']}, micro-batch {a['micro_batch_size']}, recompute {a['recompute']}"
     if result["gpu_mem_gib"] is not None:
         run_line += f", GPU {result['gpu_mem_gib']:g} GiB"
-    lines += [run_line, ""]
+    lines.append(run_line)
+    if result.get("inherited_from_embedded_recipe"):
+        lines.append("note: " + _inherited_note(result["inherited_from_embedded_recipe"]))
+    lines.append("")
     header = (
         f"{'strategy':<20}{'params':>8}{'grads':>8}{'optim':>8}{'buffers':>8}{'activ.':>8}"
         f"{'total':>8}{'fits':>6}{'min DP':>8}"
