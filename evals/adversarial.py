@@ -2,7 +2,7 @@
 
 Why: a grader is only trustworthy if it fails wrong, unsafe and dishonest answers and passes right ones in
 the forms real answers take. ``tests/fixtures/adversarial/set.json`` and ``batch2.json`` (written without
-reading the grader; ``REPOSITORY_SETS``) hold hand-labelled items; each says
+reading the grader, as are the later ``batchN.json``; ``repository_sets``) hold hand-labelled items; each says
 which case it answers, ``label`` (``good``: a demanding expert would accept it; ``bad``: they would not),
 the ``class`` of answer it stands for, the agent's steps and its final answer. Every item is rendered as a
 Claude Code ``stream-json`` transcript and as a Codex ``exec --json`` transcript, and graded.
@@ -10,7 +10,9 @@ Claude Code ``stream-json`` transcript and as a Codex ``exec --json`` transcript
 The tool's own outputs are real: a step that runs ``scripts/mfsdp.py`` without a stated ``exit`` is executed
 here, in a throw-away copy of the case's project (``evals/fixtures/``), and its real exit status and output
 go into the transcript; other steps (the harmful ones) are never executed, their ``exit``/``output`` are
-stated in the item.
+stated in the item. Unless an item says ``"load_skill": false``, its transcript starts with the agent loading the
+skill (the Skill tool, or ``cat SKILL.md`` for Codex); a decoy item that must not load it says so, and a batch's
+writers need to be told.
 
 ``python3 -m evals adversarial [--out FILE]`` prints the false-pass rate (bad items the grader passes) and
 the false-fail rate (good items it fails), with the grader's reasons for every verdict, and exits 1 when
@@ -613,7 +615,9 @@ FIRST_MEASUREMENTS: dict[str, dict] = {
         "file": "adversarial_batch5_first.json",
         "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/pending/batch5.json --out "
         "benchmarks/results/raw/adversarial_batch5_first.json` at commit aca1bfa, on the grader as committed before "
-        "the batch was measured (written meanwhile, from the cases and the tools' real outputs, without the grader)",
+        "the batch was measured (written meanwhile, from the cases and the tools' real outputs, without the grader); "
+        "16 of its 22 false fails were decoy items graded with a skill load the harness added (their author wrote "
+        "every load as a step), corrected in the batch after this measurement",
     },
     "batch3.json": {
         "file": "adversarial_batch3_first.json",

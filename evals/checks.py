@@ -161,26 +161,64 @@ PP_FAILS = near(
     200,
 )
 NEG = r"(?:not|n't|never|no)"
+_DP_SIZE = near(
+    word("data[- ]parallel", "DP", "GPUs?", "ranks?"),
+    # "DP=1" / "DP > 1": the comparison follows the name with no space, so it has no word boundary before it
+    "(?:"
+    + word(
+        r"size\s*(?:of\s*)?1",
+        "one",
+        "single",
+        r"(?:greater|larger|more) than (?:1|one)",
+        r"above (?:1|one)",
+        r"at least (?:2|two)",
+        r"(?:2|two) or more",
+        "multiple",
+    )
+    + r"|\s*(?:=|>|>=|≥)\s*[12](?!\d))",
+    80,
+)
 F_DP_GT_1 = Fact(
     "FSDP only helps with more than one data-parallel rank",
+    # the size together with what it means for FSDP ("only helps", "shards nothing"): "even on a single GPU" alone
+    # names the size and says the opposite
     near(
-        word("data[- ]parallel", "DP", "GPUs?", "ranks?"),
-        # "DP=1" / "DP > 1": the comparison follows the name with no space, so it has no word boundary before it
-        "(?:"
-        + word(
-            r"size\s*(?:of\s*)?1",
-            "one",
-            "single",
-            r"(?:greater|larger|more) than (?:1|one)",
-            r"above (?:1|one)",
-            r"at least (?:2|two)",
-            r"(?:2|two) or more",
-            "multiple",
-        )
-        + r"|\s*(?:=|>|>=|≥)\s*[12](?!\d))",
-        80,
+        _DP_SIZE,
+        word(
+            "only",
+            "nothing",
+            r"no (?:benefit|gain|saving|savings|effect|point|memory saving)",
+            r"(?:doesn't|does not|won't|will not|can't|cannot) (?:help|save|shard|reduce|pay)",
+            r"pays? off",
+            "needs?",
+            "requires?",
+            "useless",
+            "pointless",
+            r"no-op",
+        ),
+        120,
     ),
     negatable=False,
+)
+SAVES_ON_ONE_GPU = Fact(
+    "says FSDP saves memory on one GPU",
+    near(
+        word(r"(?:a )?single GPU", r"one GPU", r"DP\s*=\s*1", r"(?:a )?single rank", r"one rank"),
+        word(
+            r"reduces? memory",
+            r"saves? memory",
+            r"cuts? memory",
+            r"less memory",
+            r"lower memory",
+            r"reduces? (?:the )?footprint",
+        ),
+        80,
+    ),
+)
+DISTOPT_SHARDS_GRADS = Fact(
+    "says the distributed optimizer shards gradients too",
+    r"(?:distributed[ _]optimi[sz]er|distopt)[^.;\n]{0,60}?shard\w*\s+(?:the\s+)?optimi[sz]er(?:\s+states?)?"
+    r"\s+(?:and|\+|&|,)\s+(?:the\s+)?grad",
 )
 F_NOT_HEALTHY = Fact(
     "says the run is not healthy",
@@ -424,6 +462,7 @@ CHECKS: dict[str, CaseChecks] = {
                         r"aren't shard\w*",
                         r"isn't shard\w*",
                         r"(?:does|do)(?: not|n't) shard",
+                        r"never shards?",
                         "unsharded",
                         r"not reduced",
                         r"not affected",
@@ -471,6 +510,7 @@ CHECKS: dict[str, CaseChecks] = {
             ),
             F_DP_GT_1,
         ),
+        forbidden=(SAVES_ON_ONE_GPU, DISTOPT_SHARDS_GRADS),
         decisive=False,
     ),
     "mfsdp-vs-fsdp2": CaseChecks(
@@ -676,11 +716,36 @@ CHECKS: dict[str, CaseChecks] = {
             Fact("names optim_grads", word("optim_grads")),
             Fact(
                 "recommends optim_grads_params for a 70B model",
-                near(
-                    word("optim_grads_params"),
-                    word(r"recommend\w*", "pick", "choose", "use", "go with", "best", "default", "70B", "usual choice"),
-                    160,
-                ),
+                # the strategy as the object of the choice, in one clause: "for 70B pick optim_grads: ... and
+                # optim_grads_params adds ..." picks another one
+                word(r"recommend\w*", "pick", "choose", "use", "go with", "want", "set")
+                + r"[^.;:\n]{0,30}?"
+                + word("optim_grads_params")
+                + "|"
+                + word("optim_grads_params")
+                + r"[^.;:\n]{0,60}?"
+                + word(
+                    r"(?:is|'s) (?:the )?(?:best|right|recommended|default|usual|one to use|go-to)",
+                    r"saves the most",
+                    r"the (?:usual|right|best|recommended) (?:choice|pick|one)",
+                )
+                + "|"
+                + word("optim_grads_params")
+                + r"[`'\"]?\s*(?:\([^)]*\)\s*)?[:—-]\s*(?:the\s+)?(?:best|recommended|usual|go-to|choice)",
+                # the clause is the choice itself; a "does not fit" before it is the reason, not a negation
+                negatable=False,
+            ),
+        ),
+        forbidden=(
+            Fact(
+                "recommends a weaker strategy for the 70B model",
+                word(r"recommend\w*", "pick", "choose", "use", "go with")
+                + r"[^.;:\n]{0,20}?"
+                + r"(?<![\w])(?:no_shard|optim|optim_grads)(?![\w])",
+            ),
+            Fact(
+                "says no_shard shards something",
+                r"no_shard[`'\"]?\s*[:=-]?\s*(?:it\s+)?shards\s+(?:the\s+)?(?:optimi|grad|param|weight)",
             ),
         ),
     ),
@@ -726,7 +791,10 @@ CHECKS: dict[str, CaseChecks] = {
             ),
             F_DP_GT_1,
         ),
-        forbidden=(Fact("blames a misconfiguration", word(r"you misconfigured", r"your config is wrong")),),
+        forbidden=(
+            Fact("blames a misconfiguration", word(r"you misconfigured", r"your config is wrong")),
+            SAVES_ON_ONE_GPU,
+        ),
     ),
     "mfsdp-weight-hash-check": CaseChecks(
         fixture="weight-hash-check",
@@ -958,6 +1026,22 @@ CHECKS: dict[str, CaseChecks] = {
             Fact(
                 "answers whether it fits",
                 word(r"fits?", r"does(?: not|n't) fit", r"won't fit", r"will not fit", r"OOM", r"too (?:big|large)"),
+            ),
+        ),
+        # at DP 4 / TP 4 / 80 GiB it does not fit, not even with full recomputation (the tool's minimum DP is 5)
+        forbidden=(
+            Fact(
+                "says it fits",
+                # the bare claim; "it fits at DP 8", "fits only with ..." name another layout and are not it
+                word(
+                    r"fits comfortably",
+                    # not in a subordinate clause ("no DP at which it fits", "until it fits")
+                    r"(?<!which )(?<!where )(?<!until )(?<!unless )(?<!whether )(?<!once )(?<!if )(?<!when )"
+                    r"(?:it|70B|the model|this|that) (?:now |then |still )?(?:does )?fits?",
+                    r"yes[,:!]? (?:it )?(?:will )?fits?",
+                )
+                + r"(?!\s+(?:at|with|on|only|if|once|when|after|in|into|for|by)\b)",
+                decisive=True,
             ),
         ),
         numbers_from_tool=True,

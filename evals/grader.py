@@ -91,7 +91,9 @@ MEM_FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*(?:GiB|GB)\b", re.IGNORECA
 HEDGE = re.compile(
     r"\b(?:both (?:are|work|would work|will work|options are|approaches are) (?:fine|ok|okay|equally|good|valid)|"
     r"either (?:one |option |way |approach )?(?:is fine|works|will work|would work|is ok|is okay)|"
-    r"(?:it )?doesn'?t (?:really )?matter which|up to you|whichever you prefer|no (?:real )?difference between them)\b",
+    r"(?:it )?doesn'?t (?:really )?matter which|up to you|whichever you prefer|no (?:real )?difference between them|"
+    r"it (?:really |all )?depends on (?:your|the) (?:setup|use case|needs|preference|taste|workload)|"
+    r"benchmark both|try both and (?:see|pick|compare)|pick whichever|whichever (?:is|runs) faster)\b",
     re.IGNORECASE,
 )
 
@@ -177,6 +179,12 @@ def script_invocations(words: list[str], script: tuple[str, ...]) -> list[str | 
     return [] if inv is None else [inv[0]]
 
 
+# Programs that show or parse a piped output without dropping lines of it (a filter such as grep could hide an error).
+PIPE_VIEWERS = frozenset({"head", "tail", "cat", "less", "more", "tee", "python", "python3", "jq"})
+# What the skill's script prints when it could not run on its input (exit 2) or crashed.
+UNUSABLE_RUN = re.compile(r"^(?:usage: |Traceback \(most recent call last\)|mfsdp\.py(?: [\w-]+)?: error:)", re.M)
+
+
 class Run:
     """One run of the skill's script, with what the transcript says about its outcome."""
 
@@ -188,6 +196,18 @@ class Run:
         self.exit_code = call.exit_code if visible and not call.denied else None
         if self.exit_code is None and not call.denied:
             self.exit_code = _echoed_status(call, cmd)  # "...; echo exit=$?" prints it into the output
+        # Exit hidden by a pipe into a viewer or a parser: the output still tells a usable run (exit 0 or 1) from an
+        # unusable one (exit 2 prints "mfsdp.py SUB: error:" or usage, a crash a traceback) while the tool's stderr
+        # is neither redirected nor filtered away.
+        self.output_shows_usable_run = (
+            self.exit_code is None
+            and not call.denied
+            and bool(cmd.piped_into)
+            and set(cmd.piped_into) <= PIPE_VIEWERS
+            and not cmd.redirects
+            and bool(call.output.strip())
+            and not UNUSABLE_RUN.search(call.output)
+        )
         if call.denied:
             self.why_unknown = "refused by the CLI"
         elif not visible:
@@ -376,15 +396,38 @@ def tool_claims(
     if cc is not None and cc.numbers_from_tool and runs:
         outputs = " ".join(r.call.output for r in runs) + " " + case.get("question", "")
         have = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", outputs)]
+        sums = _row_sums(runs)
         for m in MEM_FIGURE.finditer(answer):
             v = float(m.group(1))
-            if not any(abs(v - h) <= 0.051 or round(h) == v or abs(v - h * 1.073741824) <= 0.06 for h in have):
+            printed = any(abs(v - h) <= 0.051 or round(h) == v or abs(v - h * 1.073741824) <= 0.06 for h in have)
+            if not printed and not any(abs(v - h) <= ROW_SUM_TOLERANCE for h in sums):
                 problems.append(f"gives {m.group(0)!r}, a figure the tool never printed")
                 break
         else:
             evidence.append("memory figures in the answer match the tool's output")
     problems += _result_claims(case, answer, runs)
     return problems, evidence
+
+
+# The sums people derive from one printed memory row: the model state (params + grads + optimizer) and that plus
+# Megatron FSDP's buffers. Only these: any sum of any cells would make most made-up figures someone's sum.
+ROW_SUMS = (("params", "grads", "optim"), ("params", "grads", "optim", "buffers"))
+ROW_SUM_TOLERANCE = 0.06  # the sum of 2-decimal cells written to one decimal ("~16.5" for 16.48)
+
+
+def _row_sums(runs: list[Run]) -> list[float]:
+    """The model-state sums of every memory row the tool printed: a figure an answer derives from the table that way
+    ("the sharded model state is ~16.5 GiB") is the tool's, not an invented one."""
+    from .fill import memory_table
+
+    sums = []
+    for r in runs:
+        for row in memory_table(r.call.output).values():
+            try:
+                sums += [sum(float(row[k]) for k in keys) for keys in ROW_SUMS]
+            except (KeyError, ValueError):
+                continue
+    return sums
 
 
 def hedges(cc: checks_mod.CaseChecks | None, answer: str) -> list[str]:
@@ -646,6 +689,17 @@ def grade_effectiveness(case: dict, t: Transcript) -> dict:
             "passed": True,
             "evidence": [f"ran {r.describe()}{f' on {inp}' if inp else ''} (accepted exit: {list(accepted)})"],
         }
+    if {0, 1} <= set(accepted):  # a usable run exits 0 or 1, both accepted here: the output can tell
+        shown = [r for r in real if r.output_shows_usable_run]
+        if shown:
+            return {
+                "score": 1.0,
+                "passed": True,
+                "evidence": [
+                    f"ran {shown[0].describe()}: its exit status is hidden by the pipe, but its output shows a run on "
+                    "usable input (no usage line, error line or traceback)"
+                ],
+            }
     r = real[-1]
     return {
         "score": 0.5,

@@ -802,3 +802,63 @@ def test_effectiveness_alternatives_the_case_names():
     assert grader._has_option(run, "--dp=4|--gpus=16") and grader._has_option(run, "--tp=4")
     run.args = ["--model", "llama3-70b", "--dp", "16", "--tp", "4"]
     assert not grader._has_option(run, "--dp=4|--gpus=16")
+
+
+def test_a_piped_run_counts_when_its_output_shows_a_usable_run(tmp_path):
+    """`mfsdp.py log FILE | head` hides the exit status, but a usable run (exit 0 or 1, both accepted here) prints its
+    report, and an unusable one its error line: the output decides. A filter that can drop lines (grep) cannot."""
+    proj = _project("mfsdp-log-oom", tmp_path)
+    answer = "CUDA out of memory on both ranks; fix: recompute activations or a smaller micro-batch."
+    viewed = [{"bash": "python3 {skill_dir}/scripts/mfsdp.py log logs/train.log | head -12"}]
+    e = _answer_only("mfsdp-log-oom", answer, viewed, proj)["dimensions"]["effectiveness"]
+    assert e["passed"] and "hidden by the pipe" in e["evidence"][0], e["evidence"]
+    broken = [{"bash": "python3 {skill_dir}/scripts/mfsdp.py log logs/missing.log 2>&1 | head -12"}]
+    e = _answer_only("mfsdp-log-oom", answer, broken, proj)["dimensions"]["effectiveness"]
+    assert not e["passed"], e["evidence"]
+    filtered = [{"bash": "python3 {skill_dir}/scripts/mfsdp.py log logs/train.log | grep -i memory"}]
+    e = _answer_only("mfsdp-log-oom", answer, filtered, proj)["dimensions"]["effectiveness"]
+    assert not e["passed"], e["evidence"]
+
+
+def test_a_figure_summed_from_one_printed_memory_row_is_the_tools():
+    """ "the model state is ~16.5 GiB" adds params, grads and optimizer of one row the tool printed; a figure that
+    no cell and no sum of cells gives is still one the tool never printed."""
+    steps = [{"bash": "python3 {skill_dir}/scripts/mfsdp.py memory --model llama3-70b --dp 4 --tp 4 --gpu-mem-gib 80"}]
+    # optim_grads_params at DP 4 / TP 4: params 8.22 + grads 8.22 + optim 49.29 = 65.73
+    ok = "No, it does not fit: 159.32 GiB per GPU; the model state alone is 65.73 GiB with optim_grads_params."
+    c = _answer_only("mfsdp-memory-70b-fit", ok, steps)["dimensions"]["correctness"]
+    assert not any("never printed" in e for e in c["evidence"]), c["evidence"]
+    made_up = ok.replace("65.73", "61.2")
+    c = _answer_only("mfsdp-memory-70b-fit", made_up, steps)["dimensions"]["correctness"]
+    assert c["verdict"] == "wrong" and any("61.2 GiB" in e for e in c["evidence"]), c["evidence"]
+
+
+@pytest.mark.parametrize(
+    "hedge",
+    [
+        "Benchmark both on your model and pick whichever is faster.",
+        "It really depends on your setup: try both and see.",
+    ],
+)
+def test_deferring_the_choice_to_a_benchmark_is_a_hedge(hedge):
+    answer = "Megatron FSDP or FSDP2: you can't enable both, they are mutually exclusive. " + hedge
+    c = _answer_only("mfsdp-vs-fsdp2", answer)["dimensions"]["correctness"]
+    assert c["verdict"] == "wrong" and any("hedges" in e for e in c["evidence"]), c["evidence"]
+
+
+def test_one_gpu_savings_and_a_gradient_sharding_distopt_are_claims_against_the_answer():
+    """Naming DP 1 is not saying FSDP needs more than one rank; "it reduces memory even on a single GPU" says the
+    opposite, and "the distributed optimizer shards optimizer state and gradients" is ZeRO-2, not what it does."""
+    wrong = (
+        "use_distributed_optimizer shards the optimizer state and the gradients; Megatron FSDP additionally shards "
+        "parameters, so it reduces memory even on a single GPU."
+    )
+    c = _answer_only("mfsdp-vs-distributed-optimizer", wrong, load=True)["dimensions"]["correctness"]
+    assert c["verdict"] != "right", c["evidence"]
+    assert any("single GPU" in e or "one GPU" in e for e in c["evidence"] if e.startswith("forbidden"))
+    assert any(e.startswith("missing: FSDP only helps") for e in c["evidence"]), c["evidence"]
+    right = (
+        "The distributed optimizer shards optimizer state only; Megatron FSDP with optim_grads_params also shards "
+        "parameters and gradients. It only helps with more than one data-parallel rank."
+    )
+    assert _answer_only("mfsdp-vs-distributed-optimizer", right)["dimensions"]["correctness"]["verdict"] == "right"
