@@ -619,6 +619,13 @@ FIRST_MEASUREMENTS: dict[str, dict] = {
         "16 of its 22 false fails were decoy items graded with a skill load the harness added (their author wrote "
         "every load as a step), corrected in the batch after this measurement",
     },
+    "batch6.json": {
+        "file": "adversarial_batch6_first.json",
+        "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/pending/batch6.json --out "
+        "benchmarks/results/raw/adversarial_batch6_first.json` at commit 67e4210, on the grader as committed before "
+        "the batch was measured (written meanwhile, from the cases and the tools' real outputs, without the grader); "
+        "within the limits on first sight, it joined the set unchanged",
+    },
     "batch3.json": {
         "file": "adversarial_batch3_first.json",
         "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/batch3.json --out "
