@@ -283,7 +283,12 @@ def render_text(result: dict) -> str:
     if notes or a.get("notes"):
         lines += ["", "notes:"]
         lines += [f"  {name}: {n}" for name, n in notes]
-        lines += [f"  {n}" for n in a.get("notes", [])]
+        shown = (
+            _inherited_note(result["inherited_from_embedded_recipe"])
+            if "inherited_from_embedded_recipe" in result
+            else None
+        )
+        lines += [f"  {n}" for n in a.get("notes", []) if n != shown]  # the recipe note already stands under the layout
     lines += ["", "assumptions:"]
     for key in (
         "params_dtype",
