@@ -280,15 +280,13 @@ def render_text(result: dict) -> str:
         lines += ["", f"modelled ({r['name']}):"] + [f"  - {t}" for t in r["modelled"]]
         lines += [f"assumed ({r['name']}):"] + [f"  - {t}" for t in r["assumed"]]
     notes = [(r["name"], n) for r in result["strategies"] for n in r["notes"]]
-    if notes or a.get("notes"):
+    recipe = result.get("inherited_from_embedded_recipe")
+    shown = _inherited_note(recipe) if recipe else None  # already under the layout
+    general = [n for n in a.get("notes", []) if n != shown]
+    if notes or general:
         lines += ["", "notes:"]
         lines += [f"  {name}: {n}" for name, n in notes]
-        shown = (
-            _inherited_note(result["inherited_from_embedded_recipe"])
-            if "inherited_from_embedded_recipe" in result
-            else None
-        )
-        lines += [f"  {n}" for n in a.get("notes", []) if n != shown]  # the recipe note already stands under the layout
+        lines += [f"  {n}" for n in general]
     lines += ["", "assumptions:"]
     for key in (
         "params_dtype",
