@@ -77,6 +77,14 @@ EXPECTED = (
         "times the bare interpreter start)",
     ),
     Expected(
+        "suite-speed",
+        "Speed of the whole test suite (`bash scripts/dev.sh test`, what CI runs), interleaved against the tree "
+        "before it was made faster, with the coverage of both",
+        lambda r: _bid(r) == "suite_speed",
+        "`python3 benchmarks/bench_suite.py run --baseline REV --raw RAW`, then `... coverage --baseline REV --raw RAW` "
+        "and `... summarize RAW` on a quiet 2-CPU machine (target: under 7 minutes)",
+    ),
+    Expected(
         "gpu-1",
         "DDP vs distributed optimizer vs Megatron FSDP on 1 GPU",
         lambda r: _bid(r).startswith("gpu_strategies_1x"),
