@@ -72,11 +72,14 @@ PHASES = ("setup", "lint", "suite_312", "suite_310")
 # pytest's closing line: "==== 3602 passed, 8 skipped in 234.90s (0:03:54) ====" (no = signs under -q).
 SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in ([\d.]+)s\b")
 COUNT = re.compile(r"(\d+) ([a-z]+)")
+# pytest -ra's short summary: "FAILED tests/x.py::test_y - reason" (the log prefixes each line with its time).
+FAILED_LINE = re.compile(r"^\s*[\d.]*\s*(?:FAILED|ERROR) (\S+::\S+)")
 # The coverage module the `coverage` step installs into each clone's virtualenvs: the pin in pyproject.toml's
 # bench extra (read from there, so the version is written once).
 COVERAGE_EXTRA = "bench"
 COVERED = ("scripts", "evals")  # the product code whose lines the suites are to keep covering
 PTH_NAME = "zz_mfsdp_bench_coverage.pth"
+COVERAGE_QUIET = "no-data-collected, module-not-imported, module-not-measured, couldnt-parse, no-ctracer"
 
 
 class BenchError(Exception):
@@ -219,7 +222,7 @@ def timed_run(tree: Path, cache_home: str, log_path: Path, env_extra: dict | Non
     ru0 = os.times()
     b0, t0 = cpu_times()
     start = time.monotonic()
-    with open(log_path, "w", encoding="utf-8") as log:
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line-buffered: the log shows progress
         proc = subprocess.Popen(
             ["bash", "scripts/dev.sh", "test"],
             cwd=tree,
@@ -360,7 +363,12 @@ def coverage_run(label: str, sha: str, tree: Path, raw: Path) -> dict:
     data = Path(tempfile.mkdtemp(prefix=f"mfsdp-bench-cov-{label}-"))
     rc_file = data / "coveragerc"
     sources = "\n    ".join(str(tree / d) for d in COVERED)
-    rc_file.write_text(f"[run]\nparallel = True\ndata_file = {data}/.coverage\nsource =\n    {sources}\n")
+    # Warnings off: a process that imports none of the sources would print one on stderr, which tests that
+    # expect a silent stderr from a command would read as a failure.
+    rc_file.write_text(
+        f"[run]\nparallel = True\ndata_file = {data}/.coverage\nsource =\n    {sources}\n"
+        f"disable_warnings =\n    {COVERAGE_QUIET}\n"
+    )
     hooks = []
     try:
         for venv in venvs:
@@ -441,13 +449,27 @@ def _median(xs: list) -> float | None:
     return round(statistics.median(xs), 1) if xs else None
 
 
+def failed_tests(log: Path) -> list[str]:
+    """The test ids pytest's short summary names as failed or in error, from a run's log."""
+    if not log.is_file():
+        return []
+    found = []
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        m = FAILED_LINE.search(line)
+        if m and m.group(1) not in found:
+            found.append(m.group(1))
+    return found
+
+
 def load_raw(raw: Path) -> tuple[list[dict], dict[str, dict]]:
     runs = []
     for path in sorted(raw.glob("pair*_*.json")):
         try:
-            runs.append(json.loads(path.read_text(encoding="utf-8")))
+            rec = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise BenchError(f"{path}: not readable JSON ({exc})") from None
+        rec["failed_tests"] = failed_tests(path.with_suffix(".log"))
+        runs.append(rec)
     covs = {}
     for label in LABELS:
         path = raw / f"coverage_{label}.json"
@@ -527,9 +549,13 @@ def summarize(runs: list[dict], covs: dict[str, dict], command: str, raw_rel: st
             f"Candidate over baseline, per pair: {', '.join(f'{x:.2f}' for x in ratios)} "
             f"(median {statistics.median(ratios):.2f})."
         )
-    failed = [f"{r['label']} pair {r['pair']} (exit {r['exit']})" for r in runs if r["exit"] != 0]
+    failed = [
+        f"{r['label']} pair {r['pair']} (exit {r['exit']}{': ' + ', '.join(r['failed_tests']) if r.get('failed_tests') else ''})"
+        for r in runs
+        if r["exit"] != 0
+    ]
     if failed:
-        notes.append("Runs whose suite failed: " + ", ".join(failed) + "; their times still count.")
+        notes.append("Runs whose suite failed: " + "; ".join(failed) + "; their times still count.")
     if set(covs) == set(LABELS):
         drops = coverage_drops(covs)
         delta = covs["candidate"]["percent"] - covs["baseline"]["percent"]
@@ -577,7 +603,20 @@ def summarize(runs: list[dict], covs: dict[str, dict], command: str, raw_rel: st
             "target_s": TARGET_S,
             "met": met,
             "runs": [
-                {k: r.get(k) for k in ("label", "pair", "commit", "wall_s", "cpu_s", "exit", "phases_s", "pytest")}
+                {
+                    k: r.get(k)
+                    for k in (
+                        "label",
+                        "pair",
+                        "commit",
+                        "wall_s",
+                        "cpu_s",
+                        "exit",
+                        "failed_tests",
+                        "phases_s",
+                        "pytest",
+                    )
+                }
                 | {"busy_before": r["quiet_before"]["busy"], "loadavg_before": r["quiet_before"]["loadavg"]}
                 for r in sorted(runs, key=lambda r: (r["pair"], r["label"]))
             ],

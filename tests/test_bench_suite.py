@@ -153,3 +153,18 @@ def test_a_timed_run_keeps_each_line_with_its_time(tmp_path):
     assert rec["phases_s"]["suite_312"] is not None and rec["phases_s"]["lint"] >= 0.2
     assert rec["wall_s"] >= 0.2 and "[dev.sh] ruff check" in log.read_text()
     subprocess.run(["bash", "-n", str(tree / "scripts" / "dev.sh")], check=True)
+
+
+def test_the_failing_tests_of_a_run_are_named_from_its_log(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for r in RUNS:
+        (raw / f"pair{r['pair']}_{r['label']}.json").write_text(json.dumps(dict(r, exit=1 if r is RUNS[0] else 0)))
+    (raw / "pair0_baseline.log").write_text(
+        "   537.91 FAILED tests/integrity/test_signature.py::test_committed - Failed: stale\n"
+        "   537.91 ============ 1 failed, 3782 passed in 533.08s ============\n"
+    )
+    runs, _ = BS.load_raw(raw)
+    doc = BS.summarize(runs, {}, "c", "raw")
+    assert "baseline pair 0 (exit 1: tests/integrity/test_signature.py::test_committed)" in " ".join(doc["notes"])
+    assert [r["failed_tests"] for r in doc["raw"]["runs"] if r["label"] == "candidate"] == [[], []]
