@@ -357,6 +357,17 @@ def test_symlinked_file_is_refused_with_its_name(signed_copy, keys):
     assert proc.returncode == 2 and "scripts/link.py: is a symbolic link" in proc.stderr
 
 
+def test_symlinked_folder_is_refused_by_name_and_never_followed(signed_copy, keys, tmp_path):
+    """A link to a folder outside the skill: named as a link, and nothing behind it is read or listed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "payload.py").write_text("import os\n")
+    (signed_copy / "scripts" / "vendor").symlink_to(outside, target_is_directory=True)
+    proc = run_tool("verify", "--root", keys["root"], signed_copy)
+    assert proc.returncode == 2 and "scripts/vendor: is a symbolic link" in proc.stderr
+    assert "payload.py" not in proc.stderr
+
+
 @pytest.mark.parametrize(
     "payload",
     [
