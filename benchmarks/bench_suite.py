@@ -79,6 +79,10 @@ FAILED_LINE = re.compile(r"^\s*[\d.]*\s*(?:FAILED|ERROR) (\S+::\S+)")
 COVERAGE_EXTRA = "bench"
 COVERED = ("scripts", "evals")  # the product code whose lines the suites are to keep covering
 PTH_NAME = "zz_mfsdp_bench_coverage.pth"
+# The GPU-side code: it runs under torch and Megatron-Bridge on a GPU machine, so here only its pure parts run and
+# its GPU tests skip. Its share of the code changes between trees (the rehearsal moved into a package and grew),
+# so the coverage is reported for it and for the rest apart: one total would mix the two.
+GPU_SIDE = re.compile(r"^scripts/(mfsdp_gpu/|rehearse_train\.py$|smoke_train\.py$)")
 COVERAGE_QUIET = "no-data-collected, module-not-imported, module-not-measured, couldnt-parse, no-ctracer"
 
 
@@ -332,8 +336,16 @@ def cmd_run(a) -> int:
                 f"pytest {[s['counts'] for s in rec['pytest']]}",
                 file=sys.stderr,
             )
-    (raw / "command.txt").write_text(shlex.join(["python3", "benchmarks/bench_suite.py", *sys.argv[1:]]) + "\n")
+    record_command(raw, "run")
     return 1 if failed else 0
+
+
+def record_command(raw: Path, sub: str, argv: list[str] | None = None) -> None:
+    """Keep this subcommand's command line in RAW/command.txt (one line per subcommand, the latest call's)."""
+    path = raw / "command.txt"
+    line = shlex.join(["python3", "benchmarks/bench_suite.py", *(sys.argv[1:] if argv is None else argv)])
+    kept = [ln for ln in path.read_text().splitlines() if ln.split()[2:3] != [sub]] if path.is_file() else []
+    path.write_text("\n".join([*kept, line]) + "\n")
 
 
 def coverage_pin(tree: Path = ROOT) -> str:
@@ -425,6 +437,7 @@ def cmd_coverage(a) -> int:
         (raw / f"coverage_{label}.json").write_text(json.dumps(rec, indent=2) + "\n", encoding="utf-8")
         failed += rec["exit"] != 0
         print(f"coverage {label}: {rec['percent']} % of {rec['statements']} lines", file=sys.stderr)
+    record_command(raw, "coverage")
     return 1 if failed else 0
 
 
@@ -442,6 +455,13 @@ def _tests(counts: dict) -> str:
     parts = [f"{counts.get('passed', 0)} passed"]
     parts += [f"{counts[k]} {k}" for k in ("skipped", "failed", "error", "errors") if counts.get(k)]
     return ", ".join(parts)
+
+
+def _coverage_cell(cov: dict | None) -> str:
+    if not cov:
+        return "not measured"
+    split = coverage_split(cov)
+    return f"{split['rest']['percent']:.1f} % / {split['gpu_side']['percent']:.1f} %"
 
 
 def _median(xs: list) -> float | None:
@@ -478,6 +498,21 @@ def load_raw(raw: Path) -> tuple[list[dict], dict[str, dict]]:
     if not runs:
         raise BenchError(f"{raw}: no timed runs (pair*_*.json); run `bench_suite.py run --raw {raw}` first")
     return runs, covs
+
+
+def coverage_split(cov: dict) -> dict[str, dict]:
+    """Line totals of one tree, for the GPU-side code (``GPU_SIDE``) and for the rest."""
+    out: dict[str, dict[str, float]] = {
+        "rest": {"statements": 0, "covered": 0},
+        "gpu_side": {"statements": 0, "covered": 0},
+    }
+    for rel, f in cov["files"].items():
+        part = out["gpu_side" if GPU_SIDE.search(rel) else "rest"]
+        part["statements"] += f["statements"]
+        part["covered"] += f["covered"]
+    for part in out.values():
+        part["percent"] = round(100.0 * part["covered"] / max(part["statements"], 1), 2)
+    return out
 
 
 def coverage_drops(covs: dict[str, dict], min_points: float = 1.0) -> list[str]:
@@ -521,7 +556,7 @@ def summarize(runs: list[dict], covs: dict[str, dict], command: str, raw_rel: st
                 _median([r["cpu_s"] for r in rs]),
                 _tests(_counts(rs[0], 0)),
                 _tests(_counts(rs[0], 1)),
-                f"{cov['percent']:.1f} % of {cov['statements']}" if cov else "not measured",
+                _coverage_cell(cov),
                 f"< {TARGET_S // 60} min" if label == "candidate" else "",
             ]
         )
@@ -558,12 +593,21 @@ def summarize(runs: list[dict], covs: dict[str, dict], command: str, raw_rel: st
         notes.append("Runs whose suite failed: " + "; ".join(failed) + "; their times still count.")
     if set(covs) == set(LABELS):
         drops = coverage_drops(covs)
-        delta = covs["candidate"]["percent"] - covs["baseline"]["percent"]
+        parts = []
+        for label in LABELS:
+            sp, cov = coverage_split(covs[label]), covs[label]
+            parts.append(
+                f"{label} {sp['rest']['percent']:.1f} % of {sp['rest']['statements']} lines outside the GPU-side "
+                f"code, {sp['gpu_side']['percent']:.1f} % of its {sp['gpu_side']['statements']} "
+                f"({cov['percent']:.1f} % of {cov['statements']} in all)"
+            )
         notes.append(
-            f"Coverage: line coverage of {' and '.join(d + '/' for d in COVERED)} in every Python process the "
-            f"suites start, one untimed run per tree: baseline {covs['baseline']['percent']:.1f} %, candidate "
-            f"{covs['candidate']['percent']:.1f} % ({delta:+.1f} points); files in both trees whose coverage fell "
-            f"by a point or more: {'; '.join(drops) if drops else 'none'}."
+            f"Coverage (the column: outside / inside the GPU-side code): line coverage of "
+            f"{' and '.join(d + '/' for d in COVERED)} in every Python process the suites start, one untimed run "
+            f"per tree: {'; '.join(parts)}. The GPU-side code (scripts/mfsdp_gpu/, rehearse_train.py, "
+            "smoke_train.py) runs in full only on a GPU machine, where its own tests run; its share grew between "
+            "the trees, so the totals are not compared. Files in both trees whose coverage fell by a point or "
+            f"more: {'; '.join(drops) if drops else 'none'}."
         )
     else:
         notes.append("Coverage: not measured (`bench_suite.py coverage`).")
@@ -592,7 +636,7 @@ def summarize(runs: list[dict], covs: dict[str, dict], command: str, raw_rel: st
             "CPU s",
             "tests on 3.12",
             "tests on 3.10",
-            "line coverage",
+            "line coverage (rest / GPU-side)",
             "target",
         ],
         "rows": rows,
@@ -621,7 +665,8 @@ def summarize(runs: list[dict], covs: dict[str, dict], command: str, raw_rel: st
                 for r in sorted(runs, key=lambda r: (r["pair"], r["label"]))
             ],
             "coverage": {
-                label: {k: c[k] for k in ("commit", "statements", "covered", "percent")} for label, c in covs.items()
+                label: {k: c[k] for k in ("commit", "statements", "covered", "percent")} | coverage_split(c)
+                for label, c in covs.items()
             },
         },
     }
@@ -633,12 +678,15 @@ def cmd_summarize(a) -> int:
         raise BenchError(f"{raw}: no such folder")
     runs, covs = load_raw(raw)
     cmd_file = raw / "command.txt"
-    command = cmd_file.read_text().strip() if cmd_file.is_file() else "python3 benchmarks/bench_suite.py run"
+    record_command(raw, "summarize", ["summarize", a.raw, *(x for n in a.note for x in ("--note", n))])
+    recorded = cmd_file.read_text().split("\n") if cmd_file.is_file() else []
+    command = " && ".join([ln for ln in recorded if ln.strip()] or ["python3 benchmarks/bench_suite.py run"])
     try:
         raw_rel = str(raw.resolve().relative_to(ROOT))
     except ValueError:
         raw_rel = str(raw)
     doc = summarize(runs, covs, command, raw_rel)
+    doc["notes"][-1:-1] = a.note  # the reader's explanations go before the verdict
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
@@ -674,6 +722,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("summarize", help="build the result file from a raw folder")
     p.add_argument("raw", help="the raw folder `run` (and `coverage`) wrote")
     p.add_argument("--out", default=str(RESULT), help="result file (default benchmarks/results/suite_speed.json)")
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="a sentence for the notes, e.g. why a baseline test failed (repeatable; kept in the command line)",
+    )
     a = ap.parse_args(argv)
     try:
         return {"run": cmd_run, "coverage": cmd_coverage, "summarize": cmd_summarize}[a.cmd](a)

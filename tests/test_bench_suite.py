@@ -65,13 +65,14 @@ COV = {
     },
     "candidate": {
         "commit": "b" * 40,
-        "statements": 120,
-        "covered": 108,
-        "percent": 90.0,
+        "statements": 160,
+        "covered": 118,
+        "percent": 73.75,
         "files": {
             "scripts/x.py": {"statements": 50, "covered": 45},
             "scripts/y.py": {"statements": 50, "covered": 45},
             "scripts/z.py": {"statements": 20, "covered": 18},
+            "scripts/mfsdp_gpu/steps.py": {"statements": 40, "covered": 10},
         },
     },
 }
@@ -88,9 +89,13 @@ def test_summary_pairs_the_runs_and_states_the_verdict():
     assert doc["raw"]["pair_ratios"] == [round(300 / 660, 3), round(330 / 600, 3)]
     assert doc["raw"]["met"] is True and "met (median 315.0 s" in doc["notes"][-1]
     # a file whose coverage fell is named, one that rose is not
-    cov_note = next(n for n in doc["notes"] if n.startswith("Coverage:"))
+    cov_note = next(n for n in doc["notes"] if n.startswith("Coverage ("))
     assert "scripts/x.py 100.0 % -> 90.0 %" in cov_note and "y.py" not in cov_note
     assert all(len(r) == len(cols) for r in doc["rows"])
+    # the GPU-side code (its tests need a GPU) is reported apart from the rest, not mixed into one total
+    assert cand[cols.index("line coverage (rest / GPU-side)")] == "90.0 % / 25.0 %"
+    assert base[cols.index("line coverage (rest / GPU-side)")] == "90.0 % / 0.0 %"
+    assert doc["raw"]["coverage"]["candidate"]["gpu_side"] == {"statements": 40, "covered": 10, "percent": 25.0}
 
 
 def test_a_slow_or_failing_candidate_run_is_not_met():
@@ -110,8 +115,10 @@ def test_result_file_is_in_the_report_shape_and_expected(tmp_path):
     for label, c in COV.items():
         (raw / f"coverage_{label}.json").write_text(json.dumps(c))
     out = tmp_path / "results" / "suite_speed.json"
-    assert BS.main(["summarize", str(raw), "--out", str(out)]) == 0
+    assert BS.main(["summarize", str(raw), "--out", str(out), "--note", "Why the baseline failed."]) == 0
     ((name, doc),) = MR.load_results(out.parent)
+    assert doc["notes"][-2] == "Why the baseline failed." and doc["notes"][-1].startswith("Candidate:")
+    assert doc["command"].endswith("summarize " + str(raw) + " --note 'Why the baseline failed.'")
     assert any(e.matches(doc) for e in MR.EXPECTED if e.key == "suite-speed")
     assert "| candidate |" in MR.render([(name, doc)])
 
@@ -168,3 +175,13 @@ def test_the_failing_tests_of_a_run_are_named_from_its_log(tmp_path):
     doc = BS.summarize(runs, {}, "c", "raw")
     assert "baseline pair 0 (exit 1: tests/integrity/test_signature.py::test_committed)" in " ".join(doc["notes"])
     assert [r["failed_tests"] for r in doc["raw"]["runs"] if r["label"] == "candidate"] == [[], []]
+
+
+def test_each_subcommand_keeps_its_latest_command_line(tmp_path):
+    BS.record_command(tmp_path, "run", ["run", "--baseline", "A", "--raw", "R"])
+    BS.record_command(tmp_path, "coverage", ["coverage", "--baseline", "A", "--raw", "R"])
+    BS.record_command(tmp_path, "run", ["run", "--baseline", "B", "--raw", "R"])
+    assert (tmp_path / "command.txt").read_text().splitlines() == [
+        "python3 benchmarks/bench_suite.py coverage --baseline A --raw R",
+        "python3 benchmarks/bench_suite.py run --baseline B --raw R",
+    ]
