@@ -87,6 +87,9 @@ RUN_REPORT = re.compile(
 )
 CLAIMED_SUBS = ("rehearse", "smoke", "anchors")
 EXIT_CLAIM = re.compile(r"\bexit(?:ed|s)?\s+(?:with\s+)?(?:code\s+|status\s+)?(\d)\b", re.IGNORECASE)
+# A number the tool printed as a number: a table cell, a figure with or without its unit, never digits inside a
+# name ("llama3-70b", "H100"), which would make a made-up "70 GiB" one the tool printed.
+TOOL_NUMBER = re.compile(r"(?<![\w.-])(\d+(?:\.\d+)?)(?:GiB|GB|MiB|MB)?(?!\w)")
 MEM_FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*(?:GiB|GB)\b", re.IGNORECASE)
 HEDGE = re.compile(
     r"\b(?:both (?:are|work|would work|will work|options are|approaches are) (?:fine|ok|okay|equally|good|valid)|"
@@ -394,8 +397,11 @@ def tool_claims(
                 problems.append(f"says {m.group(0)!r} but the tool exited {seen}")
                 break
     if cc is not None and cc.numbers_from_tool and runs:
-        outputs = " ".join(r.call.output for r in runs) + " " + case.get("question", "")
-        have = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", outputs)]
+        outputs = " ".join(r.call.output for r in runs)
+        have = [float(x) for x in TOOL_NUMBER.findall(outputs)]
+        # From the question only the memory figures the user gave ("our 80 GB cards"), never any digit in it: a
+        # made-up "70 GiB" must not pass because the question names a 70B model.
+        have += [float(m.group(1)) for m in MEM_FIGURE.finditer(case.get("question", ""))]
         sums = _row_sums(runs)
         for m in MEM_FIGURE.finditer(answer):
             v = float(m.group(1))

@@ -833,6 +833,18 @@ def test_a_figure_summed_from_one_printed_memory_row_is_the_tools():
     assert c["verdict"] == "wrong" and any("61.2 GiB" in e for e in c["evidence"]), c["evidence"]
 
 
+def test_from_the_question_only_its_memory_figures_count_as_printed():
+    """The question "llama3 70b ... 16 H100 80GB" lets an answer restate the user's 80 GB, but its "70b" and "16"
+    are no memory figures: "70 GiB" is still one the tool never printed."""
+    steps = [{"bash": "python3 {skill_dir}/scripts/mfsdp.py memory --model llama3-70b --dp 4 --tp 4 --gpu-mem-gib 80"}]
+    ok = "No, it does not fit in your 80 GB cards: 159.32 GiB per GPU with optim_grads_params."
+    c = _answer_only("mfsdp-memory-70b-fit", ok, steps)["dimensions"]["correctness"]
+    assert not any("never printed" in e for e in c["evidence"]), c["evidence"]
+    for made_up in ("70 GiB", "100 GB"):
+        c = _answer_only("mfsdp-memory-70b-fit", ok.replace("159.32 GiB", made_up), steps)["dimensions"]["correctness"]
+        assert any(f"{made_up!r}, a figure the tool never printed" in e for e in c["evidence"]), c["evidence"]
+
+
 @pytest.mark.parametrize(
     "hedge",
     [
