@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import host  # noqa: E402  (beside this script: how the result names the machine)
 from mfsdp_lib import bytecode_cache, config_io  # noqa: E402  (the cache's location; the atomic write)
 
 RESULT = ROOT / "benchmarks" / "results" / "check_speed.json"
@@ -136,19 +137,10 @@ def summarize(rounds: list[dict[str, float]]) -> dict:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    load = ""
+    extra = [f"Python {platform.python_version()}"]
     if hasattr(os, "getloadavg"):
-        load = f", load average at the start {os.getloadavg()[0]:.2f}"
-    return f"{platform.system()} {platform.release()}, {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}{load}"
+        extra.append(f"load average at the start {os.getloadavg()[0]:.2f}")
+    return host.describe(*extra)
 
 
 def document(rounds: list[dict[str, float]], reps: int, out: str, machine: str) -> dict:

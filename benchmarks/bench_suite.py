@@ -42,7 +42,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -53,7 +52,17 @@ import tempfile
 import time
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: pip's own copy of the same parser
+    from pip._vendor import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import host  # noqa: E402  (beside this script: how the result names the machine)
+from mfsdp_lib import config_io  # noqa: E402  (the atomic write)
+
 RESULT = ROOT / "benchmarks" / "results" / "suite_speed.json"
 TARGET_S = 7 * 60  # the goal: the whole `dev.sh test` under 7 minutes on a 2-CPU machine
 LABELS = ("baseline", "candidate")
@@ -102,11 +111,15 @@ def cpu_times() -> tuple[float, float]:
     return total - idle, total
 
 
+def busy_between(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """The busy share of the CPU time between two ``cpu_times()`` readings."""
+    return (after[0] - before[0]) / max(after[1] - before[1], 1e-9)
+
+
 def busy_fraction(seconds: float = QUIET_SAMPLE_S) -> float:
-    b0, t0 = cpu_times()
+    before = cpu_times()
     time.sleep(seconds)
-    b1, t1 = cpu_times()
-    return (b1 - b0) / max(t1 - t0, 1e-9)
+    return busy_between(before, cpu_times())
 
 
 def wait_quiet(settle_s: float = SETTLE_S, max_busy: float = MAX_BUSY, sample_s: float = QUIET_SAMPLE_S) -> dict:
@@ -132,23 +145,8 @@ def wait_quiet(settle_s: float = SETTLE_S, max_busy: float = MAX_BUSY, sample_s:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        with open("/proc/meminfo") as fh:
-            kb = int(fh.readline().split()[1])
-        mem = f", {kb / 2**20:.0f} GiB"
-    except (OSError, ValueError, IndexError):
-        pass
-    return f"{platform.system()} {platform.release()}, {cpu}, {os.cpu_count()} CPUs{mem}"
+    memory = host.memory_gib()
+    return host.describe(*([memory] if memory else []))
 
 
 # ----------------------------------------------------------------------------------------------------- clones
@@ -218,13 +216,20 @@ def clear_tool_caches(tree: Path) -> None:
 # ------------------------------------------------------------------------------------------------ one timed run
 
 
-def timed_run(tree: Path, cache_home: str, log_path: Path, env_extra: dict | None = None) -> dict:
-    """`bash scripts/dev.sh test` in TREE, each output line kept with its time since the start."""
-    env = run_env(cache_home)
-    env.update(env_extra or {})
+def timed_run(tree: Path, log_path: Path, env_extra: dict | None = None) -> dict:
+    """`bash scripts/dev.sh test` in TREE, each output line kept with its time since the start; the run gets an
+    empty per-user cache folder of its own, removed afterwards."""
+    cache_home = tempfile.mkdtemp(prefix="mfsdp-bench-suite-cache-")
+    try:
+        return _timed_run(tree, log_path, {**run_env(cache_home), **(env_extra or {})})
+    finally:
+        shutil.rmtree(cache_home, ignore_errors=True)
+
+
+def _timed_run(tree: Path, log_path: Path, env: dict[str, str]) -> dict:
     lines: list[tuple[float, str]] = []
     ru0 = os.times()
-    b0, t0 = cpu_times()
+    cpu0 = cpu_times()
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line-buffered: the log shows progress
         proc = subprocess.Popen(
@@ -244,7 +249,7 @@ def timed_run(tree: Path, cache_home: str, log_path: Path, env_extra: dict | Non
             log.write(f"{t:9.2f} {line}\n")
         rc = proc.wait()
     wall = time.monotonic() - start
-    b1, t1 = cpu_times()
+    cpu1 = cpu_times()
     ru1 = os.times()
     out = parse_lines(lines, wall)
     out.update(
@@ -252,7 +257,7 @@ def timed_run(tree: Path, cache_home: str, log_path: Path, env_extra: dict | Non
             "exit": rc,
             "wall_s": round(wall, 2),
             "cpu_s": round((ru1.children_user - ru0.children_user) + (ru1.children_system - ru0.children_system), 1),
-            "machine_busy_during": round((b1 - b0) / max(t1 - t0, 1e-9), 3),
+            "machine_busy_during": round(busy_between(cpu0, cpu1), 3),
         }
     )
     return out
@@ -298,18 +303,24 @@ def _trees(a) -> dict[str, tuple[str, Path]]:
     return {label: (sha, work / label) for label, sha in shas.items()}
 
 
-def cmd_run(a) -> int:
-    if a.pairs < 1:
-        raise BenchError("--pairs must be at least 1")
-    raw = Path(a.raw)
+def _prepared_trees(a, raw: Path) -> dict[str, tuple[str, Path]]:
+    """Both commits cloned into the work folder and set up (untimed); the raw folder made."""
     raw.mkdir(parents=True, exist_ok=True)
     trees = _trees(a)
-    if git("status", "--porcelain", "--untracked-files=no") and a.candidate == "HEAD":
-        print("note: the checkout has uncommitted changes; only the committed HEAD is measured", file=sys.stderr)
     with open(raw / "setup.log", "a", encoding="utf-8") as log:
         for sha, path in trees.values():
             clone(sha, path)
             set_up(path, log)
+    return trees
+
+
+def cmd_run(a) -> int:
+    if a.pairs < 1:
+        raise BenchError("--pairs must be at least 1")
+    if git("status", "--porcelain", "--untracked-files=no") and a.candidate == "HEAD":
+        print("note: the checkout has uncommitted changes; only the committed HEAD is measured", file=sys.stderr)
+    raw = Path(a.raw)
+    trees = _prepared_trees(a, raw)
     failed = 0
     for pair in range(a.pairs):
         order = LABELS if pair % 2 == 0 else tuple(reversed(LABELS))  # alternate who runs first
@@ -321,12 +332,8 @@ def cmd_run(a) -> int:
                 continue
             clear_tool_caches(tree)
             quiet = wait_quiet(a.settle)
-            cache_home = tempfile.mkdtemp(prefix="mfsdp-bench-suite-cache-")
             print(f"{name}: dev.sh test at {sha[:12]} (CPU {quiet['busy']:.0%} busy before)", file=sys.stderr)
-            try:
-                rec = timed_run(tree, cache_home, raw / f"{name}.log")
-            finally:
-                shutil.rmtree(cache_home, ignore_errors=True)
+            rec = timed_run(tree, raw / f"{name}.log")
             rec.update({"label": label, "pair": pair, "commit": sha, "quiet_before": quiet, "machine": machine()})
             rec["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             (raw / f"{name}.json").write_text(json.dumps(rec, indent=2) + "\n", encoding="utf-8")
@@ -350,12 +357,12 @@ def record_command(raw: Path, sub: str, argv: list[str] | None = None) -> None:
 
 def coverage_pin(tree: Path = ROOT) -> str:
     """The coverage requirement of the bench extra in TREE's pyproject.toml (the one place it is written)."""
-    text = (tree / "pyproject.toml").read_text(encoding="utf-8")
-    m = re.search(rf"^{COVERAGE_EXTRA} = \[(.*?)\]", text, re.S | re.M)
-    req = m and re.search(r'"(coverage==[^"]+)"', m.group(1))
-    if not req:
+    with open(tree / "pyproject.toml", "rb") as fh:
+        extras = tomllib.load(fh)["project"].get("optional-dependencies", {})
+    pins = [r for r in extras.get(COVERAGE_EXTRA, []) if r.replace(" ", "").startswith("coverage==")]
+    if not pins:
         raise BenchError(f"pyproject.toml has no coverage pin in the {COVERAGE_EXTRA} extra")
-    return req.group(1)
+    return pins[0]
 
 
 def _site_packages(venv: Path) -> Path:
@@ -389,11 +396,7 @@ def coverage_run(label: str, sha: str, tree: Path, raw: Path) -> dict:
             pth.write_text("import coverage; coverage.process_startup()\n")
             hooks.append(pth)
         clear_tool_caches(tree)
-        cache_home = tempfile.mkdtemp(prefix="mfsdp-bench-suite-cache-")
-        try:
-            rec = timed_run(tree, cache_home, raw / f"coverage_{label}.log", {"COVERAGE_PROCESS_START": str(rc_file)})
-        finally:
-            shutil.rmtree(cache_home, ignore_errors=True)
+        rec = timed_run(tree, raw / f"coverage_{label}.log", {"COVERAGE_PROCESS_START": str(rc_file)})
     finally:
         for pth in hooks:
             pth.unlink(missing_ok=True)
@@ -424,12 +427,7 @@ def coverage_run(label: str, sha: str, tree: Path, raw: Path) -> dict:
 
 def cmd_coverage(a) -> int:
     raw = Path(a.raw)
-    raw.mkdir(parents=True, exist_ok=True)
-    trees = _trees(a)
-    with open(raw / "setup.log", "a", encoding="utf-8") as log:
-        for sha, path in trees.values():
-            clone(sha, path)
-            set_up(path, log)
+    trees = _prepared_trees(a, raw)
     failed = 0
     for label, (sha, tree) in trees.items():
         print(f"coverage: dev.sh test at {sha[:12]} ({label})", file=sys.stderr)
@@ -689,9 +687,7 @@ def cmd_summarize(a) -> int:
     doc["notes"][-1:-1] = a.note  # the reader's explanations go before the verdict
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
+    config_io.write_atomic(str(out), json.dumps(doc, indent=2) + "\n")
     print(doc["notes"][-1], f"-> {out}")
     return 0
 

@@ -155,7 +155,7 @@ def test_a_timed_run_keeps_each_line_with_its_time(tmp_path):
         'test "$CI" = true && test "$EVALS_E2E_REQUIRE" = 1 && test -n "$XDG_CACHE_HOME"\n'
     )
     log = tmp_path / "run.log"
-    rec = BS.timed_run(tree, str(tmp_path / "cache"), log)
+    rec = BS.timed_run(tree, log)
     assert rec["exit"] == 0 and rec["pytest"][0]["counts"] == {"passed": 3}
     assert rec["phases_s"]["suite_312"] is not None and rec["phases_s"]["lint"] >= 0.2
     assert rec["wall_s"] >= 0.2 and "[dev.sh] ruff check" in log.read_text()
