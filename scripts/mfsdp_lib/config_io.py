@@ -334,7 +334,22 @@ def parse_value(text: str):
     if t[0] == "[" and t[-1] == "]":
         inner = t[1:-1].strip()
         return [parse_value(x) for x in inner.split(",")] if inner else []
+    if t[0] == "{" and t[-1] == "}":
+        return _parse_flat_dict(t) if t[1:-1].strip() else {}
     return t
+
+
+def _parse_flat_dict(text: str):
+    """A flat Hydra dict ``{k:v,...}`` (the ``{_target_:torch.float32,_call_:false}`` form Bridge
+    instantiates into a dtype), or the text itself when it is not one (nested or malformed)."""
+    out = {}
+    for part in text[1:-1].split(","):
+        key, sep, value = part.partition(":")
+        key = key.strip()
+        if not sep or not _KEY.match(key) or any(c in value for c in "{}[]"):
+            return text
+        out[key] = parse_value(value)
+    return out
 
 
 def parse_override(item: str) -> tuple[str, object]:

@@ -339,7 +339,8 @@ def _plan_runtime_fixes(work: dict, change, strategy: str, perf: bool) -> None:
                     path,
                     False,
                     "MFSDP-MOE-OVERLAP-DOUBLE-BUFFER: the expert-parallel A2A overlap does not support FSDP double "
-                    "buffering (the wrapper asserts); costs some all-gather overlap, not correctness",
+                    "buffering (the wrapper asserts); costs the fixed buffer pool (and NCCL user buffers), not overlap "
+                    "(the all-gather prefetch is no longer capped at one unit ahead) or correctness",
                 )
     for path in ("model.moe_single_grouped_weight", "model.moe_single_grouped_bias"):
         if e.get(path):

@@ -226,7 +226,15 @@ CASES = {
     ),
     "MFSDP-KEEP-FP8-TRANSPOSE-CACHE": (
         (["ddp.keep_fp8_transpose_cache=true"], {}),
-        (OFF + ["ddp.keep_fp8_transpose_cache=true"], {}),
+        (["ddp.keep_fp8_transpose_cache=true", "ddp.data_parallel_sharding_strategy=optim_grads"], {}),
+    ),
+    "MFSDP-DTYPE-STRING": (
+        (["ddp.megatron_fsdp_main_grads_dtype=fp32"], {}),
+        (["ddp.megatron_fsdp_main_grads_dtype={_target_:torch.float32,_call_:false}"], {}),
+    ),
+    "MFSDP-DTYPE-STRING-OTHER": (
+        (["mixed_precision=null", "model.autocast_dtype=bf16"], {}),
+        (["model.autocast_dtype=bf16"], {}),  # the mixed-precision preset overwrites it
     ),
     "MFSDP-DEFER-EMBEDDING-WGRAD": (
         (["comm_overlap.tp_comm_overlap=false", "comm_overlap.defer_embedding_wgrad_compute=true"], {}),

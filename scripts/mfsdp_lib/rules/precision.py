@@ -5,11 +5,126 @@ One ``Rule`` per constraint; the fields are explained in ``rules/model.py``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .. import schema as S
-from .context import SRC_FSDP_CFG, SRC_VALIDATE, kv
+from .context import SRC_FSDP_CFG, SRC_VALIDATE, kv, raw_get
 from .model import Rule
 
+# Config fields typed ``torch.dtype`` whose dataclass default is None (the pinned sources, each
+# ``Optional[torch.dtype] = None`` or ``torch.dtype = None``). Bridge's override path turns a string
+# into a dtype only when the field already holds one (megatron/bridge/training/utils/omegaconf_utils.py
+# :: _apply_overrides, 'if isinstance(current_attr, torch.dtype) and isinstance(value, str)'), and
+# ``ConfigContainer.from_yaml`` never does, so a string written into one of these fields reaches the
+# code that uses it as a string. tests/rules/test_dtype_fields.py reads the pinned wheels and fails
+# when a field of this class is missing here or in DTYPE_NONE_SKIPPED.
+# Megatron FSDP's own dtype fields: the string reaches its MixedPrecisionPolicy
+# (megatron/core/distributed/fsdp/mcore_fsdp_adapter.py :: FullyShardedDataParallel.__init__) and fails
+# at the model wrap (main grads: 'group.grad_dtype.is_floating_point' in ParamAndGradBuffer.
+# _init_each_parameter_group_buffers, AttributeError on str) or at the first gradient reduction
+# (grad comm: a buffer allocated with dtype=str in GradReducePipeline._bucket_group_gradient_reduce).
+# Each field maps to where the string fails.
+FSDP_DTYPE_NONE_FIELDS: dict[str, str] = {
+    "ddp.megatron_fsdp_main_grads_dtype": "Megatron FSDP's mixed-precision policy, and the model wrap fails "
+    "(AttributeError: 'str' object has no attribute 'is_floating_point')",
+    "ddp.megatron_fsdp_grad_comm_dtype": "Megatron FSDP's mixed-precision policy, and the first buffer "
+    "allocated in it fails (at the model wrap with double buffering or HSDP, else at the first gradient "
+    "reduce-scatter)",
+}
+# The other fields of the class: a string is kept and fails where the field is used.
+OTHER_DTYPE_NONE_FIELDS: dict[str, str] = {
+    "model.autocast_dtype": "the model config as a string",
+    "model.pipeline_dtype": "the model config as a string",
+    "model.mamba_training_ssm_states_dtype": "the model config as a string",
+    "peft.lora_dtype": "the LoRA adapters' weight allocation as a string",
+}
+# Fields of the class the rule leaves alone, with the reason.
+DTYPE_NONE_SKIPPED: dict[str, str] = {
+    "mixed_precision.params_dtype": "every preset Bridge registers fills it (megatron/bridge/training/"
+    "mixed_precision.py :: bf16_mixed ...), so an override reaches a dtype and is converted",
+    "mixed_precision.pipeline_dtype": "filled by the presets, as params_dtype",
+    "mixed_precision.autocast_dtype": "filled by the presets, as params_dtype",
+}
+# The torch name of each dtype spelling Bridge's str_to_dtype accepts (megatron/bridge/utils/
+# activation_map.py :: DTYPE_MAP), for the fix text.
+_TORCH_DTYPE = {
+    **dict.fromkeys(("fp32", "float32", "32", "32-true"), "torch.float32"),
+    **dict.fromkeys(("fp16", "float16", "16", "16-mixed"), "torch.float16"),
+    **dict.fromkeys(("bf16", "bfloat16", "bf16-mixed"), "torch.bfloat16"),
+    **dict.fromkeys(("fp8", "float8_e4m3fn"), "torch.float8_e4m3fn"),
+    "float8_e5m2": "torch.float8_e5m2",
+}
+
+
+def torch_dtype_name(value: object) -> str:
+    """``'fp32'`` -> ``'torch.float32'``; an unknown spelling gives ``torch.float32`` as the example."""
+    name = str(value).strip().lower()
+    return _TORCH_DTYPE.get(name.removeprefix("torch."), "torch.float32")
+
+
+def dtype_fix(path: str, value: object) -> str:
+    """The override that sets a real dtype. Bridge instantiates ``{_target_: torch.X, _call_: false}`` to
+    ``torch.X`` (omegaconf_utils.py :: _apply_overrides, its ``_target_`` branch; megatron/training/config/
+    instantiate_utils.py :: instantiate_node returns the target itself when ``_call_`` is false), the form
+    Bridge's own YAML dumper writes for a dtype (megatron/training/config/yaml_utils.py ::
+    _torch_dtype_representer), so it works on Bridge's command line (Hydra), in a YAML file and in a
+    run_config.yaml alike."""
+    name = torch_dtype_name(value)
+    return (
+        f"'{path}={{_target_:{name},_call_:false}}' (YAML: {path.split('.', 1)[1]}: "
+        f"{{_target_: {name}, _call_: false}}; Python: {name})"
+    )
+
+
+def _string_dtypes(e, fields: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    out = []
+    for path in fields:
+        if path.startswith("model.") and e.mp is not None:
+            continue  # MixedPrecisionConfig.setup overwrites model.*_dtype from the preset or mapping
+        value = raw_get(e.cfg, path)
+        if isinstance(value, str):
+            out.append(
+                (
+                    path,
+                    f"{path}={value!r} is a string on a dtype field whose default is None: Bridge converts a "
+                    f"string to a dtype only when the field already holds one, so the string reaches {fields[path]}.",
+                    dtype_fix(path, value),
+                )
+            )
+    return out
+
+
 RULES: list[Rule] = [
+    Rule(
+        id="MFSDP-DTYPE-STRING",
+        severity="error",
+        stage="runtime",
+        topic="precision",
+        paths=tuple(FSDP_DTYPE_NONE_FIELDS),
+        when=lambda e: _string_dtypes(e, FSDP_DTYPE_NONE_FIELDS) if e.fsdp else [],
+        message=None,
+        fix=None,
+        source="megatron/bridge/training/utils/omegaconf_utils.py: _apply_overrides: 'if "
+        "isinstance(current_attr, torch.dtype) and isinstance(value, str):' (defaults None: "
+        f"{S.MC_DDP}: megatron_fsdp_main_grads_dtype / megatron_fsdp_grad_comm_dtype); "
+        "megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py: "
+        "ParamAndGradBuffer._init_each_parameter_group_buffers: assert group.grad_dtype.is_floating_point",
+    ),
+    Rule(
+        id="MFSDP-DTYPE-STRING-OTHER",
+        severity="warning",
+        stage="input",
+        topic="precision",
+        paths=tuple(OTHER_DTYPE_NONE_FIELDS),
+        when=lambda e: _string_dtypes(e, OTHER_DTYPE_NONE_FIELDS),
+        message=None,
+        fix=None,
+        source="megatron/bridge/training/utils/omegaconf_utils.py: _apply_overrides: 'if "
+        "isinstance(current_attr, torch.dtype) and isinstance(value, str):' (defaults None: "
+        f"{S.MC_MP}: 'autocast_dtype: Optional[torch.dtype] = None', 'pipeline_dtype: torch.dtype = None'; "
+        f"{S.MC_TC}: 'mamba_training_ssm_states_dtype: Optional[torch.dtype] = None'; "
+        "megatron/bridge/peft/lora.py: 'lora_dtype: torch.dtype = None')",
+    ),
     Rule(
         id="MFSDP-MXFP8-REUSE-NEEDS-FP8-GATHER",
         severity="error",
@@ -126,18 +241,27 @@ RULES: list[Rule] = [
         stage="advice",
         topic="precision",
         paths=("ddp.keep_fp8_transpose_cache",),
-        when=lambda e: e.fsdp and bool(e.get("ddp.keep_fp8_transpose_cache")),
+        # Only optim_grads_params releases gathered weights, and the transpose cache with them; the other
+        # strategies keep whole weights and never read the flag (megatron_fsdp.py :: _register_fsdp_hooks:
+        # release_module_parameters on unit modules, and for non-unit modules 'not
+        # self.ddp_config.keep_fp8_transpose_cache and self.data_parallel_sharding_strategy ==
+        # "optim_grads_params"').
+        when=lambda e: (
+            e.fsdp
+            and bool(e.get("ddp.keep_fp8_transpose_cache"))
+            and e.get("ddp.data_parallel_sharding_strategy") == "optim_grads_params"
+        ),
         message=lambda e: (
             "ddp.keep_fp8_transpose_cache=true keeps each FP8 parameter's transpose after use instead of "
-            "discarding it: more memory, less recomputation (a speed setting, not a memory one). The default "
-            "false is what Bridge's FSDP perf recipes keep."
+            "discarding it: more memory, less recomputation (a speed setting, not a memory one; read only "
+            "under optim_grads_params). The default false is what Bridge's FSDP perf recipes keep."
         ),
         fix="ddp.keep_fp8_transpose_cache=false when memory is short (else keep it and measure the step time)",
         source=f"{S.MC_DDP}: DistributedDataParallelConfig.keep_fp8_transpose_cache (default False); "
         "megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py: MegatronFSDP "
         "docstring 'It will use significantly more GPU memory but can improve performance.' and "
         "'if not self.ddp_config.keep_fp8_transpose_cache:' (release_params_fp8_transpose_cache after "
-        "use); megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
+        "use, on the optim_grads_params release paths only); megatron/bridge/perf_recipes/nemotronh/common.py: _apply_nemotron_3_ultra_fsdp_hsdp "
         "'cfg.ddp.keep_fp8_transpose_cache = False'",
     ),
     Rule(
