@@ -148,3 +148,157 @@ def test_megatron_fsdp_forces_overlap_and_ignores_grad_reduce_in_fp32(mcore_src)
     texts = [p.read_text() for p in root.rglob("*.py")]
     assert not any("grad_reduce_in_fp32" in t for t in texts)
     assert "grad_reduce_in_fp32` is ignored" in read("SKILL.md")
+
+
+# --------------------------------------------------------------------------- performance behaviour the text states
+
+
+def _fn_source(text: str, name: str) -> str:
+    """The function's source as ``ast.unparse`` prints it, whitespace runs folded to one space."""
+    fn = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name)
+    return _flat(ast.unparse(fn))
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+MFSDP = "megatron/core/distributed/fsdp/src/megatron_fsdp"
+
+
+def test_overlap_is_read_at_wrap_before_megatron_fsdp_forces_it(mcore_src, bridge_src):
+    """tuning.md / memory.md / troubleshooting: overlap off at wrap time -> one bucket; units only under
+    optim_grads_params; the LLM recipes ship overlap on, the VLM ones off."""
+    wrap = _fn_source((mcore_src / "megatron/training/models/dist_utils.py").read_text(), "_ddp_wrap")
+    assert "if not ddp_config.overlap_grad_reduce: ddp_config.bucket_size = None" in wrap
+    assert "max(40000000, 1000000 * pg_collection.dp_cp.size())" in wrap
+    adapter = (mcore_src / "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py").read_text()
+    assert (
+        "if self.ddp_config.data_parallel_sharding_strategy == 'optim_grads_params': "
+        "self.fsdp_unit_modules = [TransformerLayer, MoETransformerLayer, MambaLayer] "
+        "else: self.fsdp_unit_modules = []"
+    ) in _flat(ast.unparse(ast.parse(adapter)))
+    common = (bridge_src / "megatron/bridge/recipes/common.py").read_text()
+    assert "overlap_grad_reduce=True" in _fn_source(common, "_pretrain_common")
+    for fn in ("_sft_common_vlm", "_peft_common_vlm"):
+        assert "overlap_grad_reduce=False" in _fn_source(common, fn)
+    tuning = read("references/tuning.md")
+    assert "`_sft_common_vlm`, `_peft_common_vlm`" in tuning and "`_pretrain_common`" in tuning
+
+
+def test_double_buffer_costs_prefetch_and_exists_only_with_units(mcore_src):
+    buf = (mcore_src / MFSDP / "param_and_grad_buffer.py").read_text()
+    assert "if self.ddp_config.fsdp_double_buffer and len(self.bucketing_policy.fsdp_unit_modules) > 0:" in _flat(buf)
+    skip = _fn_source(buf, "all_gather_params")
+    assert "if len(double_buf_units) > 2:" in skip and "suggested_AG_prefetch_size = 500000000" in skip
+    assert "_is_two_bucket_group_equal" in buf
+    tuning = read("references/tuning.md")
+    assert "`need_skip_prefetch`" in tuning and "about three Llama 3 8B" in tuning
+    # the Llama 3 8B layer the text counts: 218 M parameters, so 5e8 elements of prefetch reach a third layer
+    h, ffn, q, kv = 4096, 14336, 4096, 1024
+    layer = h * (q + 2 * kv) + q * h + 3 * h * ffn + 2 * h
+    assert round(layer / 1e6) == 218 and 2 * layer < 5e8 <= 3 * layer
+
+
+def test_keep_fp8_transpose_cache_is_read_on_optim_grads_params_paths_only(mcore_src):
+    src = (mcore_src / MFSDP / "megatron_fsdp.py").read_text()
+    assert "We only need to remove the transpose cache in parameter # sharding strategy." in _flat(src)
+    hooks = _fn_source(src, "_register_fsdp_hooks")
+    assert (
+        "not self.ddp_config.keep_fp8_transpose_cache and self.data_parallel_sharding_strategy == 'optim_grads_params'"
+        in hooks
+    )
+    assert "read only under `optim_grads_params`" in read("references/tuning.md")
+
+
+def test_what_megatron_lm_sets_up_and_bridge_does_not(mcore_src, bridge_src):
+    training = (mcore_src / "megatron/training/training.py").read_text()
+    assert "create_all_gather_groups(" in training and "pg_collection.dp_cp_ag = dp_cp_ag" in training
+    buf = (mcore_src / MFSDP / "param_and_grad_buffer.py").read_text()
+    assert "This avoids head-of-line blocking" in buf
+    bridge_py = [p.read_text() for p in (bridge_src / "megatron/bridge").rglob("*.py")]
+    assert not any("create_all_gather_groups" in t or "dp_cp_ag" in t for t in bridge_py)
+    args = (mcore_src / "megatron/training/arguments.py").read_text()
+    assert "Setting FSDP communication groups for high priority streams for Blackwell and later architectures" in args
+    common_cfg = (mcore_src / "megatron/training/config/common_config.py").read_text()
+    assert "high_priority_stream_groups: list[str] | None = field(default_factory=list)" in common_cfg
+    assert (
+        "high_priority_stream_groups=dist_config.high_priority_stream_groups"
+        in (bridge_src / "megatron/bridge/training/initialize.py").read_text()
+    )
+    assert "`dist.high_priority_stream_groups=[dp_cp]`" in read("references/tuning.md")
+
+
+def test_environment_is_applied_first_in_runtime_config_update(bridge_src):
+    cfg = (bridge_src / B_CFG).read_text()
+    body = _fn_source(cfg, "runtime_config_update").split('"""')[-1]
+    assert body.strip().startswith("apply_environment_variables(cfg)")
+    assert "os.environ.setdefault(name, str(value))" in _fn_source(cfg, "apply_environment_variables")
+
+
+def test_gradient_accumulation_fusion_sources_quoted_in_tuning_md(bridge_src, mcore_src):
+    ultra = (bridge_src / ULTRA_HSDP[0]).read_text()
+    assert "# incompatible with BF16 FSDP main grads cfg.model.gradient_accumulation_fusion = False" in _flat(ultra)
+    assert _assignments(ultra, ULTRA_HSDP[1])["cfg.ddp.megatron_fsdp_main_grads_dtype"] == "torch.bfloat16"
+    llama70 = _assignments((bridge_src / LLAMA_FSDP[0]).read_text(), LLAMA_FSDP[1])
+    assert llama70["cfg.model.gradient_accumulation_fusion"] == "False"
+    b300 = _assignments(
+        (bridge_src / "megatron/bridge/perf_recipes/llama/b300/llama31.py").read_text(),
+        "llama31_405b_pretrain_128gpu_b300_bf16_config",
+    )
+    assert b300["cfg.model.gradient_accumulation_fusion"] == "True" and b300["cfg.ddp.use_megatron_fsdp"] == "True"
+    assert "megatron_fsdp_main_grads_dtype" not in str(b300)
+    adapter = (mcore_src / "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py").read_text()
+    assert "Megatron-FSDP with gradient_accumulation_fusion requires " in adapter
+    assert "`llama31_405b_pretrain_128gpu_b300_bf16_config`" in read("references/tuning.md")
+
+
+def test_recipe_dtypes_and_nccl_ub_quoted(bridge_src):
+    nano = _assignments(
+        (bridge_src / "megatron/bridge/recipes/nemotronh/gb200/nemotron_3_nano.py").read_text(),
+        next(
+            n.name
+            for n in ast.walk(
+                ast.parse((bridge_src / "megatron/bridge/recipes/nemotronh/gb200/nemotron_3_nano.py").read_text())
+            )
+            if isinstance(n, ast.FunctionDef)
+            and "megatron_fsdp_grad_comm_dtype" in ast.unparse(n)
+            and "megatron_fsdp_main_grads_dtype" in ast.unparse(n)
+        ),
+    )
+    assert nano["cfg.ddp.megatron_fsdp_main_grads_dtype"] == "torch.float32"
+    assert nano["cfg.ddp.megatron_fsdp_grad_comm_dtype"] == "torch.bfloat16"
+    assert "`torch.float32` (Nemotron 3 Nano)" in read("references/tuning.md")
+    gpt_oss = (bridge_src / "megatron/bridge/perf_recipes/gpt_oss/common.py").read_text()
+    assert "cfg.ddp.nccl_ub = True" in gpt_oss and "use_megatron_fsdp" not in gpt_oss
+    gb300 = _assignments(
+        (bridge_src / "megatron/bridge/perf_recipes/llama/gb300/llama3.py").read_text(),
+        "llama3_70b_pretrain_64gpu_gb300_bf16_config",
+    )
+    assert gb300["cfg.ddp.nccl_ub"] == "True" and gb300["cfg.ddp.use_megatron_fsdp"] == "True"
+    assert "GPT-OSS sets it without Megatron FSDP" in read("references/tuning.md")
+
+
+def test_async_save_check_at_construction_quoted(mcore_src):
+    text = (mcore_src / "megatron/training/config/training_config.py").read_text()
+    post = _fn_source(text, "__post_init__")
+    assert "A compatible nvidia-resiliency-ext installation is required to enable " in text
+    assert "async_strategy: Literal['nvrx', 'mcore'] = 'nvrx'" in ast.unparse(ast.parse(text))
+    assert "self.async_strategy == 'nvrx' and (self.ckpt_format in ['torch_dcp', 'fsdp_dtensor'])" in post
+    assert 'default `async_strategy="nvrx"`' in read("references/checkpoints.md")
+
+
+def test_upstream_defect_5974_is_still_in_the_pinned_megatron_fsdp(mcore_src):
+    """troubleshooting.md: #5976's fix (reset the step counters after the synthetic step) is not in 0.19.2."""
+    fn = _fn_source((mcore_src / MFSDP / "fully_shard.py").read_text(), "fully_shard_optimizer")
+    assert "optimizer.step()" in fn and "'step'" not in fn and '"step"' not in fn
+    assert "(fixed upstream by #5976, not in these pins)" in read("references/troubleshooting.md")
+
+
+def test_parameter_group_map_needed_and_bridge_cannot_dump_it(mcore_src, bridge_src):
+    opt = (mcore_src / "megatron/core/optimizer/__init__.py").read_text()
+    assert "ParamGroupOverride(wd_mult=0.0)" in _fn_source(opt, "get_standard_config_overrides")
+    assert "dump_param_to_param_group_map" in _fn_source(opt, "get_megatron_optimizer")
+    setup = _fn_source((bridge_src / "megatron/bridge/training/optim.py").read_text(), "setup_optimizer")
+    assert "get_megatron_optimizer(" in setup and "dump_param_to_param_group_map" not in setup
+    assert "get_standard_config_overrides(config=context.optimizer_config)" in (bridge_src / B_CFG).read_text()
