@@ -228,6 +228,10 @@ CASES = {
         (["ddp.keep_fp8_transpose_cache=true"], {}),
         (["ddp.keep_fp8_transpose_cache=true", "ddp.data_parallel_sharding_strategy=optim_grads"], {}),
     ),
+    "MFSDP-OVERLAP-OFF-ONE-BUCKET": (
+        (["ddp.data_parallel_sharding_strategy=optim_grads", "ddp.overlap_grad_reduce=false"], {}),
+        (["ddp.data_parallel_sharding_strategy=optim_grads_params", "ddp.overlap_grad_reduce=false"], {}),
+    ),
     "MFSDP-DTYPE-STRING": (
         (["ddp.megatron_fsdp_main_grads_dtype=fp32"], {}),
         (["ddp.megatron_fsdp_main_grads_dtype={_target_:torch.float32,_call_:false}"], {}),

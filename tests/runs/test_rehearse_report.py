@@ -161,3 +161,24 @@ def test_summary_json_was_made_from_these_files_and_agrees_with_the_reference():
     assert any("all within 3 %" in n and n.endswith("yes") for n in committed["notes"])
     pp = raw["runs"]["B_pp2_llama1b_n8_optim_grads_params"]
     assert pp["failure"]["rule"] == "MFSDP-PIPELINE-PARALLEL"
+
+
+def test_a_string_dtype_at_the_wrap_is_explained_with_the_dtype_rule():
+    """The wrap failure of 'ddp.megatron_fsdp_main_grads_dtype=fp32' (an AttributeError raised in
+    megatron_fsdp's buffer set-up, as the engine records a first failure) names the check rule; the rule's
+    fix is per finding, so the explanation gives its own."""
+    ff = {
+        "phase": "model_wrap",
+        "type": "AttributeError",
+        "message": "'str' object has no attribute 'is_floating_point'",
+        "frames": {
+            "fsdp": "megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py:2704 in "
+            "_init_each_parameter_group_buffers"
+        },
+    }
+    out = rh.explain_failure(ff)
+    assert out["rule"] == "MFSDP-DTYPE-STRING" and out["category"] == "config"
+    assert "{_target_:torch.float32,_call_:false}" in out["fix"]
+    # the same message from elsewhere is not this cause
+    other = dict(ff, frames={"innermost": "some/other/module.py:1 in f"})
+    assert rh.explain_failure(other)["rule"] is None

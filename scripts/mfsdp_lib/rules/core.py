@@ -18,6 +18,25 @@ from .context import (
 )
 from .model import Rule
 
+
+def overlap_grad_reduce_at_wrap(e) -> bool:
+    """``ddp.overlap_grad_reduce`` as Megatron-Core's wrapper reads it, before Megatron FSDP forces it on.
+
+    A ``comm_overlap`` section decides it when the distributed optimizer is already set in ``ddp``
+    (megatron/bridge/training/comm_overlap.py :: CommOverlapConfig.setup, _get_optimizer_overlap_cfgs): its
+    own value when given, else on (at DP > 1, the only size where sharding matters). Otherwise the ddp value.
+    """
+    co = e.cfg.get("comm_overlap")
+    if isinstance(co, dict) and bool(e.get("ddp.use_distributed_optimizer")):
+        own = co.get("overlap_grad_reduce")
+        return True if own is None else bool(own)
+    return bool(e.get("ddp.overlap_grad_reduce"))
+
+
+# Strategies without FSDP units: every parameter is bucketed by ddp.bucket_size alone (mcore_fsdp_adapter.py
+# :: FullyShardedDataParallel.__init__ gives unit modules to optim_grads_params only).
+UNITLESS_STRATEGIES = ("optim", "optim_grads")
+
 RULES: list[Rule] = [
     Rule(
         id="MFSDP-FSDP2-EXCLUSIVE",
@@ -97,6 +116,36 @@ RULES: list[Rule] = [
         source=f"{S.MC_DDP}: DistributedDataParallelConfig.data_parallel_sharding_strategy docstring "
         "\"Valid values are 'no_shard', 'optim', 'optim_grads', 'optim_grads_params'.\"; Literal types in "
         f"{S.MT_TRAIN} and {S.MC_TC} (Bridge stores any string without checking)",
+    ),
+    Rule(
+        id="MFSDP-OVERLAP-OFF-ONE-BUCKET",
+        severity="warning",
+        stage="advice",
+        topic="core",
+        paths=("ddp.overlap_grad_reduce", "ddp.data_parallel_sharding_strategy"),
+        when=lambda e: (
+            e.fsdp
+            and e.get("ddp.data_parallel_sharding_strategy") in UNITLESS_STRATEGIES
+            and not overlap_grad_reduce_at_wrap(e)
+        ),
+        message=lambda e: (
+            f"ddp.overlap_grad_reduce is off when the model is wrapped: Bridge's wrapper then sets "
+            f"bucket_size=None, and {kv(e, 'ddp.data_parallel_sharding_strategy')} (no FSDP units) holds every "
+            "gradient in one bucket"
+            + (
+                ": each micro-batch's reduce-scatter waits for the whole backward and allocates an unsharded "
+                "copy of all gradients"
+                if e.get("ddp.data_parallel_sharding_strategy") == "optim_grads"
+                else ": its reduce-scatter cannot start before the whole last backward has finished"
+            )
+            + ". Megatron FSDP forces the flag on only afterwards."
+        ),
+        fix="ddp.overlap_grad_reduce=true",
+        source="megatron/training/models/dist_utils.py: _ddp_wrap: '# Set bucket_size to infinity if "
+        "overlap_grad_reduce is False.'; megatron/core/distributed/fsdp/mcore_fsdp_adapter.py: "
+        "FullyShardedDataParallel.__init__ (unit modules only for 'optim_grads_params'); "
+        "megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py: MegatronFSDP.__init__ "
+        "'# Default to overlapped gradient reduce-scatter when sharding gradients.'",
     ),
     Rule(
         id="MFSDP-FSDP2-DDP-FLAG",

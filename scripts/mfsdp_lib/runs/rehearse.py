@@ -59,6 +59,7 @@ NCCL_BASIS = (
 # Rule ids the failure explanations point to (the same ids `check` reports). When the
 # installed rule table has the id, its fix text is used; the text here is the fallback.
 RULE_PIPELINE = "MFSDP-PIPELINE-PARALLEL"
+RULE_DTYPE_STRING = "MFSDP-DTYPE-STRING"
 
 # What the engine's own settings mean for the user (shown once, under the verdict).
 LIMITS = (
@@ -214,6 +215,25 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
                 RULE_PIPELINE,
                 "model.pipeline_model_parallel_size=1 (absorb the stages with more TP or data parallelism), "
                 "or keep the distributed optimizer without Megatron FSDP",
+            ),
+        )
+    elif (
+        etype == "AttributeError"
+        and first_line == "'str' object has no attribute 'is_floating_point'"
+        and any("param_and_grad_buffer.py" in str(f) for f in frames.values())
+    ):
+        # megatron_fsdp/param_and_grad_buffer.py :: ParamAndGradBuffer._init_each_parameter_group_buffers asserts
+        # group.grad_dtype.is_floating_point; a string there is a dtype override Bridge never converted
+        out.update(
+            rule=RULE_DTYPE_STRING,
+            category="config",
+            why="a Megatron FSDP dtype setting (ddp.megatron_fsdp_main_grads_dtype or megatron_fsdp_grad_comm_dtype) "
+            "reached the wrap as a string: Bridge converts a string to a dtype only over a field that already "
+            "holds one, and these default to None",
+            fix=_rule_fix(
+                RULE_DTYPE_STRING,
+                "give the dtype itself: 'ddp.megatron_fsdp_main_grads_dtype={_target_:torch.float32,_call_:false}' "
+                "(YAML: {_target_: torch.float32, _call_: false}; Python: torch.float32)",
             ),
         )
     elif etype in ("ImportError", "ModuleNotFoundError") and ("mamba" in core or "MambaSSM" in first_line):
