@@ -56,6 +56,15 @@ def test_fsdp_gradient_bytes_follow_the_communication_dtype():
     assert g("optim", grad_reduce_in_fp32=False, grad_comm_bytes=4) == 4
     assert g("distopt", grad_reduce_in_fp32=True, grad_comm_bytes=2) == 4  # DDP / distopt: the flag decides
     assert g("ddp", grad_reduce_in_fp32=False) == 2
+    # as a run_config.yaml spells them (Bridge's Nemotron 3 Nano recipe)
+    nano = {
+        "grad_reduce_in_fp32": True,
+        "megatron_fsdp_main_grads_dtype": {"_target_": "torch.float32", "_call_": False},
+        "megatron_fsdp_grad_comm_dtype": {"_target_": "torch.bfloat16", "_call_": False},
+    }
+    assert vo.gradient_comm_bytes_of("optim_grads_params", nano) == 2
+    assert vo.gradient_comm_bytes_of("optim_grads_params", dict(nano, megatron_fsdp_grad_comm_dtype=None)) == 4
+    assert vo.gradient_comm_bytes_of("distopt", nano) == 4
 
 
 def test_optim_and_optim_grads_differ_in_when_grads_are_reduced():
@@ -134,21 +143,13 @@ def _run_config(name: str) -> dict:
 
 def _job(row: dict, cfg: dict, strategy: str) -> vo.Job:
     """The analytic job of a recorded run: sizes as the recorder measured them, byte widths from its config."""
-    from mfsdp_lib.memory.common import dtype_bytes
-
-    ddp = cfg["ddp"]
     recorded = row["analytic_check"]["job"]  # params, dp, micro-batches, gathered bytes: what the rank reported
     return vo.Job(
         params=recorded["params"],
         dp=recorded["dp"],
         micro_batches=recorded["micro_batches"],
         param_bytes=recorded["param_bytes"],
-        grad_bytes=vo.gradient_comm_bytes(
-            strategy,
-            grad_reduce_in_fp32=bool(ddp.get("grad_reduce_in_fp32")),
-            main_grads_bytes=dtype_bytes(ddp.get("megatron_fsdp_main_grads_dtype")),
-            grad_comm_bytes=dtype_bytes(ddp.get("megatron_fsdp_grad_comm_dtype")),
-        ),
+        grad_bytes=vo.gradient_comm_bytes_of(strategy, cfg["ddp"]),
         unit_params=recorded["unit_params"],
         other_param_bytes=recorded["other_param_bytes"],
     )

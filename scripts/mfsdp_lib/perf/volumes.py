@@ -60,6 +60,7 @@ what it is checked against and what ``references/perf.md`` explains.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 CORE = "megatron/core/distributed/param_and_grad_buffer.py"
@@ -117,6 +118,19 @@ def gradient_comm_bytes(
     if strategy in FSDP_STRATEGIES:
         return grad_comm_bytes or main_grads_bytes or 2
     return 4 if grad_reduce_in_fp32 else 2
+
+
+def gradient_comm_bytes_of(strategy: str, ddp: Mapping) -> int:
+    """``gradient_comm_bytes`` read from a config's ``ddp`` section (a run_config.yaml's spelling of each
+    dtype: ``null``, ``torch.bfloat16``, ``{_target_: torch.float32, _call_: false}``)."""
+    from ..memory.common import dtype_bytes
+
+    return gradient_comm_bytes(
+        strategy,
+        grad_reduce_in_fp32=bool(ddp.get("grad_reduce_in_fp32")),
+        main_grads_bytes=dtype_bytes(ddp.get("megatron_fsdp_main_grads_dtype")),
+        grad_comm_bytes=dtype_bytes(ddp.get("megatron_fsdp_grad_comm_dtype")),
+    )
 
 
 @dataclass(frozen=True)
