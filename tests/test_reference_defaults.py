@@ -302,3 +302,22 @@ def test_parameter_group_map_needed_and_bridge_cannot_dump_it(mcore_src, bridge_
     setup = _fn_source((bridge_src / "megatron/bridge/training/optim.py").read_text(), "setup_optimizer")
     assert "get_megatron_optimizer(" in setup and "dump_param_to_param_group_map" not in setup
     assert "get_standard_config_overrides(config=context.optimizer_config)" in (bridge_src / B_CFG).read_text()
+
+
+def test_bucket_padding_stated_in_perf_md(mcore_src):
+    """perf.md: distributed optimizer buckets pad to lcm(N, 128); Megatron FSDP's to N x the row width (Llama 3 8B:
+    lcm(14336, 4096) = 28672 elements, up to 3.7 MB of bf16 per bucket at N = 64)."""
+    import math
+
+    layout = (mcore_src / "megatron/core/optimizer/param_layout.py").read_text()
+    assert "return math.lcm(data_parallel_world_size, 128)" in _flat(layout)
+    buf = (mcore_src / MFSDP / "param_and_grad_buffer.py").read_text()
+    assert "return _pad(data_index, data_parallel_world_size * chunk_size_factor)" in _flat(buf)
+    assert "lcm_chunk_size_factor = math.lcm(chunk_size_factor, param_shape[1:].numel())" in _flat(buf)
+    row = math.lcm(14336, 4096)
+    assert row == 28672 and f"{64 * row * 2 / 1e6:.1f}" == "3.7" and f"{64 * row * 2 / 2e6:.1f}" == "1.8"
+    perf = read("references/perf.md")
+    assert (
+        "lcm(N, 128)" in perf and "lcm 28672" in perf and "up to 3.7 MB of bf16 per bucket, 1.8 MB on average" in perf
+    )
+    assert "at least 1e9" in perf
