@@ -428,7 +428,10 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 "where": r.get("where"),
                 "job": r["job"],
                 "overrides": r["overrides"],
-                "result": "passed" if rank.get("result") == "passed" else "failed",
+                # an engine that never reached a phase (refused: no CUDA, no Bridge) ran nothing: no verdict
+                "result": ("passed" if rank.get("result") == "passed" else "failed")
+                if rank.get("phases")
+                else "not run",
                 "phases": phases,
                 "first_error": wr.first_error(rank),
                 "device": rank.get("device"),

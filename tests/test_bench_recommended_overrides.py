@@ -114,3 +114,20 @@ def test_collect_from_a_raw_run(tmp_path):
     assert {(n["key"], n["value"]) for n in res["not_run"]} == {
         (r["key"], r["value"]) for r in PLAN["overrides"] if not r["job"]
     }
+
+
+def test_run_batch_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
+    """--run's CPU path: the real engine refuses here (exit 2); each run still leaves its row.json."""
+    import sys
+
+    import bench_what_works as bw
+
+    monkeypatch.setattr(bw, "STAGGER_S", 0.0)
+    monkeypatch.setattr(bw, "START_MARGIN_S", 1)
+    plan = {**PLAN, "batches": [{"batch": 9, "rows": ["baseline_dense"], "estimated_s": None}]}
+    summary = bro.run_batch(plan, 9, tmp_path, sys.executable, budget_s=60, max_concurrent=1)
+    assert summary["rows"] == ["baseline_dense"]
+    raw = json.loads((tmp_path / "baseline_dense" / "row.json").read_text())
+    assert raw["exit"] == 2 and raw["summary"]["result"] == "failed"
+    res = bro.collect([tmp_path], plan, None)
+    assert res["rows"][0]["result"] == "not run"  # the engine never started a phase: no verdict on the override
