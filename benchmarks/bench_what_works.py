@@ -669,6 +669,42 @@ def relative_commands(cmds: list[list[str]], mapping: dict[str, str]) -> list[st
     return out
 
 
+# The order rows reach the GPU: first the kinds users ask about most and the tools know least (MoE with EP,
+# MLA, hybrid Mamba, vision-language, PEFT), then the dense families, then the rehearsal's known limits.
+BATCH_ORDER = (
+    "qwen3_moe",
+    "deepseek_v3",
+    "olmoe",
+    "gpt_oss",
+    "nemotron_3_nano",
+    "nemotronh",
+    "qwen3_vl",
+    "llama3",
+    "glm",
+    "deepseek_v2",
+    "qwen3_next",
+    "qwen35",
+    "qwen35_vl",
+    "nemotron_3_5_lightning",
+    "nemotron_3_super",
+    "nemotron_3_ultra",
+    "nemotron_nano_v2",
+    "qwen3",
+    "qwen2",
+    "gemma2",
+    "gemma3",
+    "llama2",
+    "gpt",
+    "deepseek_v4",
+    "wan",
+)
+
+
+def batch_priority(row: dict) -> tuple:
+    fam = row["family"]
+    return (BATCH_ORDER.index(fam) if fam in BATCH_ORDER else len(BATCH_ORDER), MODES.index(row["mode"]))
+
+
 def make_batches(rows: list[dict], budget_s: int = BATCH_BUDGET_S) -> list[dict]:
     """Rows in plan order, packed into batches whose GPU time plus one unhidden import fits ``budget_s``.
 
@@ -729,6 +765,14 @@ def build_plan(work: Path, only: list[str] | None = None, jobs: int = 2) -> dict
                 timed_gbs = int(o.split("=", 1)[1])
         cfg = load_yaml(work / row["id"] / "enabled.yaml") if row["enable"]["written"] else {}
         mem = {**row["memory_route"], **row["memory_gib"]}
+        if not mem.get("params"):  # the GPU-time estimate only: the same model's count from another mode's row
+            twin = next(
+                (r for r in rows if r["fingerprint"] == row["fingerprint"] and r["memory_route"].get("params")), None
+            )
+            if twin is not None:
+                mem.update(
+                    params=twin["memory_route"]["params"], expert_params=twin["memory_route"].get("expert_params")
+                )
         early = row["expected"]["outcome"] in ("fails at validate", "fails (hardware)")
         row["estimate_gpu_s"] = (
             EARLY_FAIL_S
@@ -761,7 +805,7 @@ def build_plan(work: Path, only: list[str] | None = None, jobs: int = 2) -> dict
                 "commands": relative_commands(pr["commands"], mapping),
             }
         row["memory_route"].pop("parallelism", None)
-    batches = make_batches(rows)
+    batches = make_batches(sorted(rows, key=batch_priority))
     for b in batches:
         for rid in b["rows"]:
             next(r for r in rows if r["id"] == rid)["batch"] = b["batch"]
@@ -898,7 +942,8 @@ def summarize_run(run: dict, links) -> dict:
 
 
 def lock_window(run_dir: str) -> dict | None:
-    """When this run held the GPU: from the engine's progress lines in its log (the lock is held to exit)."""
+    """The lock this run took (the engine records it in its report; it takes it after validate and holds it until
+    it exits, so no two runs' builds, wraps or timed steps overlap) and the run's start and end."""
     try:
         rep = json.loads((Path(run_dir) / "report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -1046,7 +1091,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="--run: a new folder for the raw files")
     ap.add_argument("--only", default=None, help="--plan: comma-separated recipe stems (a partial plan, for tests)")
     ap.add_argument("--work", default=None, help="--plan: folder for the enabled YAMLs (default: a temporary one)")
-    ap.add_argument("--budget-s", type=int, default=BATCH_BUDGET_S + 60)
+    # the engines' budget; a 600 s call also holds the probe, the CPU route and the summaries
+    ap.add_argument("--budget-s", type=int, default=BATCH_BUDGET_S + 30)
     ap.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT)
     ap.add_argument("--python", default=sys.executable, help="--run: the interpreter with Megatron-Bridge")
     a = ap.parse_args(argv)

@@ -407,3 +407,10 @@ def test_run_batch_end_to_end_on_a_machine_without_a_gpu(tmp_path, quick):
     row = wr.collect([out], PLAN, None)["rows"][0]
     assert row["phases"] == dict.fromkeys(what_works.PHASES, "not run")
     assert not what_works.measured(row)  # a run that never reached the GPU is no result
+
+
+def test_batch_order_names_every_family_once():
+    fams = [f for f, _ in bw.FAMILIES]
+    assert sorted(bw.BATCH_ORDER) == sorted(fams)
+    first = PLAN["batches"][0]["rows"]
+    assert any(r.startswith("qwen3_30b_a3b") for r in first)  # MoE with EP first
