@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import FIXTURES
 from mfsdp_lib import what_works
@@ -132,3 +134,26 @@ def test_the_shipped_results_file_holds_no_unmeasured_claims():
     assert data["schema"] == what_works.SCHEMA
     for row in data["rows"]:
         assert row.get("measured", {}).get("raw"), row.get("id")
+
+
+leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=6))
+nested = st.recursive(
+    leaf,
+    lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=4)),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    model=st.dictionaries(
+        st.sampled_from(["_target_", "num_layers", "hidden_size", *what_works.FINGERPRINT_FIELDS]), nested
+    ),
+    rest=st.dictionaries(st.sampled_from(["peft", "dataset", "train", "x"]), nested, max_size=3),
+)
+def test_lookup_never_raises_on_any_config(model, rest):
+    """check, enable and memory call the lookup on the user's config: whatever it holds, no exception."""
+    rows = what_works.load(str(FIXTURE))
+    cfg = {"model": model, **rest}
+    assert isinstance(what_works.lines(cfg, rows), list)
+    assert what_works.mode_of_config(cfg) in ("pretrain", "sft", "peft")
