@@ -414,3 +414,27 @@ def test_batch_order_names_every_family_once():
     assert sorted(bw.BATCH_ORDER) == sorted(fams)
     first = PLAN["batches"][0]["rows"]
     assert any(r.startswith("qwen3_30b_a3b") for r in first)  # MoE with EP first
+
+
+def _engine_accepts(command: str, out: str) -> None:
+    """The engine's own argument parser and checks (no PyTorch needed) accept a planned command."""
+    import shlex
+
+    from mfsdp_gpu.args import check_args, parse_overrides, rehearse_parser
+
+    argv = shlex.split(command.replace("$OUT", out))
+    assert argv[:2] == ["python3", "scripts/rehearse_train.py"], command
+    argv = [str(ROOT / a) if a.startswith("tests/") else a for a in argv[2:]]
+    argv = [a if "=tests/" not in a else a.replace("=tests/", f"={ROOT}/tests/") for a in argv]
+    a = rehearse_parser().parse_intermixed_args(argv)
+    check_args(a)
+    parse_overrides(a.overrides)
+
+
+def test_every_planned_engine_command_is_accepted_by_the_engine(tmp_path):
+    for row in PLAN["rows"]:
+        for cmd in row["dry_run"]["commands"] + ((row.get("pp_probe") or {}).get("dry_run") or {}).get("commands", []):
+            _engine_accepts(cmd, str(tmp_path))
+    overrides = json.loads((ROOT / "benchmarks" / "recommended_overrides_plan.json").read_text())
+    for row in overrides["baselines"] + [r for r in overrides["overrides"] if r["job"]]:
+        _engine_accepts(row["command"], str(tmp_path))
