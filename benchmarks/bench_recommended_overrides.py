@@ -333,8 +333,10 @@ def build_plan() -> dict:
             )
             row["estimate_gpu_s"] = RUN_GPU_S[job["kind"]]
         rows.append(row)
-    # baselines: each job kind without any override, so that a failure is the override's own
-    kinds = sorted({r["job"] for r in rows if r["job"]})
+    # baselines: each job kind under enable's five settings alone (the engine's --strategy optim_grads_params
+    # applies MINIMAL_OVERRIDES), so that a failure of an override run is the override's own, and enable's
+    # settings are executed on every kind of job (dense, MoE with EP, hybrid, LoRA, FP8, save/load)
+    kinds = sorted(RUN_GPU_S)
     baselines = [
         {
             "id": f"baseline_{k}",
