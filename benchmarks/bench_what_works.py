@@ -1025,7 +1025,11 @@ def run_batch(plan: dict, batch: int, out: Path, python: str, budget_s: int, max
     preps = {}
     runs: list[dict] = []
     for row in rows:
-        prep = prepare_row(row, out, python, probe)
+        try:
+            prep = prepare_row(row, out, python, probe)
+        except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:  # one row never stops the batch
+            (out / "rows" / row["id"]).mkdir(parents=True, exist_ok=True)
+            prep = {"error": f"{type(exc).__name__}: {exc}"[:500], "stale": None, "fallbacks": [], "runs": []}
         preps[row["id"]] = prep
         if prep["stale"]:
             stamp(f"{row['id']}: enable's changes differ from the plan's (recorded as stale)")

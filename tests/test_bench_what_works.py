@@ -438,3 +438,16 @@ def test_every_planned_engine_command_is_accepted_by_the_engine(tmp_path):
     overrides = json.loads((ROOT / "benchmarks" / "recommended_overrides_plan.json").read_text())
     for row in overrides["baselines"] + [r for r in overrides["overrides"] if r["job"]]:
         _engine_accepts(row["command"], str(tmp_path))
+
+
+def test_a_row_whose_preparation_fails_does_not_stop_the_batch(tmp_path, quick, monkeypatch):
+    rid = "qwen3_1p7b_pretrain_1gpu_h100_bf16"
+    plan = {**PLAN, "batches": [{"batch": 0, "rows": [rid], "estimated_s": None}]}
+
+    def broken(*_a, **_k):
+        raise RuntimeError("mfsdp.py enable exited 3: stand-in crash")
+
+    monkeypatch.setattr(bw, "prepare_row", broken)
+    bw.run_batch(plan, 0, tmp_path / "b", sys.executable, budget_s=30, max_concurrent=1)
+    raw = json.loads((tmp_path / "b" / "rows" / rid / "row.json").read_text())
+    assert "stand-in crash" in raw["prepare"]["error"] and raw["runs"] == []
