@@ -215,6 +215,7 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     row["rehearsal_overrides"] = list(plan_row.get("rehearsal_overrides") or [])
     row["deviations"] = [d.get("id") for d in rank.get("deviations") or [] if isinstance(d, dict)]
     row["stale_plan"] = bool(prep.get("stale"))
+    row["prepare_error"] = prep.get("error")  # the CPU route failed on the GPU machine: nothing ran
     if probe is not None:
         prank = ((probe.get("summary") or {}).get("ranks") or [{}])[0]
         row["pp_probe"] = {
