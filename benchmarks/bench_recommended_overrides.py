@@ -395,14 +395,14 @@ def run_batch(plan: dict, batch: int, out: Path, python: str, budget_s: int, max
         )
     probe = bw.probe_machine(python)
     records = bw.run_engines(runs, out, budget_s, max_concurrent)
-    from mfsdp_lib.perf import predict as perf_predict  # noqa: F401  (not needed: no --perf)
-
     for run, rec in zip(runs, records, strict=True):
         if rec.get("exit") is not None:
             rec["summary"] = bw.summarize_run(run, None)
             bw.tail_file(Path(run["dir"]) / "log.txt")
+        date = ((rec.get("window") or {}).get("started_utc")) or None
+        Path(run["dir"]).mkdir(parents=True, exist_ok=True)  # a run the budget never started has no folder yet
         (Path(run["dir"]) / "row.json").write_text(
-            json.dumps({"id": run["id"], "probe": probe, **rec}, indent=1) + "\n"
+            json.dumps({"id": run["id"], "probe": probe, "date": date, **rec}, indent=1) + "\n"
         )
     summary = {"batch": batch, "rows": spec["rows"], "probe": probe, "timing_exclusive": bw.timing_exclusive(records)}
     (out / "batch.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -437,13 +437,43 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 "phases": phases,
                 "first_error": wr.first_error(rank),
                 "device": rank.get("device"),
+                "date": str(raw.get("date") or "")[:10] or None,
                 "raw": str(p.parent),
             }
     order = [r["id"] for r in [*plan["baselines"], *plan["overrides"]]]
+    rows = sorted(out.values(), key=lambda r: order.index(r["id"]) if r["id"] in order else len(order))
+    devices = sorted({str(r.get("device")) for r in rows if r.get("device")})
+    dates = sorted(str(r.get("date") or "") for r in rows if r.get("date"))
+    ran = [r for r in rows if r.get("result") in ("passed", "failed")]
     return {
+        "benchmark": "recommended_overrides_1xh200",
+        "title": "Every override the skill recommends, rehearsed through wrap and two steps on the job it is meant for",
+        "date": dates[-1] if dates else None,
+        "machine": ", ".join(devices) + f" (rank 0 of a fake world of {WORLD})" if devices else None,
+        "command": "python3 benchmarks/bench_recommended_overrides.py --run --batch K --out RAW (one GPU call per "
+        "batch), then --collect RAW... --out benchmarks/results/recommended_overrides_1xh200.json",
+        "columns": ["override", "job", "with", "result", "first error (rule)"],
+        "rows": rows,
+        "table_rows": [
+            [
+                f"{r['key']}={r['value']}" if r.get("key") else r["id"],
+                r["job"],
+                ", ".join(o for o in r["overrides"] if o != f"{r.get('key')}={r.get('value')}"),
+                r["result"],
+                f"{(r['first_error'] or {}).get('message', '')[:120]} ({(r['first_error'] or {}).get('rule')})"
+                if r.get("first_error")
+                else "",
+            ]
+            for r in rows
+        ],
+        "notes": [
+            f"{len(ran)} of {len(rows)} runs reached a phase; {sum(r['result'] == 'failed' for r in ran)} failed.",
+            f"{sum(1 for r in plan['overrides'] if not r['job'])} recommended values are not run (listed in "
+            "not_run with why: a user's path, a value the text shows failing, MXFP8 on Hopper).",
+        ],
+        "raw": "benchmarks/results/raw/recommended_overrides_1xh200",
         "schema": RESULT_SCHEMA,
         "generated_by": "python3 benchmarks/bench_recommended_overrides.py --collect " + " ".join(map(str, dirs)),
-        "rows": sorted(out.values(), key=lambda r: order.index(r["id"]) if r["id"] in order else len(order)),
         "not_run": [
             {"key": r["key"], "value": r["value"], "why": r["not_run_why"]} for r in plan["overrides"] if not r["job"]
         ],

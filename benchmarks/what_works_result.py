@@ -246,12 +246,87 @@ def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
             rows[raw["id"]] = result_row(by_id[raw["id"]], raw, d, batch)
     order = [r["id"] for r in plan["rows"]]
     ordered = sorted(rows.values(), key=lambda r: order.index(r["id"]) if r["id"] in order else len(order))
+    return report_shape(ordered, batch_dirs)
+
+
+# The display table of BENCHMARK.md (benchmarks/make_report.py): the project's result shape, with the rows as
+# records (every field above) and ``table_rows`` the cells shown.
+COLUMNS = [
+    "recipe",
+    "mode",
+    "GPUs",
+    "layout (before -> after)",
+    "check before/after",
+    "verdict",
+    "state GiB (pred.)",
+    "peak GiB (pred.)",
+    "tokens/s/GPU (pred. range)",
+    "first error (rule)",
+]
+
+
+def _lay(layout) -> str:
+    if not isinstance(layout, dict):
+        return "?"
+    return " ".join(f"{k.upper()}{layout.get(k)}" for k in ("tp", "pp", "cp", "ep", "dp"))
+
+
+def _fig(measured, predicted) -> str:
+    m = f"{measured:.2f}" if isinstance(measured, (int, float)) else "-"
+    p = f"{predicted:.2f}" if isinstance(predicted, (int, float)) else "-"
+    return f"{m} ({p})"
+
+
+def table_row(row: dict) -> list:
+    mem = row.get("memory_gib") or {}
+    rng = row.get("predicted_tokens_per_s_per_gpu") or {}
+    tps = row.get("tokens_per_s_per_gpu")
+    err = row.get("first_error") or {}
+    cb, ca = row.get("check_before") or {}, row.get("check_after") or {}
+    return [
+        row.get("recipe"),
+        row.get("mode"),
+        row.get("world_size"),
+        f"{_lay(row.get('layout_before'))} -> {_lay(row.get('layout_after'))}",
+        f"{cb.get('exit')}/{ca.get('exit')}",
+        what_works.verdict(row),
+        _fig(mem.get("measured_state"), mem.get("predicted_state")),
+        _fig(mem.get("measured_peak"), mem.get("predicted_peak")),
+        (f"{tps:,.0f}" if isinstance(tps, (int, float)) else "-")
+        + (f" ({rng['low']:,.0f}-{rng['high']:,.0f})" if isinstance(rng.get("low"), (int, float)) else ""),
+        f"{str(err.get('message') or '').splitlines()[0][:120]} ({err.get('rule')})" if err.get("message") else "",
+    ]
+
+
+def report_shape(rows: list[dict], batch_dirs: list[Path]) -> dict:
+    measured = [r for r in rows if what_works.measured(r)]
+    devices = sorted(
+        {str((r.get("measured") or {}).get("device")) for r in measured if (r.get("measured") or {}).get("device")}
+    )
+    dates = sorted(str((r.get("measured") or {}).get("started_utc") or "")[:10] for r in measured)
     return {
+        "benchmark": "what_works_1xh200",
+        "title": "What works with Megatron FSDP: Bridge 0.6.2's recipes through the skill's route, rehearsed on one GPU",
+        "date": dates[-1] if dates and dates[-1] else None,
+        "machine": ", ".join(devices) + " (one GPU: rank 0 of each recipe's world on a fake process group)"
+        if devices
+        else None,
+        "command": "python3 benchmarks/bench_what_works.py --run --batch K --out RAW (one GPU call per batch), then "
+        "python3 benchmarks/what_works_result.py RAW... --out benchmarks/results/what_works_1xh200.json",
+        "columns": COLUMNS,
+        "rows": rows,
+        "table_rows": [table_row(r) for r in rows],
+        "notes": [
+            "Route per recipe: check; enable (--set-pp-1 where the recipe uses PP); check; memory; rehearse --perf as "
+            "rank 0 of the recipe's world size (compute only: the fake process group moves no data).",
+            f"Measured rows: {len(measured)} of {len(rows)}; tokens/s/GPU is left out where a timed step's loss was "
+            "not finite.",
+        ],
+        "raw": "benchmarks/results/raw/what_works_1xh200",
         "schema": SCHEMA,
-        "generated_by": "python3 benchmarks/what_works_result.py " + " ".join(str(d) for d in batch_dirs),
         "generated_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "generated_by": "python3 benchmarks/what_works_result.py " + " ".join(str(d) for d in batch_dirs),
         "plan": "benchmarks/what_works_plan.json",
-        "rows": ordered,
     }
 
 

@@ -131,3 +131,18 @@ def test_run_batch_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
     assert raw["exit"] == 2 and raw["summary"]["result"] == "failed"
     res = bro.collect([tmp_path], plan, None)
     assert res["rows"][0]["result"] == "not run"  # the engine never started a phase: no verdict on the override
+
+
+def test_result_file_has_the_project_result_shape(tmp_path):
+    import make_report as mr
+
+    row = next(r for r in PLAN["overrides"] if r["job"] == "moe")
+    d = tmp_path / "raw" / row["id"]
+    d.mkdir(parents=True)
+    summary = {"ranks": [{"result": "passed", "device": "stand-in", "phases": [{"name": "train", "status": "passed"}]}]}
+    (d / "row.json").write_text(json.dumps({"id": row["id"], "date": "2026-01-02T00:00:00", "summary": summary}))
+    out = tmp_path / "recommended_overrides_1xh200.json"
+    assert bro.main(["--collect", str(tmp_path / "raw"), "--out", str(out)]) == 0
+    data = mr._load_one(out, out.name)
+    assert data["benchmark"] == "recommended_overrides_1xh200" and data["date"] == "2026-01-02"
+    assert data["table_rows"] == [[f"{row['key']}={row['value']}", "moe", "", "passed", ""]]

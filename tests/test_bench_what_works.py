@@ -451,3 +451,17 @@ def test_a_row_whose_preparation_fails_does_not_stop_the_batch(tmp_path, quick, 
     bw.run_batch(plan, 0, tmp_path / "b", sys.executable, budget_s=30, max_concurrent=1)
     raw = json.loads((tmp_path / "b" / "rows" / rid / "row.json").read_text())
     assert "stand-in crash" in raw["prepare"]["error"] and raw["runs"] == []
+
+
+def test_result_file_has_the_project_result_shape(tmp_path):
+    """benchmarks/make_report.py (BENCHMARK.md) reads every results file: the collected one must load there."""
+    import make_report as mr
+
+    report = json.loads(PP2_REPORT.read_text())
+    batch, _raw = _raw_batch(tmp_path, PLAN["rows"][0]["id"], report)
+    out = tmp_path / "what_works_1xh200.json"
+    assert wr.main([str(batch), "--out", str(out)]) == 0
+    data = mr._load_one(out, out.name)
+    assert data["benchmark"] == "what_works_1xh200" and len(data["table_rows"]) == 1
+    assert data["table_rows"][0][5] == "failed at wrap"
+    assert what_works.load(str(out))[0]["id"] == PLAN["rows"][0]["id"]  # and the lookup reads it
