@@ -438,7 +438,7 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 "first_error": wr.first_error(rank),
                 "device": rank.get("device"),
                 "date": str(raw.get("date") or "")[:10] or None,
-                "raw": str(p.parent),
+                "raw": wr.repo_path(p.parent),
             }
     order = [r["id"] for r in [*plan["baselines"], *plan["overrides"]]]
     rows = sorted(out.values(), key=lambda r: order.index(r["id"]) if r["id"] in order else len(order))

@@ -163,6 +163,14 @@ def memory_check(mem: dict) -> dict | None:
     return out
 
 
+def repo_path(path: Path) -> str:
+    """A folder as the results file names it: relative to the repository root when it is inside it."""
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _read(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -229,7 +237,7 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
         "started_utc": (batch or {}).get("started_utc"),
         "wall_s": (main or {}).get("wall_s"),
         "timing_exclusive": (batch or {}).get("timing_exclusive"),
-        "raw": str(batch_dir / "rows" / str(row["id"])),
+        "raw": repo_path(batch_dir / "rows" / str(row["id"])),
     }
     return row
 
