@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from .. import config_io, rules
+from .. import config_io, rules, what_works
 from .. import schema as S
 from ..findings import exit_code, render_json, render_text
 
@@ -194,4 +194,5 @@ def run(args) -> int:
     else:
         extra = f" + {len(overrides)} override(s)" if overrides else ""
         render_text(found, header=f"check {name}{extra}: Megatron FSDP {'on' if fsdp else 'off'}")
+    what_works.show(cfg, args.format)
     return exit_code(found)

@@ -25,7 +25,7 @@ import json
 import os
 import sys
 
-from .. import config_io, enable, rules
+from .. import config_io, enable, rules, what_works
 from ..cli.check import add_base_argument, add_env_arguments, allow_intermixed, gpu_count, job_env, split_items
 from ..findings import Finding, has_errors, render_text, sort_findings
 
@@ -327,6 +327,7 @@ def run(args) -> int:
             render_text(notable, header="check of the result:", out=report)
         if env.get(rules.MAX_CONN) == "1":
             report.write(f"note: the job environment sets {rules.MAX_CONN}=1; unset it (or set 32) before launching\n")
+    what_works.show(eff, "json" if args.emit == "json" else "text", out=report)
     return 0 if ok else 1
 
 

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 
-from .. import memory
+from .. import memory, what_works
 from ..findings import InputError
 
 DESCRIPTION = """\
@@ -191,6 +191,7 @@ def run(args) -> int:
         sys.stdout.write(text + "\n")
     else:
         sys.stdout.write(render_text(result))
+    what_works.show(cfg, args.format)
     if result["gpu_mem_gib"] is not None and not any(r["fits"] for r in result["strategies"]):
         return 1
     return 0

@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Turn raw what-works batches into ``benchmarks/results/what_works_1xh200.json``.
+
+    python3 benchmarks/what_works_result.py RAW_BATCH [RAW_BATCH ...] --out benchmarks/results/what_works_1xh200.json
+
+RAW_BATCH is a folder ``benchmarks/bench_what_works.py --run`` wrote (copied into
+``benchmarks/results/raw/what_works_1xh200/batch_K``). Each row of the result is the plan's row
+(``benchmarks/what_works_plan.json``: recipe, family, mode, world size, layouts, ``check`` before and after, what
+``enable`` changed, ``memory``'s prediction) with the measured fields filled from the row's raw file only:
+
+* ``phases``: the engine's phases folded into the matrix's six. ``validate`` is the config's build and Bridge's
+  ``validate()``; ``wrap`` is process-group set-up, model build and Megatron FSDP's wrap; ``optimizer``;
+  ``first_steps`` is the data set-up and the steps; ``save`` and ``load`` only with ``--save-load``. A phase the
+  run never reached is "not run".
+* ``first_error``: ``{message, where, rule, phase, category}`` from the rehearsal's explanation; ``rule`` is the
+  ``check`` rule that explains it, or "no rule" (a gap in the rule table).
+* ``memory_gib``: measured between steps and peak allocated on the rehearsed rank, beside ``memory``'s prediction;
+  ``memory_check`` compares them with the stated tolerance (state 3 %, peak 5 %, never under by more than 1 %).
+* ``tokens_per_s_per_gpu``: compute only, from the timed steps; null when a timed step's loss was not finite
+  (such a step runs faster than a real one and would overstate the figure) or no step was timed;
+  ``predicted_tokens_per_s_per_gpu``: ``rehearse --perf``'s range from its link model.
+
+Rows already in ``--out`` are kept unless a raw batch holds the same row again (the later batch wins). Nothing is
+written for a row without a raw file: a planned row is not a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from mfsdp_lib import what_works  # noqa: E402
+
+PLAN = ROOT / "benchmarks" / "what_works_plan.json"
+SCHEMA = what_works.SCHEMA
+PHASES = what_works.PHASES
+STATE_TOL = 0.03  # memory's stated tolerance between steps
+PEAK_TOL = 0.05  # ... and at the peak
+UNDER_TOL = 0.01  # never under the measurement by more than this
+# The engine's phases, folded into the matrix's (scripts/mfsdp_gpu/phases.py and rehearse.py name them).
+PHASE_MAP = {
+    "import": "validate",
+    "config": "validate",
+    "validate": "validate",
+    "initialize_process_group": "wrap",
+    "setup_start": "wrap",
+    "initialize": "wrap",
+    "tokenizer": "wrap",
+    "model_build": "wrap",
+    "model_wrap": "wrap",
+    "optimizer": "optimizer",
+    "data": "first_steps",
+    "train": "first_steps",
+    "save": "save",
+    "load": "load",
+}
+# Row fields carried from the plan as they are.
+PLAN_FIELDS = (
+    "id",
+    "recipe",
+    "family",
+    "mode",
+    "kinds",
+    "world_size",
+    "layout_before",
+    "layout_after",
+    "check_before",
+    "check_after",
+    "changes",
+    "fingerprint",
+    "expected",
+    "needs",
+)
+
+
+# The engine phase that closes each matrix phase: the matrix phase passed only when this one did.
+FINAL = {
+    "validate": "validate",
+    "wrap": "model_wrap",
+    "optimizer": "optimizer",
+    "first_steps": "train",
+    "save": "save",
+    "load": "load",
+}
+
+
+def fold_phases(engine_phases: list[dict], asked_save_load: bool) -> dict:
+    """The six matrix phases from the engine's ``[{name, status}]`` (in run order): failed when one of its engine
+    phases failed (or was cut off while running), passed when its closing phase passed, else not run. A phase
+    this table does not name belongs to the matrix phase before it (a failure is never dropped)."""
+    groups: dict[str, list] = {p: [] for p in PHASES}
+    status: dict[str, object] = {}
+    current = "validate"
+    for p in engine_phases or []:
+        if not isinstance(p, dict):
+            continue
+        name = str(p.get("name"))
+        current = PHASE_MAP.get(name, current)
+        groups[current].append(p.get("status"))
+        status[name] = p.get("status")
+    out = {}
+    for phase in PHASES:
+        if any(s in ("failed", "running") for s in groups[phase]):
+            out[phase] = "failed"
+        elif status.get(FINAL[phase]) == "passed":
+            out[phase] = "passed"
+        else:
+            out[phase] = "not run"
+    if not asked_save_load:
+        out["save"] = out["load"] = "not run"
+    return out
+
+
+def first_error(rank: dict) -> dict | None:
+    f = rank.get("failure")
+    if not isinstance(f, dict):
+        return None
+    return {
+        "message": str(f.get("message") or "")[:500],
+        "type": f.get("type"),
+        "where": f.get("site"),
+        "phase": f.get("phase"),
+        "rule": f.get("rule") or "no rule",
+        "category": f.get("category"),
+    }
+
+
+def nonfinite_timed(report: dict | None, warmup: int) -> int | None:
+    """How many timed steps had a non-finite loss (from the engine report's train phase), or None if unknown."""
+    if not isinstance(report, dict):
+        return None
+    train = (report.get("phases") or {}).get("train") or {}
+    losses = train.get("losses")
+    if not isinstance(losses, list):
+        return None
+    timed = losses[warmup:]
+    return sum(1 for x in timed if not (isinstance(x, (int, float)) and math.isfinite(x)))
+
+
+def memory_check(mem: dict) -> dict | None:
+    """Relative errors of ``memory`` against the measurement, and whether they are within the tolerance."""
+    out: dict[str, object] = {}
+    ok = True
+    for key, tol in (("state", STATE_TOL), ("peak", PEAK_TOL)):
+        p, m = mem.get(f"predicted_{key}"), mem.get(f"measured_{key}")
+        if not isinstance(p, (int, float)) or not isinstance(m, (int, float)) or m <= 0:
+            out[f"{key}_error"] = None
+            continue
+        err = (p - m) / m
+        out[f"{key}_error"] = round(err, 4)
+        ok = ok and abs(err) <= tol and err >= -UNDER_TOL
+    if all(v is None for v in out.values()):
+        return None
+    out["within_tolerance"] = ok
+    out["tolerance"] = {"state": STATE_TOL, "peak": PEAK_TOL, "under": UNDER_TOL}
+    return out
+
+
+def repo_path(path: Path) -> str:
+    """A folder as the results file names it: relative to the repository root when it is inside it."""
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _read(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -> dict:
+    """One result row: the plan's fields, then what the raw file measured."""
+    row = {k: plan_row.get(k) for k in PLAN_FIELDS}
+    runs = raw.get("runs") or []
+    main = next((r for r in runs if r.get("name") == "rehearse"), None)
+    probe = next((r for r in runs if r.get("name") == "pp_probe"), None)
+    rank = ((main or {}).get("summary") or {}).get("ranks", [{}])[0] if main and main.get("summary") else {}
+    report = _read(batch_dir / main["dir"] / "report.json") if main and main.get("dir") else None
+    asked_sl = bool(plan_row.get("save_load"))
+    row["phases"] = fold_phases(rank.get("phases") or [], asked_sl)
+    row["first_error"] = first_error(rank) if rank else None
+    if main and main.get("stopped"):
+        row["first_error"] = row["first_error"] or {
+            "message": f"stopped: {main['stopped']}",
+            "type": None,
+            "where": None,
+            "phase": None,
+            "rule": "no rule",
+            "category": "time",
+        }
+    pred = plan_row.get("memory_gib") or {}
+    mem = rank.get("memory") or {}
+    memory_gib = {
+        "predicted_state": pred.get("predicted_state"),
+        "measured_state": mem.get("between_steps_gib"),
+        "predicted_peak": pred.get("predicted_peak"),
+        "measured_peak": mem.get("peak_allocated_gib"),
+    }
+    row["memory_gib"] = memory_gib
+    row["memory_check"] = memory_check(memory_gib)
+    perf = rank.get("perf") or {}
+    bad = nonfinite_timed(report, int(((report or {}).get("request") or {}).get("warmup") or 0))
+    tps = perf.get("tokens_per_s_per_gpu") if perf.get("available") else None
+    row["nonfinite_timed_steps"] = bad
+    row["tokens_per_s_per_gpu"] = None if bad else (round(tps, 1) if isinstance(tps, (int, float)) else None)
+    rng = ((perf.get("prediction") or {}).get("tokens_per_s_per_gpu") or {}) if not bad else {}
+    row["predicted_tokens_per_s_per_gpu"] = {
+        "low": round(rng["low"], 1) if isinstance(rng.get("low"), (int, float)) else None,
+        "high": round(rng["high"], 1) if isinstance(rng.get("high"), (int, float)) else None,
+    }
+    prep = raw.get("prepare") or {}
+    row["fallbacks"] = list(prep.get("fallbacks") or [])
+    row["rehearsal_overrides"] = list(plan_row.get("rehearsal_overrides") or [])
+    row["deviations"] = [d.get("id") for d in rank.get("deviations") or [] if isinstance(d, dict)]
+    row["stale_plan"] = bool(prep.get("stale"))
+    row["prepare_error"] = prep.get("error")  # the CPU route failed on the GPU machine: nothing ran
+    if probe is not None:
+        prank = ((probe.get("summary") or {}).get("ranks") or [{}])[0]
+        row["pp_probe"] = {
+            "role": probe.get("role"),
+            "phases": fold_phases(prank.get("phases") or [], False),
+            "first_error": first_error(prank),
+        }
+    row["measured"] = {
+        "device": rank.get("device"),
+        "batch": raw.get("batch"),
+        "started_utc": (batch or {}).get("started_utc"),
+        "wall_s": (main or {}).get("wall_s"),
+        "timing_exclusive": (batch or {}).get("timing_exclusive"),
+        "raw": repo_path(batch_dir / "rows" / str(row["id"])),
+    }
+    return row
+
+
+def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
+    by_id = {r["id"]: r for r in plan["rows"]}
+    rows = {r["id"]: r for r in (existing or {}).get("rows", []) if isinstance(r, dict) and "id" in r}
+    for d in batch_dirs:
+        batch = _read(d / "batch.json")
+        for raw_path in sorted((d / "rows").glob("*/row.json")):
+            raw = _read(raw_path)
+            if not isinstance(raw, dict) or raw.get("id") not in by_id:
+                continue
+            rows[raw["id"]] = result_row(by_id[raw["id"]], raw, d, batch)
+    order = [r["id"] for r in plan["rows"]]
+    ordered = sorted(rows.values(), key=lambda r: order.index(r["id"]) if r["id"] in order else len(order))
+    return report_shape(ordered, batch_dirs)
+
+
+# The display table of BENCHMARK.md (benchmarks/make_report.py): the project's result shape, with the rows as
+# records (every field above) and ``table_rows`` the cells shown.
+COLUMNS = [
+    "recipe",
+    "mode",
+    "GPUs",
+    "layout (before -> after)",
+    "check before/after",
+    "verdict",
+    "state GiB (pred.)",
+    "peak GiB (pred.)",
+    "tokens/s/GPU (pred. range)",
+    "first error (rule)",
+]
+
+
+def _lay(layout) -> str:
+    if not isinstance(layout, dict):
+        return "?"
+    return " ".join(f"{k.upper()}{layout.get(k)}" for k in ("tp", "pp", "cp", "ep", "dp"))
+
+
+def _fig(measured, predicted) -> str:
+    m = f"{measured:.2f}" if isinstance(measured, (int, float)) else "-"
+    p = f"{predicted:.2f}" if isinstance(predicted, (int, float)) else "-"
+    return f"{m} ({p})"
+
+
+def table_row(row: dict) -> list:
+    mem = row.get("memory_gib") or {}
+    rng = row.get("predicted_tokens_per_s_per_gpu") or {}
+    tps = row.get("tokens_per_s_per_gpu")
+    err = row.get("first_error") or {}
+    cb, ca = row.get("check_before") or {}, row.get("check_after") or {}
+    return [
+        row.get("recipe"),
+        row.get("mode"),
+        row.get("world_size"),
+        f"{_lay(row.get('layout_before'))} -> {_lay(row.get('layout_after'))}",
+        f"{cb.get('exit')}/{ca.get('exit')}",
+        what_works.verdict(row),
+        _fig(mem.get("measured_state"), mem.get("predicted_state")),
+        _fig(mem.get("measured_peak"), mem.get("predicted_peak")),
+        (f"{tps:,.0f}" if isinstance(tps, (int, float)) else "-")
+        + (f" ({rng['low']:,.0f}-{rng['high']:,.0f})" if isinstance(rng.get("low"), (int, float)) else ""),
+        f"{str(err.get('message') or '').splitlines()[0][:120]} ({err.get('rule')})" if err.get("message") else "",
+    ]
+
+
+def report_shape(rows: list[dict], batch_dirs: list[Path]) -> dict:
+    measured = [r for r in rows if what_works.measured(r)]
+    devices = sorted(
+        {str((r.get("measured") or {}).get("device")) for r in measured if (r.get("measured") or {}).get("device")}
+    )
+    dates = sorted(str((r.get("measured") or {}).get("started_utc") or "")[:10] for r in measured)
+    return {
+        "benchmark": "what_works_1xh200",
+        "title": "What works with Megatron FSDP: Bridge 0.6.2's recipes through the skill's route, rehearsed on one GPU",
+        "date": dates[-1] if dates and dates[-1] else None,
+        "machine": ", ".join(devices) + " (one GPU: rank 0 of each recipe's world on a fake process group)"
+        if devices
+        else None,
+        "command": "python3 benchmarks/bench_what_works.py --run --batch K --out RAW (one GPU call per batch), then "
+        "python3 benchmarks/what_works_result.py RAW... --out benchmarks/results/what_works_1xh200.json",
+        "columns": COLUMNS,
+        "rows": rows,
+        "table_rows": [table_row(r) for r in rows],
+        "notes": [
+            "Route per recipe: check; enable (--set-pp-1 where the recipe uses PP); check; memory; rehearse --perf as "
+            "rank 0 of the recipe's world size (compute only: the fake process group moves no data).",
+            f"Measured rows: {len(measured)} of {len(rows)}; tokens/s/GPU is left out where a timed step's loss was "
+            "not finite.",
+        ],
+        "raw": "benchmarks/results/raw/what_works_1xh200",
+        "schema": SCHEMA,
+        "generated_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "generated_by": "python3 benchmarks/what_works_result.py " + " ".join(str(d) for d in batch_dirs),
+        "plan": "benchmarks/what_works_plan.json",
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("batches", nargs="+", help="raw batch folders written by bench_what_works.py --run")
+    ap.add_argument("--plan", default=str(PLAN))
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    plan = _read(Path(a.plan))
+    if not isinstance(plan, dict) or "rows" not in plan:
+        print(f"what_works_result: {a.plan} is not a what-works plan", file=sys.stderr)
+        return 2
+    dirs = [Path(b) for b in a.batches]
+    missing = [str(d) for d in dirs if not (d / "rows").is_dir()]
+    if missing:
+        print(f"what_works_result: not a raw batch (no rows/): {', '.join(missing)}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    result = collect(dirs, plan, _read(out) if out.exists() else None)
+    if not result["rows"]:
+        print("what_works_result: no row was measured; nothing written", file=sys.stderr)
+        return 1
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"{len(result['rows'])} rows -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Every KEY=VALUE the skill recommends is extracted, and the committed plan covers each one (a new one fails here)."""
+
+from __future__ import annotations
+
+import json
+
+import bench_recommended_overrides as bro
+from conftest import ROOT
+
+PLAN = json.loads((ROOT / "benchmarks" / "recommended_overrides_plan.json").read_text())
+
+
+def _pairs(records):
+    return {(r["key"], r["value"]) for r in records}
+
+
+def test_extraction_finds_the_known_sources():
+    found = _pairs(bro.extract())
+    # enable's five settings and --perf's meta-device init
+    for key, value in bro.enable_mod.MINIMAL_OVERRIDES.items():
+        assert (key, bro._text(value)) in found
+    assert ("model.init_model_with_meta_device", "true") in found
+    # a rule's literal fix, and a fix computed from the config (read from its source)
+    assert ("dist.use_tp_pp_dp_mapping", "false") in found
+    assert ("ddp.reuse_grad_buf_for_mxfp8_param_ag", "false") in found
+    # the text: the dtype override known to crash at wrap, a list value taken whole, the Python form
+    assert ("ddp.megatron_fsdp_main_grads_dtype", "fp32") in found
+    assert ("model.offload_modules", "[core_attn,attn_proj]") in found
+    assert ("checkpoint.ckpt_format", "fsdp_dtensor") in found
+    assert not [v for _k, v in found if v.endswith((")", ";", "'", '"'))]  # prose punctuation stripped
+
+
+def test_every_rule_fix_with_an_assignment_is_extracted():
+    found = bro.extract()
+    where = {w for r in found for w in r["where"]}
+    for rule in bro.rules.RULES:
+        fix = rule.fix if isinstance(rule.fix, str) else ""
+        if bro._KV.search(fix) or bro._PRESET.search(fix):
+            assert f"rule {rule.id}" in where, rule.id
+
+
+def test_every_enable_change_is_literal_or_accounted_for():
+    literal, other = bro.enable_calls()
+    assert literal
+    counts: dict[str, int] = {}
+    for _line, key_src in other:
+        assert key_src in bro.ENABLE_COMPUTED, f"enable.py: a new non-literal change({key_src}, ...): extract it"
+        counts[key_src] = counts.get(key_src, 0) + 1
+    assert counts == {k: n for k, (n, _why) in bro.ENABLE_COMPUTED.items()}
+
+
+def test_committed_plan_covers_every_extracted_override():
+    """A new override in the rules, enable or the text fails until the plan is regenerated (--plan)."""
+    planned = _pairs(PLAN["overrides"])
+    missing = _pairs(bro.extract()) - planned
+    assert not missing, f"not in benchmarks/recommended_overrides_plan.json: {sorted(missing)}"
+    assert bro.build_plan() == PLAN, "the plan is stale: python3 benchmarks/bench_recommended_overrides.py --plan"
+
+
+def test_every_override_has_a_job_or_a_reason():
+    for row in PLAN["overrides"]:
+        if row["job"]:
+            assert row["job"] in bro.RUN_GPU_S
+            assert f"{row['key']}={row['value']}" in row["overrides"]
+            assert row["command"].startswith("python3 scripts/rehearse_train.py --model-preset ")
+            assert "--world-size 8 --rank 0 --iters 2 --strategy optim_grads_params" in row["command"]
+        else:
+            assert row["not_run_why"], row["id"]
+    jobs = {r["job"] for r in PLAN["overrides"] if r["job"]}
+    assert {"dense", "moe", "lora", "fp8", "checkpoint"} <= jobs
+    assert {b["job"] for b in PLAN["baselines"]} == set(bro.RUN_GPU_S) >= jobs  # hybrid included
+
+
+def test_kinds_and_known_outcomes():
+    by = {(r["key"], r["value"]): r for r in PLAN["overrides"]}
+    assert by[("model.moe_single_grouped_weight", "false")]["job"] == "moe"
+    assert "--balanced-routing" in by[("model.moe_single_grouped_weight", "false")]["command"]
+    assert by[("model.init_model_with_meta_device", "false")]["job"] == "lora"  # the PEFT rule's fix
+    assert "--peft lora" in by[("model.init_model_with_meta_device", "false")]["command"]
+    assert by[("ddp.keep_fp8_transpose_cache", "false")]["job"] == "fp8"
+    assert by[("ddp.reuse_grad_buf_for_mxfp8_param_ag", "false")]["job"] is None  # MXFP8: Blackwell only
+    assert by[("ddp.megatron_fsdp_main_grads_dtype", "fp32")]["expected"].startswith("fails at model_wrap")
+    assert by[("checkpoint.save", "/path/to/checkpoints")]["job"] is None
+    seq = by[("model.sequence_parallel", "true")]
+    assert seq["overrides"] == ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]
+
+
+def test_batches_hold_each_run_once():
+    ids = [i for b in PLAN["batches"] for i in b["rows"]]
+    runnable = [b["id"] for b in PLAN["baselines"]] + [r["id"] for r in PLAN["overrides"] if r["job"]]
+    assert sorted(ids) == sorted(runnable)
+    assert all(b["estimated_s"] <= bro.BATCH_BUDGET_S for b in PLAN["batches"])
+
+
+def test_collect_from_a_raw_run(tmp_path):
+    row = next(r for r in PLAN["overrides"] if r["job"] == "dense")
+    d = tmp_path / "raw" / row["id"]
+    d.mkdir(parents=True)
+    summary = {
+        "ranks": [
+            {
+                "result": "failed",
+                "device": "stand-in",
+                "phases": [{"name": "validate", "status": "passed"}, {"name": "model_wrap", "status": "failed"}],
+                "failure": {"message": "boom", "site": "x.py:1", "rule": None, "phase": "model_wrap"},
+            }
+        ]
+    }
+    (d / "row.json").write_text(json.dumps({"id": row["id"], "exit": 1, "summary": summary}))
+    res = bro.collect([tmp_path / "raw"], PLAN, None)
+    got = res["rows"][0]
+    assert got["result"] == "failed" and got["phases"]["wrap"] == "failed"
+    assert got["first_error"]["rule"] == "no rule"
+    assert {(n["key"], n["value"]) for n in res["not_run"]} == {
+        (r["key"], r["value"]) for r in PLAN["overrides"] if not r["job"]
+    }
+
+
+def test_run_batch_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
+    """--run's CPU path: the real engine refuses here (exit 2); each run still leaves its row.json."""
+    import sys
+
+    import bench_what_works as bw
+
+    monkeypatch.setattr(bw, "STAGGER_S", 0.0)
+    monkeypatch.setattr(bw, "START_MARGIN_S", 1)
+    plan = {**PLAN, "batches": [{"batch": 9, "rows": ["baseline_dense"], "estimated_s": None}]}
+    summary = bro.run_batch(plan, 9, tmp_path, sys.executable, budget_s=60, max_concurrent=1)
+    assert summary["rows"] == ["baseline_dense"]
+    raw = json.loads((tmp_path / "baseline_dense" / "row.json").read_text())
+    assert raw["exit"] == 2 and raw["summary"]["result"] == "failed"
+    res = bro.collect([tmp_path], plan, None)
+    assert res["rows"][0]["result"] == "not run"  # the engine never started a phase: no verdict on the override
+
+
+def test_result_file_has_the_project_result_shape(tmp_path):
+    import make_report as mr
+
+    row = next(r for r in PLAN["overrides"] if r["job"] == "moe")
+    d = tmp_path / "raw" / row["id"]
+    d.mkdir(parents=True)
+    summary = {"ranks": [{"result": "passed", "device": "stand-in", "phases": [{"name": "train", "status": "passed"}]}]}
+    (d / "row.json").write_text(json.dumps({"id": row["id"], "date": "2026-01-02T00:00:00", "summary": summary}))
+    out = tmp_path / "recommended_overrides_1xh200.json"
+    assert bro.main(["--collect", str(tmp_path / "raw"), "--out", str(out)]) == 0
+    data = mr._load_one(out, out.name)
+    assert data["benchmark"] == "recommended_overrides_1xh200" and data["date"] == "2026-01-02"
+    assert data["table_rows"] == [[f"{row['key']}={row['value']}", "moe", "", "passed", ""]]

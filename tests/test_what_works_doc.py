@@ -1,0 +1,60 @@
+"""``benchmarks/what_works_doc.py``: references/what-works.md from measured rows only (TEST FIXTURE input)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import what_works_doc as doc
+from conftest import FIXTURES, ROOT
+from mfsdp_lib import what_works
+
+FIXTURE = FIXTURES / "what_works" / "what_works_TEST_FIXTURE.json"
+
+
+def test_render_one_table_with_footnotes():
+    rows = what_works.load(str(FIXTURE))
+    text = doc.render(rows, "fixture.json")
+    table = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    assert table[0] == "| family | pretrain | SFT | PEFT (LoRA) |"
+    assert [ln.split(" | ")[0] for ln in table[1:]] == ["| qwen3", "| deepseek_v3"]  # planned olmoe row left out
+    assert "**passes** (1 GPU)" in text and "1,234 tok/s/GPU compute" in text
+    assert "**failed at wrap** (256 GPUs, PP set to 1)" in text
+    assert "TP2 PP8 EP32 DP16 -> TP2 EP32 DP128" in text
+    notes = text.split("## Notes", 1)[1]
+    assert "FIXTURE ERROR: invented for the tests" in notes and "rule: no rule" in notes
+    assert "model.moe_token_dispatcher_type=alltoall" in notes
+    assert "state +10.0%, peak +10.0%" in notes  # the memory miss is a footnote
+    # every footnote number used in the table is defined, and none is left unused
+    used = {int(x) for ln in table for x in re.findall(r"\[(\d+)\]", ln)}
+    defined = {int(m) for m in re.findall(r"^(\d+)\. ", notes, re.M)}
+    assert used == defined == set(range(1, len(defined) + 1))
+
+
+def test_refuses_without_measured_rows(tmp_path, capsys):
+    planned = tmp_path / "planned.json"
+    data = json.loads(FIXTURE.read_text())
+    for r in data["rows"]:
+        r["phases"] = dict.fromkeys(what_works.PHASES, "not run")
+    planned.write_text(json.dumps(data))
+    out = tmp_path / "what-works.md"
+    assert doc.main(["--results", str(planned), "--write", str(out)]) == 1
+    assert not out.exists()
+    assert "not measured yet" in capsys.readouterr().err
+
+
+def test_write_then_check_detects_drift(tmp_path):
+    out = tmp_path / "what-works.md"
+    assert doc.main(["--results", str(FIXTURE), "--write", str(out)]) == 0
+    assert doc.main(["--results", str(FIXTURE), "--check", str(out)]) == 0
+    out.write_text(out.read_text() + "edited\n")
+    assert doc.main(["--results", str(FIXTURE), "--check", str(out)]) == 1
+
+
+def test_no_reference_without_results():
+    """references/what-works.md exists only when the results it is generated from do."""
+    md = ROOT / "references" / "what-works.md"
+    results = ROOT / "benchmarks" / "results" / "what_works_1xh200.json"
+    if md.exists():
+        assert results.exists()
+        assert doc.main(["--results", str(results), "--check", str(md)]) == 0
