@@ -299,6 +299,9 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
     if not state and tree.args:  # older torch pickled Metadata positionally
         state = {"state_dict_metadata": tree.args[0]}
     sdm = state.get("state_dict_metadata") or {}
+    malformed = _malformed_state_dict_metadata(sdm)
+    if malformed:
+        return None, f"is malformed: {malformed}"
     tensors = nbytes = objects = 0
     groups: dict[str, int] = {}
     dtypes: dict[str, int] = {}
@@ -345,6 +348,41 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
         "unsafe": [],
         "version": state.get("version") if isinstance(state.get("version"), str) else None,
     }, None
+
+
+# What DCP's Metadata.state_dict_metadata maps: fully qualified state-dict keys (str) to one of these classes
+# (torch/distributed/checkpoint/metadata.py: STORAGE_TYPES = Union[TensorStorageMetadata, BytesStorageMetadata]).
+DCP_STORAGE_TYPES = (
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+)
+
+
+def _describe(value) -> str:
+    if isinstance(value, Call):
+        return f"a {value.qualname} object"
+    if isinstance(value, Global):
+        return f"the name {value.qualname}"
+    name = type(value).__name__
+    return "a nested tuple or list" if name == "_Unhashable" else f"a {name}"
+
+
+def _malformed_state_dict_metadata(sdm) -> str | None:
+    """Why ``state_dict_metadata`` is not what DCP writes, or None.
+
+    torch's planner writes one entry per state-dict key, keyed by the key's string (``dict[str, STORAGE_TYPES]``).
+    A non-string key (a tuple nested thousands deep, which ``pickle_reader`` holds as a placeholder because
+    hashing it would crash the interpreter) or a value of another class is no file DCP wrote: Bridge's load would
+    unpickle it on every rank and fail, or worse, so the checkpoint must not be called consistent.
+    """
+    if not isinstance(sdm, dict):
+        return f"state_dict_metadata is {_describe(sdm)}, not a dict"
+    for key, md in sdm.items():
+        if not isinstance(key, str):
+            return f"a state-dict key is {_describe(key)}, not a string (DCP keys are state-dict names)"
+        if not (isinstance(md, Call) and md.qualname in DCP_STORAGE_TYPES):
+            return f"the entry for {key[:80]!r} is {_describe(md)}, not tensor or bytes storage metadata"
+    return None
 
 
 def shard_path_is_confined(rel: str) -> bool:

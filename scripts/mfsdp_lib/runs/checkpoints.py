@@ -432,6 +432,12 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
     )
 
 
+def _unloadable(info: IterationInfo) -> bool:
+    """True when the iteration's metadata is damaged, unsafe or names files outside it: no load or conversion
+    of it can succeed (or should be tried), so no conversion is offered."""
+    return bool(info.dcp_problems or info.unsafe or info.outside_shards)
+
+
 def _iter_name(i) -> str:
     return RELEASE_DIR if i == RELEASE_DIR else f"iter_{i:07d}"
 
@@ -703,7 +709,11 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
     hf_id = cfg.get("model.hf_model_id") or "<HF model id or folder>"
     passing = migration.passing_paths()
 
+    unloadable = _unloadable(info)
+
     def how(source: str | None, target: str) -> str:
+        if unloadable:  # a conversion reads what a load reads: never advise one that will fail
+            return "no conversion can read this iteration (see the errors above); fix or replace it first"
         if (source, target) in passing:
             return migration.convert_command(src, target, hf_ref=hf_id if target == "hf" and source != "hf" else None)
         return (
@@ -723,6 +733,8 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
                     {"expected": expect, "found": fmt},
                 )
             )
+        return
+    if unloadable:
         return
     # No --expect: suggest the path that matters for Megatron FSDP.
     if fmt in ("torch_dist", "hf", "torch"):
