@@ -102,7 +102,8 @@ def _vouched(f: Finding) -> Finding:
 def _header(r: checkpoints.CheckpointReport) -> str:
     lines = [
         f"checkpoint: {r.path} ({'checkpoint root' if r.kind == 'root' else 'iteration folder'})",
-        f"format:     {r.format or 'unknown'}",
+        f"format:     {r.format or 'unknown'}"
+        + (" (incomplete save: no metadata.json)" if r.inspected is not None and r.inspected.incomplete else ""),
     ]
     if r.iterations:
         shown = ", ".join(str(i) for i in r.iterations[-8:])

@@ -42,6 +42,7 @@ BLOCKING_SOURCE_RULES = {
     "MFSDP-CKPT-SHARD-OUTSIDE": "its .metadata names shard files outside the folder",
     "MFSDP-CKPT-DCP-METADATA-BAD": "its .metadata is damaged",
     "MFSDP-CKPT-ZARR": "zarr checkpoints need an older Megatron-Core first",
+    "MFSDP-CKPT-INCOMPLETE-SAVE": "it is a torch_dist save without its metadata.json (incomplete)",
     "MFSDP-CKPT-NO-ITERATION": "the root holds no iteration folder",
     "MFSDP-CKPT-TRACKER-MISSING": "its tracker points at a missing iteration",
 }
