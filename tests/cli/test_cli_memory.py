@@ -155,7 +155,9 @@ def test_bad_override_is_one_line(cli):
 def test_absurd_sizes_are_input_errors(cli, args, fmt):
     proc = cli("memory", *args, "--format", fmt)
     assert proc.returncode == 2, proc.stdout[:300] + proc.stderr
-    assert "too large" in proc.stderr and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert "too large" in proc.stderr and "Traceback" not in proc.stderr
+    # text: nothing on stdout; json: the refusal as the one JSON object (cli/common.py)
+    assert proc.stdout == "" if fmt == "text" else json.loads(proc.stdout)["exit"] == 2, proc.stdout
 
 
 HF_FIXTURES = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures" / "memory" / "hf_configs"
