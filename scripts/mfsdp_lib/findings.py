@@ -91,7 +91,13 @@ class Finding:
     def to_dict(self) -> dict:
         import copy
 
-        d = {"rule": self.rule, "severity": self.severity, "path": self.path, "message": self.message, "fix": self.fix}
+        d: dict[str, object] = {
+            "rule": self.rule,
+            "severity": self.severity,
+            "path": self.path,
+            "message": self.message,
+            "fix": self.fix,
+        }
         d["fix_overrides"] = fix_overrides(self.fix)
         d.update({k: copy.deepcopy(v) for k, v in self.extra.items() if k not in d})
         return d
