@@ -24,6 +24,7 @@ from _helpers_ckptlog import (
     copy_tree,
     real_checkpoint_roots,
 )
+from mfsdp_lib import shell
 from mfsdp_lib.findings import InputError
 from mfsdp_lib.runs import checkpoint_files as F
 from mfsdp_lib.runs import checkpoints as C
@@ -201,7 +202,7 @@ def test_torch_dist_offers_convert_only_when_recorded_passing(tmp_path, monkeypa
     report = C.inspect(str(CKPT / "torch_dist_ddp"))
     conv = [f for f in report.findings if f.rule == "MFSDP-CKPT-CONVERT"]
     src = report.inspected.path
-    assert conv[0].fix == f"python3 scripts/mfsdp.py convert {src} <output_dir> --to fsdp_dtensor"
+    assert conv[0].fix == f"python3 {shell.SCRIPT} convert {src} <output_dir> --to fsdp_dtensor"
 
 
 def test_expect_not_met_gives_the_conversion(tmp_path, monkeypatch):

@@ -42,6 +42,7 @@ import stat
 from dataclasses import dataclass, field
 
 from ..findings import Finding, InputError, oserror_to_input
+from ..shell import mfsdp_command
 from . import migration
 from .checkpoint_files import (
     DCP_METADATA,
@@ -412,8 +413,8 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
             if newest is not None:
                 fix = (
                     f"resume from iter_{newest:07d}: set checkpoint.ckpt_step={newest}, or make the tracker "
-                    f"point there (cp {path}/iter_{newest:07d}/{TRAIN_STATE} {path}/{TRACKER_TRAIN_STATE}; "
-                    f"echo {newest} > {path}/{TRACKER_TXT})"
+                    f"point there (cp {_q(path, _iter_name(newest), TRAIN_STATE)} {_q(path, TRACKER_TRAIN_STATE)}; "
+                    f"echo {newest} > {_q(path, TRACKER_TXT)})"
                 )
             else:
                 fix = "no iteration folder exists: the save never completed; re-run the save or load another checkpoint"
@@ -489,6 +490,11 @@ def _unloadable(info: IterationInfo) -> bool:
     return bool(info.dcp_problems or info.unsafe or info.outside_shards or info.incomplete)
 
 
+def _q(*parts: str) -> str:
+    """A path in a printed shell command: joined and quoted, so a folder with a space stays one word."""
+    return shlex.quote(os.path.join(*parts))
+
+
 def _iter_name(i) -> str:
     return RELEASE_DIR if i == RELEASE_DIR else f"iter_{i:07d}"
 
@@ -509,7 +515,8 @@ def _read_trackers(path: str, entries: list[str], findings: list[Finding]):
                     "warning",
                     os.path.join(path, TRACKER_TRAIN_STATE),
                     f"cannot read the step from {TRACKER_TRAIN_STATE} without unpickling: {err}",
-                    f"run 'mfsdp.py ckpt {path} --trust-pickle' with torch installed, or check the file is complete",
+                    "check the file is complete, or with torch installed run: "
+                    + mfsdp_command("ckpt", path, "--trust-pickle"),
                 )
             )
     if TRACKER_TXT in entries:
@@ -533,7 +540,7 @@ def _read_trackers(path: str, entries: list[str], findings: list[Finding]):
                         else f"Bridge reads {TRACKER_TRAIN_STATE} instead and never parses it, but Megatron-LM's "
                         "tools exit on it"
                     ),
-                    f"write the last saved iteration number into it (echo N > {os.path.join(path, TRACKER_TXT)})",
+                    f"write the last saved iteration number into it (echo N > {_q(path, TRACKER_TXT)})",
                 )
             )
     if ts_iter is not None and txt_iter is not None and ts_iter != txt_iter:
@@ -544,7 +551,7 @@ def _read_trackers(path: str, entries: list[str], findings: list[Finding]):
                 path,
                 f"{TRACKER_TRAIN_STATE} says step {ts_iter} but {TRACKER_TXT} says {txt_iter}; Bridge uses "
                 f"{TRACKER_TRAIN_STATE}, Megatron-LM tools use the text file",
-                f"make them agree: echo {ts_iter} > {os.path.join(path, TRACKER_TXT)}",
+                f"make them agree: echo {ts_iter} > {_q(path, TRACKER_TXT)}",
             )
         )
     tracked = ts_iter if ts_iter is not None else txt_iter
@@ -700,7 +707,7 @@ def _incomplete_save(info: IterationInfo, earlier: str) -> Finding:
     complete = info.payload and not (info.missing_shards or info.short_shards or info.unchecked)
     rewrite = (
         f"; if the original is lost, every shard .metadata names is here at full size, so the marker can be "
-        f"written again: echo {shlex.quote(MCORE_DIST_CONFIG_TEXT)} > {shlex.quote(marker)}"
+        f"written again: echo {shlex.quote(MCORE_DIST_CONFIG_TEXT)} > {_q(marker)}"
         if complete
         else ""
     )
