@@ -206,3 +206,12 @@ def test_gpus_derives_and_checks_dp(cli):
     assert bad.returncode == 2 and "parallel_state.py:822" in bad.stderr
     clash = cli("memory", "--model", "llama3-8b", "--tp", "4", "--gpus", "64", "--dp", "8")
     assert clash.returncode == 2 and "not --gpus 64" in clash.stderr
+
+
+def test_hf_config_folder_without_config_json_says_so(cli, tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"")
+    p = cli("memory", "--hf-config", str(folder))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"no config.json in {folder}" in p.stderr, p.stderr

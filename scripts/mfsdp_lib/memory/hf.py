@@ -60,6 +60,11 @@ def load_hf_config(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
+        if not p.exists():
+            raise ModelError(
+                f"--hf-config {str(path)!r}: no config.json in {path} (give a Hugging Face model folder, or the "
+                "config.json itself)"
+            )
     try:
         size = p.stat().st_size
     except OSError as exc:
