@@ -72,7 +72,9 @@ def load_hf_config(path: str | Path) -> dict:
     if not p.is_file():
         raise ModelError(f"--hf-config {str(path)!r}: not a file")
     if size > HF_MAX_BYTES:
-        raise ModelError(f"--hf-config {str(p)!r}: {size} bytes is too large for a config.json")
+        raise ModelError(
+            f"--hf-config {str(p)!r}: {size} bytes is too large for a config.json (the limit is {HF_MAX_BYTES})"
+        )
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
