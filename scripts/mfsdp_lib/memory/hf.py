@@ -73,7 +73,7 @@ def load_hf_config(path: str | Path) -> dict:
         raise ModelError(f"--hf-config {str(path)!r}: not a file")
     if size > HF_MAX_BYTES:
         raise ModelError(
-            f"--hf-config {str(p)!r}: {size} bytes is too large for a config.json (the limit is {HF_MAX_BYTES})"
+            f"--hf-config {str(p)!r}: {size} bytes is too large for a config.json (the limit is {HF_MAX_BYTES} bytes)"
         )
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
