@@ -140,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
 
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        sys.stderr.write(f"{prog}: unknown command '{name}'{hint}; run '{prog} --help'\n")
+        line = f"{prog}: unknown command '{name}'{hint}; run '{prog} --help'"
+        sys.stderr.write(line + "\n")
+        from mfsdp_lib.cli import common
+
+        if common.wants_json(rest):  # an agent parsing stdout gets the refusal as JSON too
+            common.json_error(line, 2)
         return 2
 
     from mfsdp_lib.cli import common

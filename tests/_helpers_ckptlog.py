@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -93,3 +94,21 @@ def without_read_override() -> list[str]:
     if setpriv is None:
         pytest.fail("running as root needs util-linux 'setpriv' to test permission denial (apt-get install util-linux)")
     return [setpriv, f"--bounding-set={DAC_CAPS}", f"--inh-caps={DAC_CAPS}"]
+
+
+def nan_from_40_log(rank: int = 3, last: int = 60, first_nan: int = 40) -> bytes:
+    """Rank 3's log of a run whose loss goes NaN at iteration 40 and stays NaN to 60, one line per iteration,
+    built from the real Bridge line: Bridge leaves the NaN loss out and counts the NaN iteration (the counter
+    restarts after each line: train_utils.py :: training_log), here 1, 2, ... to make the sum differ from the
+    number of lines."""
+    template = next(ln for ln in REAL_LOG.read_text().splitlines() if re.search(r"\] iteration\s+\d+/", ln))
+    out = [f"[rank{rank}]:Starting training loop at iteration 0"]
+    for n in range(1, last + 1):
+        line = re.sub(r"iteration\s+\d+/\s+\d+", f"iteration {n:8d}/{last:8d}", template)
+        if n < first_nan:
+            line = re.sub(r"lm loss: \S+", f"lm loss: {10.0 - n / 10:.6E}", line)
+        else:
+            line = re.sub(r" lm loss: \S+ \|", "", line)
+            line = line.replace("number of nan iterations:   0", f"number of nan iterations: {n - first_nan + 1:3d}")
+        out.append(f"[rank{rank}]:{line}")
+    return ("\n".join(out) + "\n").encode()

@@ -257,3 +257,60 @@ def test_input_without_a_size_is_refused_before_it_is_opened(tmp_path):
 def test_embedded_default_is_the_real_recipe_dump(tests_dir, root):
     dump = tests_dir / "fixtures" / "bridge-0.6.2-recipes" / "llama3_8b_pretrain_default.yaml"
     assert (root / "scripts" / "data" / "llama3_8b_pretrain.yaml").read_bytes() == dump.read_bytes()
+
+
+# --- what Hydra users type, and large legitimate configs ------------------------------------------------------
+
+
+def test_hydra_deletion_says_it_is_not_supported_and_what_to_write():
+    """Bridge's launchers parse ~KEY (Hydra) but then apply only the keys left, so the recipe's value stays:
+    omegaconf_utils.process_config_with_overrides -> parse_hydra_overrides -> apply_overrides."""
+    with pytest.raises(InputError) as exc:
+        config_io.refuse_unusable_override("~checkpoint.load")
+    msg = str(exc.value)
+    assert "deletion" in msg and "not supported" in msg and "checkpoint.load=null" in msg, msg
+
+
+def test_hydra_deletion_is_a_no_op_in_bridge(bridge_src):
+    text = (bridge_src / "megatron/bridge/training/utils/omegaconf_utils.py").read_text()
+    body = text[text.index("def process_config_with_overrides") :]
+    assert "parse_hydra_overrides(omega_conf, cli_overrides)" in body
+    assert "apply_overrides(config, final_config_dict, excluded_fields)" in body
+    apply = text[text.index("def _apply_overrides") :]
+    assert "for key, value in overrides_dict.items():" in apply  # only the keys present are set
+
+
+@pytest.mark.parametrize("item", ["model.num_layers", "+model.num_layers", "ddp.use_megatron_fsdp"])
+def test_bare_key_says_the_value_is_missing(item):
+    with pytest.raises(InputError, match=r"missing =VALUE.*=VALUE"):
+        config_io.refuse_unusable_override(item)
+
+
+@pytest.mark.parametrize("item", ["run.yaml", "configs/my.model.yaml", "model.num_layers=32", "./model.yaml"])
+def test_files_and_overrides_pass(item):
+    config_io.refuse_unusable_override(item)  # no error: a file name or a real override
+
+
+def test_a_long_plain_list_is_not_an_alias_bomb(tmp_path):
+    """A legitimate 3 MB config whose dataset.blend names 250,000 files: no alias, so nothing to refuse."""
+    n = 250_000
+    path = tmp_path / "blend.yaml"
+    path.write_text("dataset:\n  blend:\n" + "".join(f"  - d/{i:06d}\n" for i in range(n)))
+    assert path.stat().st_size > 2_500_000
+    data = config_io.safe_yaml(path.read_text(), str(path))
+    assert len(data["dataset"]["blend"]) == n
+
+
+def test_alias_expansion_is_still_bounded(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    with pytest.raises(InputError, match="aliases"):
+        config_io.safe_yaml("\n".join(lines) + "\n", "bomb.yaml")
+
+
+def test_a_file_over_the_size_limit_says_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(config_io, "MAX_FILE_BYTES", 1000)
+    big = tmp_path / "big.yaml"
+    big.write_text("x" * 2000)
+    with pytest.raises(InputError, match=r"2000 bytes.*limit is 1000 bytes"):
+        config_io.read_text(str(big))

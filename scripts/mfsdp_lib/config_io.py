@@ -58,6 +58,8 @@ MAX_FILE_BYTES = 16 * 1024 * 1024  # a run_config.yaml is ~30 KB; anything this 
 # (a segfault, no exception) somewhere past 20,000 levels, which a 60 KB line of "- - - ..." reaches.
 MAX_YAML_DEPTH = 100
 # A full run_config.yaml dump composes to ~1,500 nodes and uses no aliases; these bound what hostile YAML can cost.
+# MAX_YAML_NODES bounds the values aliases ADD (a node reached again through an alias counts each time): the plain
+# nodes of a file are bounded by MAX_FILE_BYTES already, and a legitimate dataset.blend can list 250,000 paths.
 MAX_YAML_ALIASES = 100
 MAX_YAML_NODES = 200_000
 
@@ -122,7 +124,7 @@ def read_regular(path: str, limit: int, what: str = "file") -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise input_error(f"{path}: is {file_kind(st.st_mode)}, expected a regular {what}")
         if st.st_size > limit:
-            raise input_error(f"{path}: {st.st_size} bytes is too large for a {what}")
+            raise input_error(f"{path}: {st.st_size} bytes is too large for a {what} (the limit is {limit} bytes)")
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -138,7 +140,7 @@ def read_regular(path: str, limit: int, what: str = "file") -> bytes:
         finally:
             os.close(fd)
         if len(data) > limit:
-            raise input_error(f"{path}: more than {limit} bytes is too large for a {what}")
+            raise input_error(f"{path}: more than {limit} bytes is too large for a {what} (the limit is {limit} bytes)")
     except FileNotFoundError:
         raise input_error(f"{path}: no such file") from None
     except PermissionError:
@@ -238,17 +240,26 @@ def safe_yaml(text: str, name: str, loader=None):
 
 
 def _check_nodes(root, name: str) -> None:
-    """Walk the composed node graph once (iteratively): duplicate keys, and the size aliases expand to."""
+    """Walk the composed node graph once (iteratively): duplicate keys, and the size aliases expand to.
+
+    An alias is the same node object reached again; every visit after a node's first is a value the alias
+    adds, as a consumer that walks the loaded data would see it. Those repeats are what is bounded
+    (``MAX_YAML_NODES``), not the plain nodes, however many a long list holds.
+    """
     stack = [(root, "")]
-    visited = 0
+    seen_nodes: set[int] = set()
+    repeated = 0
     while stack:
         node, path = stack.pop()
-        visited += 1  # an alias is the same node object reached again: counted each time, as a consumer would
-        if visited > MAX_YAML_NODES:
-            raise input_error(
-                f"{name}: expands to more than {MAX_YAML_NODES} values (YAML aliases repeat whole subtrees); "
-                "not a Bridge config"
-            )
+        if id(node) in seen_nodes:
+            repeated += 1
+            if repeated > MAX_YAML_NODES:
+                raise input_error(
+                    f"{name}: its YAML aliases expand to more than {MAX_YAML_NODES} repeated values (each alias "
+                    "repeats a whole subtree); not a Bridge config"
+                )
+        else:
+            seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for key_node, value_node in node.value:
@@ -271,7 +282,10 @@ def _check_nodes(root, name: str) -> None:
                 stack.append((value_node, here))
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                stack.append((item, f"{path}[{i}]"))
+                if isinstance(item, yaml.ScalarNode) and id(item) not in seen_nodes:
+                    seen_nodes.add(id(item))  # a plain list item: nothing below it to check (long lists stay fast)
+                else:
+                    stack.append((item, f"{path}[{i}]"))
 
 
 def _scan_events(text: str, loader=None) -> tuple[int, int]:
@@ -350,6 +364,38 @@ def _parse_flat_dict(text: str):
             return text
         out[key] = parse_value(value)
     return out
+
+
+# A word that names a config key: [+|++]section.key[.sub...] (Hydra's add / force-add prefixes allowed).
+_DOTTED_KEY = re.compile(r"^\+{0,2}([A-Za-z_][A-Za-z0-9_]*)(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_CONFIG_SUFFIXES = (".yaml", ".yml", ".json")  # model.yaml is a file name, not the key model.yaml
+
+
+def refuse_unusable_override(item: str) -> None:
+    """InputError for what Hydra users type that is no ``section.key=value`` override; nothing otherwise.
+
+    * ``~section.key`` (Hydra's deletion): Bridge's launchers parse it, then copy back into the config only the
+      keys still present (megatron/bridge/training/utils/omegaconf_utils.py :: process_config_with_overrides:
+      parse_hydra_overrides, then apply_overrides, which sets each key it is given), so the recipe's value stays
+      and the deletion changes nothing. Not supported here either: clearing a value is ``section.key=null``.
+    * ``section.key`` without ``=VALUE`` (and no file of that name): an override missing its value.
+    Anything else (a file name, a real override) passes; the callers decide what it is.
+    """
+    if not isinstance(item, str):
+        return
+    word = item.strip()
+    if word.startswith("~"):
+        key = word[1:].partition("=")[0].lstrip("+")
+        raise input_error(
+            f"{item!r}: Hydra's deletion (~KEY) is not supported: Bridge's launchers accept it but then keep the "
+            f"recipe's value (only the keys left are applied), so it changes nothing; to clear the value write "
+            f"{key or 'section.key'}=null"
+        )
+    if "=" in word or os.path.exists(word) or word.lower().endswith(_CONFIG_SUFFIXES):
+        return
+    m = _DOTTED_KEY.match(word)
+    if m and m.group(1) in S.CONTAINER_KEYS:
+        raise input_error(f"{item!r}: an override missing =VALUE; write it as {word.lstrip('+')}=VALUE")
 
 
 def parse_override(item: str) -> tuple[str, object]:

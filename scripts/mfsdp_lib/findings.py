@@ -9,10 +9,15 @@ is the same everywhere, and tests can assert on it once.
 
 Exit codes are shared too (``EXIT_*``): 0 no error-severity finding, 1 at least
 one, 2 unusable input (raised as ``InputError`` and printed as one line).
+
+``fix`` is prose for a person; the JSON adds ``fix_overrides`` beside it, the
+``section.key=value`` overrides of the fix's first option as a list an agent can
+apply (``fix_overrides``: how they are read and what is left out).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 
@@ -86,9 +91,58 @@ class Finding:
     def to_dict(self) -> dict:
         import copy
 
-        d = {"rule": self.rule, "severity": self.severity, "path": self.path, "message": self.message, "fix": self.fix}
+        d: dict[str, object] = {
+            "rule": self.rule,
+            "severity": self.severity,
+            "path": self.path,
+            "message": self.message,
+            "fix": self.fix,
+        }
+        d["fix_overrides"] = fix_overrides(self.fix)
         d.update({k: copy.deepcopy(v) for k, v in self.extra.items() if k not in d})
         return d
+
+
+# Where a fix's first option ends: "A (or B)", "A, or B", "A or B", "A; B", "A. B", "A (else B)", "A, then B".
+_ALTERNATIVE_RE = re.compile(r"\s*\((?:or|else)\b|,\s*or\s|\s+or\s+|;\s|\.\s+(?=[A-Z])")
+_CHOOSE_ONE = "choose one:"
+# One override word: section.key[.sub...]=VALUE, or a whole section given a preset (mixed_precision=bf16_mixed).
+_OVERRIDE_RE = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)=(\S+)$")
+# Values that stand for something the user chooses: <HF model id>, /path/to/checkpoints, DST, N.
+_PLACEHOLDER_RE = re.compile(r"<|^/path/to/|^[A-Z][A-Z0-9_]*$")
+_WRAPPERS = "`'\"(["
+_TRAILERS = "`'\"),;:."
+
+
+def fix_overrides(fix: str | None) -> list[str]:
+    """The overrides a fix's first option sets, as ``section.key=value`` strings an agent can apply.
+
+    Field-scoped: a word counts only when it is a whole ``key=value`` word whose first part is a section of
+    Bridge's ConfigContainer (``schema.CONTAINER_KEYS``); alternatives after the first ("(or ...)", ", or ...",
+    "; ...") and placeholder values (``<...>``, ``/path/to/...``, ``DST``, ``N``) are left out, so ``[]`` means
+    the fix is not a set of overrides (a command to run, a file to restore): read ``fix``.
+    """
+    if not fix:
+        return []
+    from .schema import CONTAINER_KEYS
+
+    text = fix.strip()
+    if text.lower().startswith(_CHOOSE_ONE):
+        text = text[len(_CHOOSE_ONE) :]
+    first = _ALTERNATIVE_RE.split(text, maxsplit=1)[0]
+    out: list[str] = []
+    for word in first.split():
+        word = word.lstrip(_WRAPPERS)
+        if word.endswith("]") and "[" in word:  # a list value keeps its brackets: model.offload_modules=[a,b]
+            word = word.rstrip(_TRAILERS.replace(")", ""))
+        else:
+            word = word.rstrip(_TRAILERS)
+        m = _OVERRIDE_RE.match(word)
+        if not m or m.group(1).split(".")[0] not in CONTAINER_KEYS or _PLACEHOLDER_RE.search(m.group(2)):
+            continue
+        if word not in out:
+            out.append(word)
+    return out
 
 
 def has_errors(findings: Iterable[Finding]) -> bool:

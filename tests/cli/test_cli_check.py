@@ -116,8 +116,9 @@ def test_gpu_arch_advice(cli):
         (["ddp.use_megatron_fsdp=maybe"], "expected a bool"),
         (["model.num_layers=2.5"], "expected an int"),
         (["dpp.use_megatron_fsdp=true"], "did you mean 'ddp'"),
-        (["ddp.use_megatron_fsdp"], "write it as section.key=value"),
-        (["run.yaml", "ddp.use_megatron_fsdp"], "expected section.key=value"),
+        (["ddp.use_megatron_fsdp"], "missing =VALUE; write it as ddp.use_megatron_fsdp=VALUE"),
+        (["run.yaml", "ddp.use_megatron_fsdp"], "missing =VALUE"),
+        (["run.yaml", "not_a_section.key"], "expected section.key=value"),
         (["--env", "NOVALUE"], "expected NAME=VALUE"),
     ],
 )
@@ -211,3 +212,19 @@ def test_gpus_judges_the_batch_at_the_jobs_world(cli, tmp_path):
 def test_gpus_must_be_a_positive_whole_number(cli, bad):
     p = cli("check", "--gpus", bad, *CLEAN_ENV)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "--gpus" in p.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "enable", "memory", "rehearse"])
+@pytest.mark.parametrize(
+    "item, needle",
+    [("~checkpoint.load", "checkpoint.load=null"), ("model.num_layers", "missing =VALUE")],
+    ids=["hydra-deletion", "bare-key"],
+)
+def test_hydra_words_get_clear_messages_in_every_command(cli, tmp_path, command, item, needle):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("ddp:\n  use_megatron_fsdp: true\n")
+    extra = {"memory": ["--model", "llama3-8b"], "rehearse": ["--world-size", "8", "--dry-run"]}.get(command, [])
+    p = cli(command, str(cfg), item, *extra, cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr

@@ -73,7 +73,7 @@ def test_expect(cli, tmp_path):
         env={"MFSDP_MIGRATION_TABLE": str(passing)},
     )
     f = next(f for f in json.loads(proc.stdout)["findings"] if f["rule"] == "MFSDP-CKPT-EXPECT")
-    assert f["fix"].startswith("python3 scripts/mfsdp.py convert ") and f["fix"].endswith("--to fsdp_dtensor")
+    assert f["fix"].startswith(f"python3 {MFSDP.resolve()} convert ") and f["fix"].endswith("--to fsdp_dtensor")
     assert cli("ckpt", str(CKPT / "fsdp_dtensor_ok"), "--expect", "fsdp_dtensor").returncode == 0
 
 
@@ -219,3 +219,23 @@ def test_trust_pickle_vouches_for_unchecked_metadata_only_when_torch_reads_it(
         assert code == 0 and out["ok"] is True and f["severity"] == "warning" and "--trust-pickle" in f["message"]
     else:
         assert code == 1 and out["ok"] is False and f["severity"] == "error"
+
+
+def test_printed_commands_quote_paths_and_name_the_installed_script(cli, tmp_path):
+    """A checkpoint under a folder with a space, inspected from the user's project: the convert command and the
+    tracker repairs paste as they are (one word per path, the skill's mfsdp.py by its absolute path)."""
+    import shlex
+
+    root = copy_tree(CKPT / "torch_dist_ddp", tmp_path / "my ckpts" / "run 1")
+    proc, obj = run_json(cli, str(root))
+    fix = next(f["fix"] for f in obj["findings"] if f["rule"] == "MFSDP-CKPT-CONVERT")
+    words = shlex.split(fix)
+    assert words[:3] == ["python3", str(MFSDP.resolve()), "convert"], words
+    assert words[3] == str(root / "iter_0000020") and words[5:7] == ["--to", "fsdp_dtensor"], words
+    # a tracker that points nowhere: the repair commands quote the folder too
+    (root / "latest_checkpointed_iteration.txt").write_text("30\n")
+    (root / "latest_train_state.pt").unlink()
+    proc, obj = run_json(cli, str(root))
+    fix = next(f["fix"] for f in obj["findings"] if f["rule"] == "MFSDP-CKPT-TRACKER-MISSING")
+    echo = fix[fix.index("echo ") :].rstrip(")")
+    assert shlex.split(echo) == ["echo", "20", ">", str(root / "latest_checkpointed_iteration.txt")], echo

@@ -101,6 +101,13 @@ def test_refuses_incomplete_source(cli, tmp_path):
     assert "refusing to convert" in line and "MFSDP-CKPT-NO-PAYLOAD" in line
 
 
+def test_refuses_a_torch_dist_save_without_its_marker(cli, tmp_path):
+    src = copy_tree(CKPT / "torch_dist_ddp", tmp_path / "src")
+    (src / "iter_0000020" / "metadata.json").unlink()
+    line = _refuse(cli, tmp_path, str(src), str(tmp_path / "dst"), "--to", "fsdp_dtensor")
+    assert "refusing to convert" in line and "MFSDP-CKPT-INCOMPLETE-SAVE" in line
+
+
 def test_refuses_legacy_torch(cli, tmp_path):
     src = copy_tree(CKPT / "legacy_torch", tmp_path / "src")
     assert "cannot be converted here" in _refuse(cli, tmp_path, str(src), str(tmp_path / "d"), "--to", "torch_dist")

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from _helpers_ckptlog import LOGS, REAL_LOG, without_read_override
+from _helpers_ckptlog import LOGS, REAL_LOG, nan_from_40_log, without_read_override
 from conftest import MFSDP
 
 FACT_KEYS = {"iterations", "loss", "skipped_iterations", "nan_iterations", "checkpoints", "pytest", "signatures"}
@@ -163,3 +163,19 @@ def test_smoke_result_line_nested_too_deep_is_ignored(cli, tmp_path):
     log.write_text(REAL_LOG.read_text() + "SMOKE_RESULT " + "[" * 100_000 + "]" * 100_000 + "\n")
     p = cli("log", str(log))
     assert p.returncode == 0, p.stderr
+
+
+def test_nan_report_names_first_nan_and_one_rank(cli, tmp_path):
+    log = tmp_path / "rank3.log"
+    log.write_bytes(nan_from_40_log())
+    out = cli("log", str(log)).stdout
+    head = out.splitlines()[0]
+    assert head.endswith("(61 lines, rank 3)"), head
+    assert "first NaN: it 40" in out and "last finite 6.1 (it 39)" in out, out
+    obj = json.loads(cli("log", str(log), "--format", "json").stdout)
+    assert obj["loss"]["first_nonfinite_iteration"] == 40 and obj["ranks"] == [3]
+
+
+def test_several_ranks_are_named_ranks(cli):
+    head = cli("log", str(LOGS / "multirank_interleaved.log")).stdout.splitlines()[0]
+    assert "ranks 0,1)" in head, head

@@ -155,7 +155,9 @@ def test_bad_override_is_one_line(cli):
 def test_absurd_sizes_are_input_errors(cli, args, fmt):
     proc = cli("memory", *args, "--format", fmt)
     assert proc.returncode == 2, proc.stdout[:300] + proc.stderr
-    assert "too large" in proc.stderr and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert "too large" in proc.stderr and "Traceback" not in proc.stderr
+    # text: nothing on stdout; json: the refusal as the one JSON object (cli/common.py)
+    assert proc.stdout == "" if fmt == "text" else json.loads(proc.stdout)["exit"] == 2, proc.stdout
 
 
 HF_FIXTURES = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures" / "memory" / "hf_configs"
@@ -204,3 +206,12 @@ def test_gpus_derives_and_checks_dp(cli):
     assert bad.returncode == 2 and "parallel_state.py:822" in bad.stderr
     clash = cli("memory", "--model", "llama3-8b", "--tp", "4", "--gpus", "64", "--dp", "8")
     assert clash.returncode == 2 and "not --gpus 64" in clash.stderr
+
+
+def test_hf_config_folder_without_config_json_says_so(cli, tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"")
+    p = cli("memory", "--hf-config", str(folder))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"no config.json in {folder}" in p.stderr, p.stderr

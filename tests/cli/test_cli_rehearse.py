@@ -203,3 +203,19 @@ def test_whole_flow_json_pass_exits_0(tmp_path):
     assert r["memory"]["between_steps_gib"] == pytest.approx(1.587, abs=0.001)
     assert r["nccl"]["allowance_gib"] > 0 and r["predicted"]["available"]
     assert os.path.isfile(tmp_path / "r" / "rehearsal.json")
+
+
+def test_a_typo_in_the_config_is_reported_before_a_missing_gpu(cli, tmp_path):
+    """On a machine without torch, `rehearse typo.yaml` checks the config offline first: the misspelt key is
+    the answer, not 'PyTorch is not installed'."""
+    cfg = tmp_path / "typo.yaml"
+    cfg.write_text("ddp:\n  use_megatron_fsdpp: true\n")
+    for extra in ([], ["--dry-run"]):
+        p = cli("rehearse", str(cfg), "--world-size", "8", *extra, cwd=tmp_path)
+        assert p.returncode == 2, (p.stdout, p.stderr)
+        assert "unknown key 'ddp.use_megatron_fsdpp'" in p.stderr and "did you mean 'use_megatron_fsdp'" in p.stderr
+        assert "PyTorch" not in p.stderr
+    # a typo in an override too
+    cfg.write_text("ddp:\n  use_megatron_fsdp: true\n")
+    p = cli("rehearse", str(cfg), "ddp.data_parallel_sharding_strategy=optim_grad_params", "--world-size", "8")
+    assert p.returncode == 2 and "did you mean 'optim_grads_params'" in p.stderr, p.stderr

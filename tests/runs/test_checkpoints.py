@@ -24,6 +24,7 @@ from _helpers_ckptlog import (
     copy_tree,
     real_checkpoint_roots,
 )
+from mfsdp_lib import shell
 from mfsdp_lib.findings import InputError
 from mfsdp_lib.runs import checkpoint_files as F
 from mfsdp_lib.runs import checkpoints as C
@@ -201,7 +202,7 @@ def test_torch_dist_offers_convert_only_when_recorded_passing(tmp_path, monkeypa
     report = C.inspect(str(CKPT / "torch_dist_ddp"))
     conv = [f for f in report.findings if f.rule == "MFSDP-CKPT-CONVERT"]
     src = report.inspected.path
-    assert conv[0].fix == f"python3 scripts/mfsdp.py convert {src} <output_dir> --to fsdp_dtensor"
+    assert conv[0].fix == f"python3 {shell.SCRIPT} convert {src} <output_dir> --to fsdp_dtensor"
 
 
 def test_expect_not_met_gives_the_conversion(tmp_path, monkeypatch):
@@ -289,6 +290,69 @@ def test_run_config_enables_mfsdp_but_torch_dist_on_disk(tmp_path):
     cfg = root / "iter_0000020/run_config.yaml"
     cfg.write_text(cfg.read_text().replace("  use_megatron_fsdp: false", "  use_megatron_fsdp: true"))
     assert "MFSDP-CKPT-MFSDP-NOT-DTENSOR" in rules(C.inspect(str(root)), "error")
+
+
+def _torch_dist_without_marker(tmp_path, common_pt=True) -> Path:
+    """What an interrupted torch_dist save leaves, and a copy that drops files named metadata.json: the tracker,
+    .metadata with torch_dist's tensor names, the shards, common.pt and a torch_dist run_config.yaml."""
+    root = copy_tree(CKPT / "torch_dist_ddp", tmp_path / "ck")
+    (root / "iter_0000020" / F.MCORE_DIST_CONFIG).unlink()
+    if common_pt:
+        (root / "iter_0000020" / F.LEGACY_COMMON).write_bytes(b"PK\x05\x06" + bytes(18))
+    return root
+
+
+@pytest.mark.parametrize("common_pt", [True, False], ids=["with-common.pt", "tensor-names-only"])
+def test_torch_dist_save_without_its_marker_is_an_incomplete_torch_dist_save(tmp_path, common_pt):
+    """It was called fsdp_dtensor with the fix "load with checkpoint.ckpt_format=fsdp_dtensor", a load that finds
+    none of its tensor names. The tensor names (and common.pt) say torch_dist; the missing marker says incomplete."""
+    root = _torch_dist_without_marker(tmp_path, common_pt)
+    report = C.inspect(str(root))
+    assert report.format == "torch_dist", report.format
+    assert rules(report, "error") == {"MFSDP-CKPT-INCOMPLETE-SAVE"}, report.findings
+    f = next(f for f in report.findings if f.rule == "MFSDP-CKPT-INCOMPLETE-SAVE")
+    assert "incomplete torch_dist save" in f.message and "decoder.*" in f.message
+    assert ("common.pt" in f.message) is common_pt
+    # never a load that fails: no fsdp_dtensor advice, no conversion (convert reads what a load reads)
+    for g in report.findings:
+        assert "ckpt_format=fsdp_dtensor" not in g.fix, g
+    assert "MFSDP-CKPT-CONVERT" not in rules(report)
+    assert report.to_dict()["inspected"]["incomplete_save"]["missing"] == "metadata.json"
+    # following the fix (the marker Megatron-Core writes) gives a complete, consistent torch_dist checkpoint
+    assert "echo '" in f.fix
+    marker = f.fix.split("echo ", 1)[1].split(" > ", 1)[0].strip("'")
+    (root / "iter_0000020" / F.MCORE_DIST_CONFIG).write_text(marker)
+    fixed = C.inspect(str(root))
+    assert fixed.format == "torch_dist" and not rules(fixed, "error"), fixed.findings
+    assert (CKPT / "torch_dist_ddp/iter_0000020/metadata.json").read_text().strip() == marker
+
+
+def test_torch_dist_marker_text_is_what_mcore_writes(mcore_src):
+    core = (mcore_src / "megatron/core/dist_checkpointing/core.py").read_text()
+    torch_py = (mcore_src / "megatron/core/dist_checkpointing/strategies/torch.py").read_text()
+    ser = (mcore_src / "megatron/core/dist_checkpointing/serialization.py").read_text()
+    assert "json.dump(asdict(config), f)" in core and "sharded_backend_version: int = 1" in core
+    assert 'backend: str = "torch_dist",\n        version: int = 1,' in torch_py
+    assert json.loads(F.MCORE_DIST_CONFIG_TEXT) == {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
+    # the marker is written after the shards (metadata_finalize_fn after sharded_strategy.save), and the common
+    # state is one ShardedObject "common_state" of shape (1,) at offset (0,): unique key common_state/shard_0_1
+    body = ser[ser.index("def save(") :]
+    assert body.index("sharded_strategy.save(sharded_state_dict, checkpoint_dir)") < body.index(
+        "metadata_finalize_fn()\n"
+    )
+    assert 'key="common_state"' in body and "global_shape=(1,)" in body and "global_offset=(0,)" in body
+    assert F.MCORE_COMMON_STATE_KEY == "common_state/shard_0_1"
+    assert (
+        "COMMON_STATE_FNAME = 'common.pt'"
+        in (mcore_src / "megatron/core/dist_checkpointing/strategies/common.py").read_text()
+    )
+
+
+def test_dcp_folder_with_fsdp_dtensor_names_stays_fsdp_dtensor_whatever_run_config_says():
+    """Tensor names outvote the run config: torch_dist recorded, model.* names on disk is a mismatch."""
+    report = C.inspect(str(CKPT / "config_torch_dist_dcp_on_disk"))
+    assert report.format == "fsdp_dtensor" and "MFSDP-CKPT-FORMAT-MISMATCH" in rules(report, "error")
+    assert "MFSDP-CKPT-INCOMPLETE-SAVE" not in rules(report)
 
 
 def test_damaged_metadata_is_a_warning_not_a_crash(tmp_path):

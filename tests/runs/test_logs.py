@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _helpers_ckptlog import LOGS, REAL_LOG, real_logs
+from _helpers_ckptlog import LOGS, REAL_LOG, nan_from_40_log, real_logs
 from mfsdp_lib.findings import InputError
 from mfsdp_lib.runs import logs as L
 
@@ -358,3 +358,41 @@ def test_same_iteration_from_two_ranks_counts_once():
     rep = analyse_bytes(doubled)
     assert rep.iterations == 10 and rep.duplicate_iteration_lines == 10 and rep.restarts == 0
     assert not L.judge(rep)
+
+
+# --- where a NaN started ---------------------------------------------------------------------------------------
+
+
+def test_nan_names_the_first_nan_iteration_and_the_last_finite_loss():
+    rep = analyse_bytes(nan_from_40_log())
+    loss = rep.loss_summary()
+    assert loss["first_nonfinite_iteration"] == 40 and loss["first_nonfinite_after"] == 39
+    assert loss["last_finite_iteration"] == 39 and loss["last_finite_value"] == pytest.approx(10.0 - 3.9)
+    found = L.judge(rep)
+    f = next(f for f in found if f.rule == "MFSDP-LOG-LOSS-NOT-FINITE")
+    assert "iteration 40" in f.message and "iteration 39" in f.message and "6.1" in f.message, f.message
+    assert "40" in f.fix and "find the first iteration" not in f.fix, f.fix
+    # the NaN counter: a sum over lines, said as such, with the number of lines it was summed over
+    n = next(f for f in found if f.rule == "MFSDP-LOG-NAN-ITERATIONS")
+    assert rep.nan == 231 and rep.nan_lines == 21
+    assert "231" in n.message and "21 iteration lines" in n.message and "> 0" not in n.message, n.message
+    assert "iteration 40" in n.message
+
+
+def test_nan_from_the_first_line_has_no_last_finite_loss():
+    rep = analyse_bytes(nan_from_40_log(first_nan=1, last=5))
+    loss = rep.loss_summary()
+    assert loss["first_nonfinite_iteration"] == 1 and loss["last_finite_iteration"] is None
+
+
+def test_failure_named_in_the_message_is_in_the_failures_list():
+    """A log that ends in an exception after its last iteration (no traceback header, no launcher summary):
+    the finding's message names the failure, so "failures" must hold it too."""
+    data = (
+        real_iteration_lines()[0].encode() + b"\nRuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    rep = analyse_bytes(data)
+    f = next(f for f in L.judge(rep) if f.rule == "MFSDP-LOG-RANK-FAILED")
+    d = f.to_dict()
+    assert d["failures"] and d["failure_count"] == len(d["failures"]) >= 1, d
+    assert "illegal memory access" in d["failures"][0]["why"] and d["failures"][0]["line"] == 2

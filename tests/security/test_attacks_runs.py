@@ -103,6 +103,25 @@ def test_5_metadata_the_walk_refuses_is_never_ok(cli, tmp_path, body, reason):
     assert text.returncode == 1 and "ERROR" in text.stdout and "MFSDP-CKPT-METADATA-UNCHECKED" in text.stdout
 
 
+@pytest.mark.parametrize(
+    "key",
+    [b")" + b"\x85" * 200_000, b"K\x07", b")"],
+    ids=["tuple-nested-200000-deep", "int", "empty-tuple"],
+)
+def test_5_metadata_whose_state_dict_key_is_not_a_string_is_malformed(cli, tmp_path, key):
+    """A Metadata pickle whose state-dict key is a tuple nested 200,000 deep (or any non-string): torch's
+    FileSystemWriter writes string keys only (Metadata.state_dict_metadata: dict[str, ...]), so the file is
+    malformed. It was reported ok with a conversion hint; now it is an error naming .metadata, no conversion."""
+    root = _ckpt(tmp_path)
+    (root / ITER / ".metadata").write_bytes(_METADATA_HEAD + b"}" + key + b"K\x01ssb.")
+    p, obj, elapsed = _json(cli, root)
+    assert elapsed < 10
+    assert p.returncode in (1, 2) and obj is not None and obj["ok"] is False, (p.returncode, obj)
+    f = next(f for f in obj["findings"] if f["rule"] == "MFSDP-CKPT-DCP-METADATA-BAD")
+    assert ".metadata" in f["message"] and "not a string" in f["message"] and "do not load" in f["fix"], f
+    assert "MFSDP-CKPT-CONVERT" not in {g["rule"] for g in obj["findings"]}, obj["findings"]
+
+
 def test_5_metadata_nested_past_the_depth_limit_says_do_not_load(cli, tmp_path):
     """A well-formed Metadata whose state holds lists nested 150 deep (pickle itself would load it): refused by
     the walk, so an error telling the user not to load it, never ok."""

@@ -160,6 +160,8 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     """First item is CONFIG unless it looks like KEY=VALUE (and is not an existing file)."""
     if not items:
         return None, []
+    for item in items:  # ~KEY (Hydra's deletion), section.key without =VALUE: say so before guessing a file
+        config_io.refuse_unusable_override(item)
     first = items[0]
     if "=" not in first and not os.path.exists(first) and first.split(".", 1)[0] in S.CONTAINER_KEYS:
         raise config_io.input_error(

@@ -20,12 +20,15 @@ unpickles) and check it against the run_config.yaml Bridge saved with it.
 PATH is a checkpoint root (latest_train_state.pt / latest_checkpointed_iteration.txt + iter_NNNNNNN/) or one
 iteration folder. Detection follows Megatron-Bridge 0.6.2: metadata.json (Megatron-Core sharded_backend)
 = torch_dist, PyTorch DCP .metadata + *.distcp = fsdp_dtensor, config.json + safetensors = hf, and the legacy
-Megatron-LM mp_rank_XX/model_optim_rng.pt = torch.
+Megatron-LM mp_rank_XX/model_optim_rng.pt = torch. A DCP folder without metadata.json whose tensor names,
+common.pt or common_state entry are torch_dist's is an incomplete torch_dist save (an interrupted save, or a
+copy that dropped metadata.json), not fsdp_dtensor: the fix restores the marker.
 
 Findings: format on disk vs checkpoint.ckpt_format recorded; --expect not met; tracker pointing at a missing
 iteration; iteration folder without payload or with missing shards; fsdp_dtensor from a run without Megatron
 FSDP (or the reverse); and the conversion that applies, with a `mfsdp.py convert` command only for
-paths recorded as run and checked (scripts/data/ckpt_migration_passing.json). A .metadata that names code to
+paths recorded as run and checked (scripts/data/ckpt_migration_passing.json), printed with this script's
+absolute path and quoted paths so it pastes from any folder. A .metadata that names code to
 run, or that is too large or too complex to walk in full, is an error: Bridge unpickles it on every rank when it
 loads.
 """
@@ -102,7 +105,8 @@ def _vouched(f: Finding) -> Finding:
 def _header(r: checkpoints.CheckpointReport) -> str:
     lines = [
         f"checkpoint: {r.path} ({'checkpoint root' if r.kind == 'root' else 'iteration folder'})",
-        f"format:     {r.format or 'unknown'}",
+        f"format:     {r.format or 'unknown'}"
+        + (" (incomplete save: no metadata.json)" if r.inspected is not None and r.inspected.incomplete else ""),
     ]
     if r.iterations:
         shown = ", ".join(str(i) for i in r.iterations[-8:])

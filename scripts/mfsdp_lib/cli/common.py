@@ -12,6 +12,10 @@ line and exit code 2, so no user ever sees a traceback for bad input:
 An unexpected exception is a bug in the skill, not the user's fault: it is
 reported in one line that says so, with the full traceback only when
 ``MFSDP_DEBUG=1`` is set (exit 3, distinct from the documented 0/1/2).
+
+With ``--format json`` the same refusal is also one JSON object on stdout,
+``{"ok": false, "error": "<the stderr line>", "exit": 2}`` (3 for an internal
+error), so an agent that parses stdout always gets an object, never nothing.
 """
 
 from __future__ import annotations
@@ -53,11 +57,48 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that keeps the description's line breaks and examples."""
+    """argparse that keeps the description's line breaks and examples, and remembers its usage error."""
+
+    usage_error: str | None = None
 
     def __init__(self, *a, **kw):
         kw.setdefault("formatter_class", _Formatter)
         super().__init__(*a, **kw)
+
+    def error(self, message):  # argparse prints usage + message on stderr and exits 2; keep it for --format json
+        self.usage_error = message
+        super().error(message)
+
+
+JSON_OUTPUT = "json"
+
+
+def wants_json(argv: list[str]) -> bool:
+    """True when ARGV asks for ``--format json`` (also ``--format=json`` and argparse's unique prefixes such as
+    ``--form json``), read from the words themselves so it is known even when argparse refuses the line."""
+    for i, word in enumerate(argv):
+        if word == "--":
+            return False
+        opt, eq, value = word.partition("=")
+        if len(opt) < len("--fo") or not "--format".startswith(opt):
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if value == JSON_OUTPUT:
+            return True
+    return False
+
+
+def json_error(message: str, code: int) -> None:
+    """The refusal as the one JSON object an agent parsing stdout expects."""
+    import json
+
+    _flush_quietly()
+    try:
+        sys.stdout.write(json.dumps({"ok": False, "error": message, "exit": code}) + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):  # stdout closed: the stderr line is all there is
+        pass
 
 
 def build_parser(prog: str, name: str, spec: tuple[str, str]):
@@ -73,13 +114,19 @@ def build_parser(prog: str, name: str, spec: tuple[str, str]):
 
 
 def run_command(prog: str, name: str, spec: tuple[str, str], argv: list[str]) -> int:
+    parser = None
+    as_json = wants_json(argv)
     try:
         module, parser = build_parser(prog, name, spec)
         args = parser.parse_args(argv)
+        as_json = getattr(args, "format", None) == JSON_OUTPUT
         return int(module.run(args) or 0)
     except InputError as exc:
         _flush_quietly()
-        sys.stderr.write(f"{prog} {name}: error: {exc}\n")
+        line = f"{prog} {name}: error: {exc}"
+        sys.stderr.write(line + "\n")
+        if as_json:
+            json_error(line, EXIT_INPUT)
         return EXIT_INPUT
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog} {name}: interrupted\n")
@@ -93,14 +140,21 @@ def run_command(prog: str, name: str, spec: tuple[str, str], argv: list[str]) ->
             pass
         return 0
     except SystemExit as exc:  # argparse errors and --help
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_INPUT)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_INPUT)
+        usage_error = getattr(parser, "usage_error", None)
+        if as_json and code == EXIT_INPUT and usage_error:
+            json_error(f"{prog} {name}: error: {usage_error}", EXIT_INPUT)
+        return code
     except Exception as exc:  # a bug in the skill: say so in one line
         if os.environ.get("MFSDP_DEBUG") == "1":
             raise
-        sys.stderr.write(
+        line = (
             f"{prog} {name}: internal error: {type(exc).__name__}: {exc} "
-            f"(this is a bug in the skill; rerun with MFSDP_DEBUG=1 for the traceback)\n"
+            f"(this is a bug in the skill; rerun with MFSDP_DEBUG=1 for the traceback)"
         )
+        sys.stderr.write(line + "\n")
+        if as_json:
+            json_error(line, EXIT_INTERNAL)
         return EXIT_INTERNAL
 
 

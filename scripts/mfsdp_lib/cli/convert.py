@@ -30,6 +30,7 @@ import time
 
 from ..findings import InputError
 from ..runs import checkpoints, migration
+from ..shell import mfsdp_command
 
 TARGETS = migration.FORMATS
 
@@ -42,6 +43,7 @@ BLOCKING_SOURCE_RULES = {
     "MFSDP-CKPT-SHARD-OUTSIDE": "its .metadata names shard files outside the folder",
     "MFSDP-CKPT-DCP-METADATA-BAD": "its .metadata is damaged",
     "MFSDP-CKPT-ZARR": "zarr checkpoints need an older Megatron-Core first",
+    "MFSDP-CKPT-INCOMPLETE-SAVE": "it is a torch_dist save without its metadata.json (incomplete)",
     "MFSDP-CKPT-NO-ITERATION": "the root holds no iteration folder",
     "MFSDP-CKPT-TRACKER-MISSING": "its tracker points at a missing iteration",
 }
@@ -139,14 +141,14 @@ def plan(args) -> dict:
         f = blocking[0]
         raise InputError(
             f"{args.src}: refusing to convert: {BLOCKING_SOURCE_RULES[f.rule]} ({f.rule}); "
-            f"run 'mfsdp.py ckpt {args.src}' for details"
+            f"for details run: {mfsdp_command('ckpt', args.src)}"
         )
     if info is None or fmt is None:
-        raise InputError(f"{args.src}: no checkpoint iteration to convert (run 'mfsdp.py ckpt {args.src}')")
+        raise InputError(f"{args.src}: no checkpoint iteration to convert; run: {mfsdp_command('ckpt', args.src)}")
     if fmt not in TARGETS:
         raise InputError(
             f"{args.src}: format {fmt!r} cannot be converted here (convert reads {', '.join(TARGETS)}); "
-            f"run 'mfsdp.py ckpt {args.src}' for the route"
+            f"for the route run: {mfsdp_command('ckpt', args.src)}"
         )
     if fmt == to:
         raise InputError(f"{args.src}: already {fmt}; nothing to convert (copy the folder instead)")

@@ -57,7 +57,9 @@ def run(args) -> int:
 def _header(r: logs.LogReport, facts: dict) -> str:
     it = facts["iterations"]
     loss = facts["loss"]
-    out = [f"log: {r.source} ({r.lines} lines" + (f", ranks {_ranks(facts['ranks'])}" if facts["ranks"] else "") + ")"]
+    ranks = facts["ranks"]
+    who = f", rank {ranks[0]}" if len(ranks) == 1 else (f", ranks {_ranks(ranks)}" if ranks else "")
+    out = [f"log: {r.source} ({r.lines} lines{who})"]
     if it["count"]:
         out.append(
             f"iterations: {it['count']} lines, {it['first']} -> {it['last']} of {it['train_iters']}"
@@ -67,8 +69,15 @@ def _header(r: logs.LogReport, facts: dict) -> str:
         out.append("iterations: none")
     if loss["key"]:
         out.append(
-            f"{loss['key']}: first {loss['first']} (it {loss['first_iteration']}), last {loss['last']} "
+            f"{loss['key']}: first {loss['first']} (it {loss['first_iteration']}), last "
+            f"{'left out (NaN)' if loss.get('missing_at_last_iteration') else loss['last']} "
             f"(it {loss['last_iteration']}), finite: {'yes' if loss['last_finite'] else 'NO'}"
+            + (
+                f"; first NaN: it {loss['first_nonfinite_iteration']}, last finite {loss['last_finite_value']} "
+                f"(it {loss['last_finite_iteration']})"
+                if loss.get("first_nonfinite_iteration") is not None
+                else ""
+            )
         )
     out.append(f"skipped iterations: {facts['skipped_iterations']}, nan iterations: {facts['nan_iterations']}")
     ck = facts["checkpoints"]

@@ -125,6 +125,11 @@ def parse_count(text: str, flag: str = "--params") -> float:
 
 def _split_inputs(inputs: list[str]) -> tuple[str | None, list[str]]:
     path, overrides = None, []
+    if inputs:
+        from .. import config_io  # imports yaml lazily; only the word check here
+
+        for item in inputs:  # ~KEY (Hydra's deletion), section.key without =VALUE: say so, not "no such file"
+            config_io.refuse_unusable_override(item)
     for item in inputs:
         if _KV.match(item):
             overrides.append(item)

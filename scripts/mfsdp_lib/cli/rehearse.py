@@ -228,6 +228,8 @@ def configure(parser) -> None:
 def _source(args) -> tuple[list[str], list[str], dict | None]:
     """(engine source arguments, overrides, the config mapping when a YAML was given)."""
     items = list(args.items)
+    for item in items:  # ~KEY (Hydra's deletion), section.key without =VALUE: say so, not "one CONFIG at most"
+        config_io.refuse_unusable_override(item)
     overrides = [i for i in items if "=" in i]
     files = [i for i in items if "=" not in i]
     for o in overrides:
@@ -241,10 +243,15 @@ def _source(args) -> tuple[list[str], list[str], dict | None]:
         raise InputError("give a CONFIG (a Bridge YAML), --recipe MODULE:FUNCTION or --model-preset NAME")
     if given > 1:
         raise InputError("give one of CONFIG, --recipe and --model-preset")
+    # The config and the overrides are checked offline first, as `check` reads them (unknown keys, misspelt
+    # values, wrong types): a typo is reported as a typo, before the question of a GPU or torch comes up.
     if files:
         path = config_io.resolve_config_path(files[0])
         cfg = config_io.load_yaml(path)
+        config_io.load_effective(path, overrides)
         return ["--yaml", os.path.abspath(path)], overrides, cfg
+    if overrides:
+        config_io.apply_overrides(config_io.base_config(None), overrides)
     if args.recipe:
         if ":" not in args.recipe:
             raise InputError(f"--recipe {args.recipe!r}: expected MODULE:FUNCTION")

@@ -177,7 +177,7 @@ def run(args) -> int:
         return 0
     table = rule_dicts()
     if args.ids:
-        wanted = set(args.ids)
+        wanted = {i.strip().upper() for i in args.ids}  # rule ids are upper case; accept them however typed
         unknown = wanted - {d["rule"] for d in table}
         if unknown:
             import difflib

@@ -60,6 +60,11 @@ def load_hf_config(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
+        if not p.exists():
+            raise ModelError(
+                f"--hf-config {str(path)!r}: no config.json in {path} (give a Hugging Face model folder, or the "
+                "config.json itself)"
+            )
     try:
         size = p.stat().st_size
     except OSError as exc:
@@ -67,7 +72,9 @@ def load_hf_config(path: str | Path) -> dict:
     if not p.is_file():
         raise ModelError(f"--hf-config {str(path)!r}: not a file")
     if size > HF_MAX_BYTES:
-        raise ModelError(f"--hf-config {str(p)!r}: {size} bytes is too large for a config.json")
+        raise ModelError(
+            f"--hf-config {str(p)!r}: {size} bytes is too large for a config.json (the limit is {HF_MAX_BYTES} bytes)"
+        )
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -30,7 +30,19 @@ RUN_CONFIG = "run_config.yaml"
 MCORE_DIST_CONFIG = "metadata.json"  # dist_checkpointing.core.CONFIG_FNAME, written last by a torch_dist save
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint metadata pickle
 DCP_SHARD_RE = re.compile(r"^__\d+_\d+\.distcp$")  # FileSystemWriter shard names: __{rank}_{file}.distcp
-LEGACY_COMMON = "common.pt"  # pre-0.19 torch_dist kept common state here
+LEGACY_COMMON = "common.pt"  # strategies/common.py COMMON_STATE_FNAME: torch_dist's common state before 0.19
+# Megatron-Core 0.19 keeps a torch_dist save's common state in the DCP files as one ShardedObject
+# ("common_state", global shape (1,), offset (0,): dist_checkpointing/serialization.py :: save), stored under its
+# unique_key (mapping.py :: ShardedObject.unique_key); Bridge's fsdp_dtensor saves never write it.
+MCORE_COMMON_STATE_KEY = "common_state/shard_0_1"
+# What a torch_dist save's model tensors are called: the ShardedTensor keys of Megatron-Core's GPT/Mamba models
+# (embedding., decoder., output_layer.), with no prefix. Bridge's fsdp_dtensor save nests the model under "model"
+# (checkpointing.py :: preprocess_fsdp_dtensor_state_dict reads state_dict["model"]), so its keys start "model.".
+MCORE_MODEL_KEY_GROUPS = ("embedding", "decoder", "output_layer")
+FSDP_DTENSOR_MODEL_KEY_PREFIX = "model"
+# The marker Megatron-Core writes last in a torch_dist save (core.py :: save_config of CheckpointingConfig with
+# TorchDistSaveShardedStrategy's backend and version).
+MCORE_DIST_CONFIG_TEXT = '{"sharded_backend": "torch_dist", "sharded_backend_version": 1}'
 ITERATION_MARKERS = (RUN_CONFIG, TRAIN_STATE, MCORE_DIST_CONFIG, DCP_METADATA)  # Bridge's _ITERATION_DIR_MARKERS
 ITER_DIR_RE = re.compile(r"^iter_(\d+)$")  # get_checkpoint_name: "iter_{:07d}"
 RELEASE_DIR = "release"
@@ -299,6 +311,9 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
     if not state and tree.args:  # older torch pickled Metadata positionally
         state = {"state_dict_metadata": tree.args[0]}
     sdm = state.get("state_dict_metadata") or {}
+    malformed = _malformed_state_dict_metadata(sdm)
+    if malformed:
+        return None, f"is malformed: {malformed}"
     tensors = nbytes = objects = 0
     groups: dict[str, int] = {}
     dtypes: dict[str, int] = {}
@@ -344,7 +359,43 @@ def read_dcp_metadata(path: str) -> tuple[dict | None, str | None]:
         "outside": outside,
         "unsafe": [],
         "version": state.get("version") if isinstance(state.get("version"), str) else None,
+        "common_state": MCORE_COMMON_STATE_KEY in sdm,
     }, None
+
+
+# What DCP's Metadata.state_dict_metadata maps: fully qualified state-dict keys (str) to one of these classes
+# (torch/distributed/checkpoint/metadata.py: STORAGE_TYPES = Union[TensorStorageMetadata, BytesStorageMetadata]).
+DCP_STORAGE_TYPES = (
+    "torch.distributed.checkpoint.metadata.TensorStorageMetadata",
+    "torch.distributed.checkpoint.metadata.BytesStorageMetadata",
+)
+
+
+def _describe(value) -> str:
+    if isinstance(value, Call):
+        return f"a {value.qualname} object"
+    if isinstance(value, Global):
+        return f"the name {value.qualname}"
+    name = type(value).__name__
+    return "a nested tuple or list" if name == "_Unhashable" else f"a {name}"
+
+
+def _malformed_state_dict_metadata(sdm) -> str | None:
+    """Why ``state_dict_metadata`` is not what DCP writes, or None.
+
+    torch's planner writes one entry per state-dict key, keyed by the key's string (``dict[str, STORAGE_TYPES]``).
+    A non-string key (a tuple nested thousands deep, which ``pickle_reader`` holds as a placeholder because
+    hashing it would crash the interpreter) or a value of another class is no file DCP wrote: Bridge's load would
+    unpickle it on every rank and fail, or worse, so the checkpoint must not be called consistent.
+    """
+    if not isinstance(sdm, dict):
+        return f"state_dict_metadata is {_describe(sdm)}, not a dict"
+    for key, md in sdm.items():
+        if not isinstance(key, str):
+            return f"a state-dict key is {_describe(key)}, not a string (DCP keys are state-dict names)"
+        if not (isinstance(md, Call) and md.qualname in DCP_STORAGE_TYPES):
+            return f"the entry for {key[:80]!r} is {_describe(md)}, not tensor or bytes storage metadata"
+    return None
 
 
 def shard_path_is_confined(rel: str) -> bool:
@@ -370,7 +421,7 @@ def _scan_dcp_names(path: str, size: int, why: str) -> tuple[dict | None, str | 
     not call such a checkpoint consistent.
     """
     names: set[bytes] = set()
-    seen_class = False
+    seen_class = common_state = False
     tail = b""
     with open(path, "rb") as f:
         while True:
@@ -379,6 +430,7 @@ def _scan_dcp_names(path: str, size: int, why: str) -> tuple[dict | None, str | 
                 break
             buf = tail + chunk
             seen_class = seen_class or DCP_METADATA_CLASS in buf
+            common_state = common_state or any(b in buf for b in _COMMON_STATE_BYTES)
             names.update(DCP_NAME_IN_PICKLE_RE.findall(buf))
             tail = buf[-64:]
     if not seen_class:
@@ -397,7 +449,17 @@ def _scan_dcp_names(path: str, size: int, why: str) -> tuple[dict | None, str | 
         "unsafe": [],
         "unchecked": why,  # too large to walk: what it would import when unpickled was not checked
         "mode": f"names only ({size} bytes)",
+        "common_state": common_state,
     }, None
+
+
+# The key as a pickle stores it: BINUNICODE (protocol 2, what the committed real .metadata files use) or
+# SHORT_BINUNICODE (protocol 4), each with its length before the text. A names-only scan finds the whole key this
+# way without parsing, never a longer key that merely contains it.
+_COMMON_STATE_BYTES = (
+    b"X" + struct.pack("<I", len(MCORE_COMMON_STATE_KEY)) + MCORE_COMMON_STATE_KEY.encode(),
+    b"\x8c" + bytes([len(MCORE_COMMON_STATE_KEY)]) + MCORE_COMMON_STATE_KEY.encode(),
+)
 
 
 def _key_group(key: str) -> str:

@@ -37,25 +37,32 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 from dataclasses import dataclass, field
 
 from ..findings import Finding, InputError, oserror_to_input
+from ..shell import mfsdp_command
 from . import migration
 from .checkpoint_files import (
     DCP_METADATA,
     DCP_SHARD_RE,
+    FSDP_DTENSOR_MODEL_KEY_PREFIX,
     HF_CONFIG,
     HF_EXPORT_SUBDIR,
     HF_WEIGHT_FILES,
     HF_WEIGHT_RES,
     ITER_DIR_RE,
     ITERATION_MARKERS,
+    LEGACY_COMMON,
     LEGACY_MODEL_FILE,
     LEGACY_RANK_DIR_RE,
     MAX_ITER_SCAN,
     MAX_LISTED,
+    MCORE_COMMON_STATE_KEY,
     MCORE_DIST_CONFIG,
+    MCORE_DIST_CONFIG_TEXT,
+    MCORE_MODEL_KEY_GROUPS,
     RELEASE_DIR,
     RUN_CONFIG,
     TRACKER_TRAIN_STATE,
@@ -99,6 +106,9 @@ class IterationInfo:
     unsafe: list[str] = field(default_factory=list)  # code a pickle would run when loaded ("file: module.name")
     outside_shards: list[str] = field(default_factory=list)  # shard paths leaving the folder
     unchecked: str | None = None  # why .metadata was not walked in full (its content was not checked for code)
+    # A torch_dist save without the metadata.json Megatron-Core writes last (interrupted, or copied without it):
+    # the evidence that it is torch_dist all the same. Empty for every complete save.
+    incomplete: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d: dict[str, object] = {
@@ -124,6 +134,8 @@ class IterationInfo:
             d["hf_export"] = True
         if self.problems:
             d["problems"] = self.problems
+        if self.incomplete:
+            d["incomplete_save"] = {"missing": MCORE_DIST_CONFIG, "evidence": self.incomplete}
         for key in ("dcp_problems", "unsafe", "outside_shards"):
             if getattr(self, key):
                 d[key] = getattr(self, key)
@@ -199,7 +211,47 @@ def inspect_iteration(path: str, iteration: int | None, deep: bool = True) -> It
             info.shard_files = legacy
     if deep:
         _read_iteration_metadata(info)
+    if info.format == "fsdp_dtensor":
+        _torch_dist_without_marker(info)
     return info
+
+
+def _torch_dist_without_marker(info: IterationInfo) -> None:
+    """A DCP folder without ``metadata.json`` is fsdp_dtensor to Bridge; say torch_dist when everything else is.
+
+    Bridge (``_get_checkpoint_format``) calls any folder with a DCP ``.metadata`` and no Megatron-Core
+    ``metadata.json`` fsdp_dtensor. But a torch_dist save writes ``metadata.json`` last
+    (``dist_checkpointing/serialization.py :: save``: shards and ``.metadata`` first, then ``save_config``), so an
+    interrupted save, or a copy that drops files of that name, leaves a torch_dist folder Bridge misnames. The
+    other evidence still tells: the legacy ``common.pt``, Megatron-Core's ``common_state`` object, model tensors
+    named as Megatron-Core names them (``decoder.``, ``embedding.``) rather than under Bridge's fsdp_dtensor
+    ``model.`` prefix, and the run config's recorded format as support. The tensor names outvote the run config
+    (a run that recorded torch_dist but saved ``model.`` keys is a mismatch, reported as such).
+    """
+    torch_dist: list[str] = []
+    entries = set(info.entries)
+    if LEGACY_COMMON in entries:
+        torch_dist.append(
+            f"{LEGACY_COMMON} (Megatron-Core's torch_dist common state; fsdp_dtensor saves never write it)"
+        )
+    dcp = info.dcp or {}
+    if dcp.get("common_state"):
+        torch_dist.append(f"the {MCORE_COMMON_STATE_KEY!r} entry Megatron-Core's torch_dist save writes")
+    groups = set(dcp.get("key_groups") or ())
+    dtensor_names = any(g.split(".")[0] == FSDP_DTENSOR_MODEL_KEY_PREFIX for g in groups)
+    mcore_names = sorted(g for g in groups if g in MCORE_MODEL_KEY_GROUPS)
+    if mcore_names and not dtensor_names:
+        torch_dist.append(
+            f"model tensors named {', '.join(g + '.*' for g in mcore_names)} (torch_dist's names; fsdp_dtensor's "
+            f"start with {FSDP_DTENSOR_MODEL_KEY_PREFIX}.)"
+        )
+    if not torch_dist or dtensor_names:
+        return
+    recorded = summarize_run_config(info.run_config).get("checkpoint.ckpt_format") if info.run_config else None
+    if recorded == "torch_dist":
+        torch_dist.append(f"{RUN_CONFIG} records checkpoint.ckpt_format=torch_dist")
+    info.format = "torch_dist"
+    info.incomplete = torch_dist
 
 
 def _read_iteration_metadata(info: IterationInfo) -> None:
@@ -361,8 +413,8 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
             if newest is not None:
                 fix = (
                     f"resume from iter_{newest:07d}: set checkpoint.ckpt_step={newest}, or make the tracker "
-                    f"point there (cp {path}/iter_{newest:07d}/{TRAIN_STATE} {path}/{TRACKER_TRAIN_STATE}; "
-                    f"echo {newest} > {path}/{TRACKER_TXT})"
+                    f"point there (cp {_q(path, _iter_name(newest), TRAIN_STATE)} {_q(path, TRACKER_TRAIN_STATE)}; "
+                    f"echo {newest} > {_q(path, TRACKER_TXT)})"
                 )
             else:
                 fix = "no iteration folder exists: the save never completed; re-run the save or load another checkpoint"
@@ -409,13 +461,13 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
                 "the save did not complete; check the training log for the save and re-run it",
             )
         )
-    usable = [o.iteration for o in others if o.payload and o.iteration is not None]
+    usable = [o.iteration for o in others if o.payload and not o.incomplete and o.iteration is not None]
     fallback = max(usable) if usable else None
     for info in ([inspected] if inspected else []) + others:
         _judge_iteration(info, findings, fallback if info is inspected else None)
     cfg_summary = summarize_run_config(inspected.run_config) if inspected and inspected.run_config else {}
     fmt = inspected.format if inspected else None
-    if inspected is not None:
+    if inspected is not None and not inspected.incomplete:  # an incomplete save has its own finding
         _judge_config(inspected, cfg_summary, findings)
         _conversion_findings(inspected, cfg_summary, expect, findings)
     return CheckpointReport(
@@ -430,6 +482,17 @@ def inspect(path: str, expect: str | None = None) -> CheckpointReport:
         config=cfg_summary,
         findings=findings,
     )
+
+
+def _unloadable(info: IterationInfo) -> bool:
+    """True when the iteration's metadata is damaged, unsafe or names files outside it: no load or conversion
+    of it can succeed (or should be tried), so no conversion is offered."""
+    return bool(info.dcp_problems or info.unsafe or info.outside_shards or info.incomplete)
+
+
+def _q(*parts: str) -> str:
+    """A path in a printed shell command: joined and quoted, so a folder with a space stays one word."""
+    return shlex.quote(os.path.join(*parts))
 
 
 def _iter_name(i) -> str:
@@ -452,7 +515,8 @@ def _read_trackers(path: str, entries: list[str], findings: list[Finding]):
                     "warning",
                     os.path.join(path, TRACKER_TRAIN_STATE),
                     f"cannot read the step from {TRACKER_TRAIN_STATE} without unpickling: {err}",
-                    f"run 'mfsdp.py ckpt {path} --trust-pickle' with torch installed, or check the file is complete",
+                    "check the file is complete, or with torch installed run: "
+                    + mfsdp_command("ckpt", path, "--trust-pickle"),
                 )
             )
     if TRACKER_TXT in entries:
@@ -476,7 +540,7 @@ def _read_trackers(path: str, entries: list[str], findings: list[Finding]):
                         else f"Bridge reads {TRACKER_TRAIN_STATE} instead and never parses it, but Megatron-LM's "
                         "tools exit on it"
                     ),
-                    f"write the last saved iteration number into it (echo N > {os.path.join(path, TRACKER_TXT)})",
+                    f"write the last saved iteration number into it (echo N > {_q(path, TRACKER_TXT)})",
                 )
             )
     if ts_iter is not None and txt_iter is not None and ts_iter != txt_iter:
@@ -487,7 +551,7 @@ def _read_trackers(path: str, entries: list[str], findings: list[Finding]):
                 path,
                 f"{TRACKER_TRAIN_STATE} says step {ts_iter} but {TRACKER_TXT} says {txt_iter}; Bridge uses "
                 f"{TRACKER_TRAIN_STATE}, Megatron-LM tools use the text file",
-                f"make them agree: echo {ts_iter} > {os.path.join(path, TRACKER_TXT)}",
+                f"make them agree: echo {ts_iter} > {_q(path, TRACKER_TXT)}",
             )
         )
     tracked = ts_iter if ts_iter is not None else txt_iter
@@ -555,6 +619,8 @@ def _judge_iteration(info: IterationInfo, findings: list[Finding], fallback: int
                 },
             )
         )
+    if info.incomplete:
+        findings.append(_incomplete_save(info, earlier))
     if info.format == "zarr":
         findings.append(
             Finding(
@@ -625,6 +691,41 @@ def _judge_iteration(info: IterationInfo, findings: list[Finding], fallback: int
                 "check the file is complete; the tool reads it without executing any pickle",
             )
         )
+
+
+def _incomplete_save(info: IterationInfo, earlier: str) -> Finding:
+    """A torch_dist save without its metadata.json: what Bridge would make of it, and the ways back.
+
+    Neither load works on the folder as it is: with ``ckpt_format=torch_dist`` Bridge's format assertion stops
+    it (the folder looks fsdp_dtensor), and with ``fsdp_dtensor`` the DCP load finds none of the model's tensor
+    names, which Bridge's default ``checkpoint.strict_fsdp_dtensor_load=false`` (partial load) skips, so the run
+    continues from its initial weights. Restoring the marker is the repair: a copy of the original, or, when the
+    shards ``.metadata`` names are all there at full size (``.metadata`` is written after every shard), the
+    one line Megatron-Core writes.
+    """
+    marker = os.path.join(info.path, MCORE_DIST_CONFIG)
+    complete = info.payload and not (info.missing_shards or info.short_shards or info.unchecked)
+    rewrite = (
+        f"; if the original is lost, every shard .metadata names is here at full size, so the marker can be "
+        f"written again: echo {shlex.quote(MCORE_DIST_CONFIG_TEXT)} > {_q(marker)}"
+        if complete
+        else ""
+    )
+    return Finding(
+        "MFSDP-CKPT-INCOMPLETE-SAVE",
+        "error",
+        info.path,
+        f"incomplete torch_dist save: {DCP_METADATA} and the shards are here but not {MCORE_DIST_CONFIG}, the marker "
+        f"Megatron-Core writes last (evidence for torch_dist: {'; '.join(info.incomplete)}). Bridge takes a folder "
+        f"with {DCP_METADATA} and no {MCORE_DIST_CONFIG} for fsdp_dtensor, so no load works as it is: "
+        "checkpoint.ckpt_format=torch_dist stops at \"Checkpoint format 'torch_dist' from config differs from "
+        "inferred format 'fsdp_dtensor'\", and ckpt_format=fsdp_dtensor finds none of its model tensor names (with "
+        "the default checkpoint.strict_fsdp_dtensor_load=false it skips them and trains from the initial weights)",
+        f"restore {MCORE_DIST_CONFIG}, then load with checkpoint.ckpt_format=torch_dist: if the folder was copied, "
+        f"copy it again from the source (copies that skip files of that name, such as the `skills` installer, drop "
+        f"it){rewrite}. If the save itself was interrupted, {earlier}",
+        {"missing": MCORE_DIST_CONFIG, "evidence": info.incomplete, "marker": marker},
+    )
 
 
 def _names(items: list[str], limit: int = MAX_LISTED) -> str:
@@ -703,7 +804,11 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
     hf_id = cfg.get("model.hf_model_id") or "<HF model id or folder>"
     passing = migration.passing_paths()
 
+    unloadable = _unloadable(info)
+
     def how(source: str | None, target: str) -> str:
+        if unloadable:  # a conversion reads what a load reads: never advise one that will fail
+            return "no conversion can read this iteration (see the errors above); fix or replace it first"
         if (source, target) in passing:
             return migration.convert_command(src, target, hf_ref=hf_id if target == "hf" and source != "hf" else None)
         return (
@@ -723,6 +828,8 @@ def _conversion_findings(info: IterationInfo, cfg: dict, expect: str | None, fin
                     {"expected": expect, "found": fmt},
                 )
             )
+        return
+    if unloadable:
         return
     # No --expect: suggest the path that matters for Megatron FSDP.
     if fmt in ("torch_dist", "hf", "torch"):

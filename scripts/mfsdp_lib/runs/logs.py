@@ -318,7 +318,11 @@ class LogReport:
     losses: dict = field(default_factory=dict)  # key -> {"first": (it, v), "last": (it, v)}
     last_line_loss_keys: tuple = ()
     skipped: int = 0
-    nan: int = 0
+    nan: int = 0  # sum of the lines' 'number of nan iterations' (Bridge restarts the counter after each line)
+    nan_lines: int = 0  # iteration lines whose counter was > 0
+    # The first iteration line that shows a NaN/Inf (loss left out or not finite, or the NaN counter > 0):
+    # {"iteration", "after" (the line before it: the NaN began in between), "line", "last_finite": (it, v) | None}
+    first_nan: dict | None = None
     saves: list = field(default_factory=list)
     saves_total: int = 0
     loads: list = field(default_factory=list)
@@ -335,6 +339,7 @@ class LogReport:
     recovered: int = 0  # tracebacks after which the same rank went on logging iterations
     launcher_failed: bool = False  # torchrun reported a failed child (ChildFailedError / "failed (exitcode")
     error_after_last_iteration: str | None = None  # the log ends in an error: the exception after the last iteration
+    error_line: int | None = None  # the line of error_after_last_iteration
     current_rank: int | None = None  # rank prefix of the line being read (None: no prefix)
     _open_tracebacks: dict = field(default_factory=dict)  # rank -> line of its unfinished "Traceback" header
     _child: dict = field(default_factory=dict)  # the ChildFailedError summary entry being read
@@ -353,10 +358,43 @@ class LogReport:
             return LOSS_KEY
         return next(iter(self.losses), None)
 
+    def failure_list(self) -> list:
+        """The failures the report names: the ranks' own, or the launcher's / the final error when no rank's is
+        known, so a finding that names a failure never sits beside an empty list."""
+        if self.failures:
+            return self.failures
+        if self.error_after_last_iteration:
+            return [{"rank": None, "why": self.error_after_last_iteration, "line": self.error_line}]
+        if self.launcher_failed:
+            return [{"rank": None, "why": "torchrun reported a failed child process", "line": self.error_line}]
+        return []
+
+    def nan_summary(self, key: str | None) -> dict:
+        """Where the loss first went NaN/Inf, and the last finite loss before it (the last one when none)."""
+        f = self.first_nan
+        if f is not None:
+            last = f["last_finite"]
+        else:
+            last = self.losses[key].get("last_finite") if key in self.losses else None
+        return {
+            "first_nonfinite_iteration": f["iteration"] if f else None,
+            "first_nonfinite_after": f["after"] if f else None,
+            "first_nonfinite_line": f["line"] if f else None,
+            "last_finite_iteration": last[0] if last else None,
+            "last_finite_value": _num(last[1]) if last else None,
+        }
+
     def loss_summary(self) -> dict:
         key = self.loss_key()
         if key is None:
-            return {"key": None, "first": None, "last": None, "last_finite": False, "last_iteration": None}
+            return {
+                "key": None,
+                "first": None,
+                "last": None,
+                "last_finite": False,
+                "last_iteration": None,
+                **self.nan_summary(None),
+            }
         rec = self.losses[key]
         first_it, first_v = rec["first"]
         last_it, last_v = rec["last"]
@@ -370,6 +408,7 @@ class LogReport:
             "last_iteration": self.last_iteration if missing_at_end else last_it,
             "last_finite": finite,
             "missing_at_last_iteration": missing_at_end,
+            **self.nan_summary(key),
         }
 
     def to_dict(self) -> dict:
@@ -388,6 +427,7 @@ class LogReport:
             "loss": self.loss_summary(),
             "skipped_iterations": self.skipped,
             "nan_iterations": self.nan,
+            "nan_iteration_lines": self.nan_lines,
             "checkpoints": {
                 "saves": self.saves,
                 "saves_total": self.saves_total,
@@ -404,7 +444,7 @@ class LogReport:
             "ranks": sorted(self.ranks_seen),
             "truncated_last_line": self.truncated_last_line,
             "smoke_result": self.smoke_result,
-            "failures": self.failures,
+            "failures": self.failure_list(),
             "launcher_failed": self.launcher_failed,
             "error_after_last_iteration": self.error_after_last_iteration,
         }
@@ -562,13 +602,13 @@ def analyse(stream, source: str = "-") -> LogReport:
         if "iteration" in line:
             m = ITER_RE.search(line)
             if m:
-                _iteration(rep, m)
+                _iteration(rep, m, lineno)
                 continue
         _events(rep, line, lineno)
     return rep
 
 
-def _iteration(rep: LogReport, m: re.Match) -> None:
+def _iteration(rep: LogReport, m: re.Match, lineno: int = 0) -> None:
     fields = parse_fields(m.group(3))
     if LAST_FIELD not in fields:  # truncated, or spliced with another rank's output
         rep.partial_iteration_lines += 1
@@ -590,18 +630,40 @@ def _iteration(rep: LogReport, m: re.Match) -> None:
         rep.failures = kept
     if rep.first_iteration is None:
         rep.first_iteration = it
+    previous = rep.last_iteration
+    main = rep.loss_key()  # the loss followed so far (lm loss), before this line adds any
     rep.last_iteration = it
     rep.train_iters = total
     keys = []
+    nonfinite = False
     for key, val in fields.items():
         if key.endswith("loss") and key != "loss scale":
             v = _float(val)
-            rec = rep.losses.setdefault(key, {"first": (it, v), "last": (it, v)})
+            rec = rep.losses.setdefault(key, {"first": (it, v), "last": (it, v), "last_finite": None})
             rec["last"] = (it, v)
+            if v is not None and math.isfinite(v):
+                rec["last_finite"] = (it, v)
+            else:
+                nonfinite = True
             keys.append(key)
+    nan_count = int(_float(fields.get(LAST_FIELD, "0")) or 0)
+    # Bridge leaves a loss out of its line when the average is NaN (printed only ``if avg >= 0.0``)
+    left_out = main is not None and main not in keys
+    if rep.first_nan is None and (nonfinite or left_out or nan_count > 0):
+        followed = main or rep.loss_key()
+        before = rep.losses[followed]["last_finite"] if followed in rep.losses else None
+        if before is not None and before[0] == it:  # this line's own finite value is not "before" the NaN
+            before = None
+        rep.first_nan = {
+            "iteration": it,
+            "after": previous if previous is not None and previous < it else None,
+            "line": lineno,
+            "last_finite": before,
+        }
     rep.last_line_loss_keys = tuple(keys)
     rep.skipped += int(_float(fields.get("number of skipped iterations", "0")) or 0)
-    rep.nan += int(_float(fields.get(LAST_FIELD, "0")) or 0)
+    rep.nan += nan_count
+    rep.nan_lines += nan_count > 0
 
 
 def _signatures(rep: LogReport, line: str, lineno: int) -> None:
@@ -721,6 +783,7 @@ def _failures(rep: LogReport, line: str, lineno: int) -> None:
         rep._child = {}
         rep.last_exception = line[:400]
         rep.error_after_last_iteration = line[:400]
+        rep.error_line = lineno
         return
     if rep._in_child_summary:
         m = CHILD_FIELD_RE.match(line)
@@ -736,6 +799,7 @@ def _failures(rep: LogReport, line: str, lineno: int) -> None:
     if m:
         rep.last_exception = line[:400]
         rep.error_after_last_iteration = line[:400]
+        rep.error_line = lineno
         start = rep._open_tracebacks.pop(rank, None)
         if start is not None and lineno - start <= TRACEBACK_WINDOW:
             rep.add_failure(rank, line, lineno)
@@ -821,24 +885,35 @@ def judge(rep: LogReport) -> list[Finding]:
                 )
             else:
                 msg = f"the last '{loss['key']}' (iteration {loss['last_iteration']}) is {loss['last']}, not finite"
+            where, window = _first_nan_words(loss)
             findings.append(
                 Finding(
                     "MFSDP-LOG-LOSS-NOT-FINITE",
                     "error",
                     src,
-                    msg,
-                    "find the first iteration whose loss went NaN/Inf; lower the learning rate or lengthen warm-up, "
-                    "check the data, keep bf16 for model and optimizer",
+                    msg + (f"; {where}" if where else ""),
+                    (
+                        f"look at {window}, where it started: "
+                        if window
+                        else "find the first iteration whose loss went NaN/Inf: "
+                    )
+                    + "lower the learning rate or lengthen warm-up, check the batches there, keep bf16 for model "
+                    "and optimizer",
+                    {k: v for k, v in loss.items() if k.startswith(("first_nonfinite", "last_finite_"))},
                 )
             )
         if rep.nan:
+            first = rep.first_nan
             findings.append(
                 Finding(
                     "MFSDP-LOG-NAN-ITERATIONS",
                     "warning",
                     src,
-                    f"{rep.nan} iteration(s) reported 'number of nan iterations' > 0",
+                    f"Bridge counted {rep.nan} NaN iteration(s): the 'number of nan iterations' field summed over "
+                    f"the {rep.nan_lines} iteration lines where it was not 0 (each line counts the iterations since "
+                    "the line before)" + (f"; the first NaN shows at iteration {first['iteration']}" if first else ""),
                     "inspect the iterations around the first NaN; enable rerun_state_machine.check_for_nan_in_loss",
+                    {"nan_iterations": rep.nan, "lines": rep.nan_lines},
                 )
             )
         if rep.skipped:
@@ -922,6 +997,26 @@ def judge(rep: LogReport) -> list[Finding]:
     return findings
 
 
+def _first_nan_words(loss: dict) -> tuple[str, str]:
+    """("it first shows at iteration 40 ...; the last finite lm loss was 6.1 at iteration 39", "iterations 40-40")."""
+    it = loss.get("first_nonfinite_iteration")
+    if it is None:
+        return "", ""
+    after = loss.get("first_nonfinite_after")
+    key = loss.get("key") or "loss"
+    words = f"the first NaN/Inf shows at iteration {it}"
+    if after is not None and after < it - 1:
+        words += f" (it began in iterations {after + 1}-{it}: one line per logger.log_interval)"
+        window = f"iterations {after + 1}-{it}"
+    else:
+        window = f"iteration {it}"
+    if loss.get("last_finite_iteration") is not None:
+        words += f"; the last finite {key} was {loss['last_finite_value']} at iteration {loss['last_finite_iteration']}"
+    else:
+        words += f"; no finite {key} was logged before it"
+    return words, window
+
+
 def _failure_finding(rep: LogReport) -> Finding:
     """One error naming the first failed rank and why; the others are counted (and listed in the JSON)."""
     first = rep.failures[0] if rep.failures else None
@@ -947,5 +1042,9 @@ def _failure_finding(rep: LogReport) -> Finding:
         "a run with a failed rank is a failed run, however healthy the other ranks look: read that rank's "
         "traceback (the first failure is usually the cause; a killed rank with no traceback was most often "
         "out of host memory or stopped by the scheduler)",
-        {"failures": rep.failures, "failure_count": rep.failures_total, "launcher_failed": rep.launcher_failed},
+        {
+            "failures": rep.failure_list(),
+            "failure_count": max(rep.failures_total, len(rep.failure_list())),
+            "launcher_failed": rep.launcher_failed,
+        },
     )

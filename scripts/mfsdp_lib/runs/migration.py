@@ -69,11 +69,11 @@ def passing_paths(table: dict | None = None) -> set[tuple[str, str]]:
 
 
 def convert_command(src: str, to: str, hf_ref: str | None = None, dst: str = "<output_dir>") -> str:
-    """The ``mfsdp.py convert`` command line for one conversion (what ``ckpt`` prints)."""
-    cmd = f"python3 scripts/mfsdp.py convert {src} {dst} --to {to}"
-    if hf_ref:
-        cmd += f" --hf-config {hf_ref}"
-    return cmd
+    """The ``mfsdp.py convert`` command line for one conversion (what ``ckpt`` prints): this skill's script by its
+    absolute path and every path quoted (``shell.mfsdp_command``), so it pastes as it is from the user's project."""
+    from ..shell import mfsdp_command
+
+    return mfsdp_command("convert", src, dst, "--to", to, *(("--hf-config", hf_ref) if hf_ref else ()))
 
 
 def build_table(rows: list[dict], source: str) -> dict:
