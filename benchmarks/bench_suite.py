@@ -11,8 +11,8 @@ on two commits of this repository, a baseline (the tree before the suite was mad
     Clones each commit into a work folder (a clean checkout, as CI has), does each clone's set-up once
     outside the timing (``dev.sh setup``, the Python 3.10 virtualenv), then times ``bash scripts/dev.sh test``
     in pairs, baseline and candidate back to back, alternating which goes first, so that a drift in machine
-    speed hits both alike. Each timed run starts as CI's would: no tool caches in the clone (mypy, ruff,
-    pytest, hypothesis) and an empty per-user cache folder (``XDG_CACHE_HOME``), with ``CI=true`` and
+    speed hits both alike. Each timed run starts as CI's would: no tool caches (mypy, ruff, pytest,
+    hypothesis; in the clone or its dev folder) and an empty per-user cache folder (``XDG_CACHE_HOME``), with ``CI=true`` and
     ``EVALS_E2E_REQUIRE=1`` as ``.ci/run`` sets them. Before each run the script waits until the machine
     is quiet (CPU busy under ``MAX_BUSY`` over ``QUIET_SAMPLE_S``) and records that, and the load average.
     Each run's output is kept line by line with its time, so the phases are read from ``dev.sh``'s own
@@ -66,8 +66,13 @@ from mfsdp_lib import config_io  # noqa: E402  (the atomic write)
 RESULT = ROOT / "benchmarks" / "results" / "suite_speed.json"
 TARGET_S = 7 * 60  # the goal: the whole `dev.sh test` under 7 minutes on a 2-CPU machine
 LABELS = ("baseline", "candidate")
-# Tool caches a clean checkout does not have; each timed run starts without them, as CI does.
+# Tool caches a clean checkout does not have; each timed run starts without them, as CI does. Older trees keep them
+# in the checkout; newer ones in the checkout's dev folder (DEV_TOOL_CACHE, scripts/mfsdp_lib/devenv.py).
 TOOL_CACHES = (".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis")
+DEV_TOOL_CACHE = "tool-cache"
+# Virtualenvs of a tree: in the checkout (older trees) or in its dev folder (newer ones).
+TREE_VENVS = (".venv", ".venv310")
+DEV_VENVS = ("venv", "venv310")
 MAX_BUSY = 0.10  # the machine counts as quiet when at most 10 % of its CPU time was busy over the sample
 QUIET_SAMPLE_S = 3.0  # long enough to see a background job, short enough to re-sample often
 SETTLE_S = 600  # give up (exit 2) when the machine has not been quiet for this long before a run
@@ -184,13 +189,13 @@ def clone(sha: str, dest: Path) -> Path:
 
 
 def set_up(tree: Path, log) -> None:
-    """The one-time set-up a timed run must not include: .venv, the skills CLI, .venv310."""
+    """The one-time set-up a timed run must not include: the virtualenvs and the skills CLI."""
     for args in (["setup"], ["test310", "--version"]):
         print(f"  set-up: dev.sh {' '.join(args)} in {tree}", file=sys.stderr)
         proc = subprocess.run(
             ["bash", "scripts/dev.sh", *args],
             cwd=tree,
-            env=run_env(None),
+            env=run_env(None, tree),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -198,8 +203,16 @@ def set_up(tree: Path, log) -> None:
             raise BenchError(f"dev.sh {' '.join(args)} failed in {tree} (exit {proc.returncode}); see {log.name}")
 
 
-def run_env(cache_home: str | None) -> dict[str, str]:
+def dev_home(tree: Path) -> Path:
+    """The tree's dev folder (MFSDP_DEV_HOME), beside the clone: fixed, so the set-up done once outside the timing
+    is what the timed runs use, though each of them gets an empty XDG_CACHE_HOME (trees whose dev.sh keeps its
+    virtualenvs in the checkout ignore it)."""
+    return tree.parent / f"{tree.name}.dev"
+
+
+def run_env(cache_home: str | None, tree: Path) -> dict[str, str]:
     env = dict(os.environ)
+    env["MFSDP_DEV_HOME"] = str(dev_home(tree))
     env.update(shared_env())
     env.update({"CI": "true", "EVALS_E2E_REQUIRE": "1"})  # what .ci/run sets: nothing that must run may skip
     if cache_home:
@@ -211,6 +224,7 @@ def run_env(cache_home: str | None) -> dict[str, str]:
 def clear_tool_caches(tree: Path) -> None:
     for name in TOOL_CACHES:
         shutil.rmtree(tree / name, ignore_errors=True)
+    shutil.rmtree(dev_home(tree) / DEV_TOOL_CACHE, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------ one timed run
@@ -221,7 +235,7 @@ def timed_run(tree: Path, log_path: Path, env_extra: dict | None = None) -> dict
     empty per-user cache folder of its own, removed afterwards."""
     cache_home = tempfile.mkdtemp(prefix="mfsdp-bench-suite-cache-")
     try:
-        return _timed_run(tree, log_path, {**run_env(cache_home), **(env_extra or {})})
+        return _timed_run(tree, log_path, {**run_env(cache_home, tree), **(env_extra or {})})
     finally:
         shutil.rmtree(cache_home, ignore_errors=True)
 
@@ -377,7 +391,8 @@ def _site_packages(venv: Path) -> Path:
 
 def coverage_run(label: str, sha: str, tree: Path, raw: Path) -> dict:
     """One untimed `dev.sh test` with coverage in every Python process of the clone's virtualenvs."""
-    venvs = [v for v in (tree / ".venv", tree / ".venv310") if (v / "bin" / "python").exists()]
+    candidates = [tree / v for v in TREE_VENVS] + [dev_home(tree) / v for v in DEV_VENVS]
+    venvs = [v for v in candidates if (v / "bin" / "python").exists()]
     pin = coverage_pin()
     data = Path(tempfile.mkdtemp(prefix=f"mfsdp-bench-cov-{label}-"))
     rc_file = data / "coveragerc"

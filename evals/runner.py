@@ -23,7 +23,8 @@ Layout under ``--out DIR``::
 Finding the binaries (first hit wins): ``CLAUDE_CLI`` / ``CODEX_CLI`` / ``SKILLS_CLI`` (or ``MFSDP_SKILLS_CLI``)
 environment variables; the PyPI packages ``claude-agent-sdk`` (``claude_agent_sdk/_bundled/claude``) and
 ``openai-codex-cli-bin`` (``codex_cli_bin/bin/codex``) located without importing them (so ``pip install
---no-deps`` is enough); ``.cache/node/node_modules/.bin/skills`` (scripts/dev.sh) or ``node_modules/.bin/skills``;
+--no-deps`` is enough); the one scripts/dev.sh installed (the checkout's dev folder, ``mfsdp_lib/devenv.py``) or
+``node_modules/.bin/skills``;
 ``claude`` / ``codex`` / ``skills`` on PATH; finally ``npx --yes skills@SKILLS_NPM_VERSION`` (npm registry).
 
 Isolation: every CLI gets a fresh HOME (and CLAUDE_CONFIG_DIR / CODEX_HOME inside it), a minimal environment
@@ -123,11 +124,19 @@ Check a Bridge config: `python3 scripts/mfsdp.py check CONFIG.yaml`.
 """
 
 
-# Where scripts/dev.sh (.cache/node) or a plain `npm install` in the skill root put the skills CLI.
-SKILLS_CLI_LOCAL = (
-    SKILL_ROOT / ".cache" / "node" / "node_modules" / ".bin" / "skills",
-    SKILL_ROOT / "node_modules" / ".bin" / "skills",
-)
+# Where a plain `npm install` in the skill root puts the skills CLI (scripts/dev.sh puts it in the checkout's dev
+# folder, outside the skill folder: _dev_skills_cli).
+SKILLS_CLI_LOCAL = (SKILL_ROOT / "node_modules" / ".bin" / "skills",)
+
+
+def _dev_skills_cli() -> Path:
+    """The skills CLI scripts/dev.sh installs for this checkout (scripts/mfsdp_lib/devenv.py decides where)."""
+    scripts = str(SKILL_ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from mfsdp_lib import devenv  # noqa: PLC0415 - the skill's library, loaded only when the CLI is looked for
+
+    return Path(devenv.skills_cli(str(SKILL_ROOT)))
 
 
 class RunError(Exception):
@@ -168,7 +177,7 @@ def find_skills_cli(allow_npx: bool = True) -> list[str] | None:
     for var in ("SKILLS_CLI", "MFSDP_SKILLS_CLI"):  # MFSDP_SKILLS_CLI: what scripts/dev.sh exports
         if os.environ.get(var):
             return shlex.split(os.environ[var])
-    for local in SKILLS_CLI_LOCAL:
+    for local in (_dev_skills_cli(), *SKILLS_CLI_LOCAL):
         if local.is_file():
             return [str(local)]
     on_path = shutil.which("skills")

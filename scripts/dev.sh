@@ -10,26 +10,29 @@
 #   bash scripts/dev.sh sign          re-sign skill.oms.sig (signers only: needs the release key)
 #   bash scripts/dev.sh benchmark-md  regenerate BENCHMARK.md from benchmarks/results/*.json
 #   bash scripts/dev.sh setup         only the set-up that `test` does
+#   bash scripts/dev.sh where         print the folder that holds this checkout's environments
 #
 # Set-up is part of every job, so a fresh machine (Python 3.12 and 3.10, Node 18+, no GPU) needs
-# nothing prepared by hand, and a warm one skips it in a second:
-#   * .venv is made with Python 3.12 ($PYTHON, else python3.12 on PATH, else pyenv's 3.12; python3
+# nothing prepared by hand, and a warm one skips it in a second. Everything it makes lives OUTSIDE the
+# checkout, in a per-user folder keyed by the checkout's path (scripts/mfsdp_lib/devenv.py):
+# ~/.cache/nemo-mbridge-perf-megatron-fsdp/dev/<checkout name>-<hash>/ ($XDG_CACHE_HOME, or $MFSDP_DEV_HOME to
+# choose). The checkout is the skill folder and `npx skills add` copies every file in it, so a set-up
+# checkout still installs clean (the environments are some 1.9 GB):
+#   * venv/ is made with Python 3.12 ($PYTHON, else python3.12 on PATH, else pyenv's 3.12; python3
 #     with a warning when none is found) and gets the pinned packages of the pyproject.toml extras the
 #     job needs (read from pyproject.toml, so versions live in one place); a stamp with
 #     pyproject.toml's digest skips pip when nothing changed.
-#   * .venv310 is made with Python 3.10 ($PYTHON310, else python3.10, else pyenv's 3.10) with only the
+#   * venv310/ is made with Python 3.10 ($PYTHON310, else python3.10, else pyenv's 3.10) with only the
 #     run and test extras: the oldest Python the scripts promise, as users have in NVIDIA containers.
 #     Without one, `test` fails in CI (CI=true) and warns elsewhere.
-#   * the npm `skills` CLI (version from [tool.mfsdp] in pyproject.toml) goes into .cache/node.
-# These folders are git-ignored and are not part of the signed skill (scripts/mfsdp_lib/integrity/signature.py).
+#   * the npm `skills` CLI (version from [tool.mfsdp] in pyproject.toml) goes into node/;
+#   * the demo's output into demo/, and the caches of mypy, ruff, pytest and hypothesis into tool-cache/.
+# Long phases (mypy, each pytest run) print a line every HEARTBEAT_S seconds while they work.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-VENV="$ROOT/.venv"
-VENV310="$ROOT/.venv310"
-NODE_PREFIX="$ROOT/.cache/node"
 MAIN_PY_VERSION="3.12"   # the full suite: Megatron-Bridge 0.6.x itself needs 3.12
 OLDEST_PY_VERSION="3.10" # the oldest Python the scripts promise to run on
 NODE_MIN_MAJOR=18  # engines.node of the pinned skills CLI ([tool.mfsdp] skills-cli in pyproject.toml)
@@ -59,6 +62,66 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 say() { printf '[dev.sh] %s\n' "$*" >&2; }
 die() { printf '[dev.sh] error: %s\n' "$*" >&2; exit 2; }
 
+dev_home() {  # the checkout's environment folder, from scripts/mfsdp_lib/devenv.py (one rule for all who look)
+    local py="${PYTHON:-}"
+    [ -n "$py" ] || py="$(command -v python3 || command -v "python$MAIN_PY_VERSION" || true)"
+    [ -n "$py" ] || die "no python3 found; install Python $MAIN_PY_VERSION (and $OLDEST_PY_VERSION for the scripts' tests)"
+    "$py" -c '
+import sys
+sys.path.insert(0, sys.argv[1])
+from mfsdp_lib import devenv
+try:
+    print(devenv.dev_home(sys.argv[2]))
+except devenv.DevHomeError as exc:
+    sys.exit(f"[dev.sh] error: {exc}")
+' "$ROOT/scripts" "$ROOT" || exit 2
+}
+
+DEV_HOME="$(dev_home)"
+VENV="$DEV_HOME/venv"
+VENV310="$DEV_HOME/venv310"
+NODE_PREFIX="$DEV_HOME/node"
+# Everything this script starts finds the same folder (tests look up the skills CLI and the virtualenvs there).
+export MFSDP_DEV_HOME="$DEV_HOME"
+# The tools' own caches would otherwise be written into the checkout (.mypy_cache, .ruff_cache, .hypothesis;
+# pytest's cache_dir is passed in run_pytest), and installed from there with the skill.
+export MYPY_CACHE_DIR="$DEV_HOME/tool-cache/mypy" RUFF_CACHE_DIR="$DEV_HOME/tool-cache/ruff"
+export HYPOTHESIS_STORAGE_DIRECTORY="$DEV_HOME/tool-cache/hypothesis"
+PYTEST_CACHE_DIR="$DEV_HOME/tool-cache/pytest"
+# A pytest run or mypy prints nothing for minutes at a time (a long test file holds the progress line at one
+# percentage): one line this often says it is still working (MFSDP_HEARTBEAT_S to change it).
+HEARTBEAT_S="${MFSDP_HEARTBEAT_S:-60}"
+
+make_dev_home() {
+    mkdir -p "$(dirname "$DEV_HOME")"
+    mkdir -p -m 700 "$DEV_HOME"
+    local old
+    for old in .venv .venv310 .cache; do
+        if [ -e "$ROOT/$old" ]; then
+            say "note: $old in the checkout is no longer used (environments live in $DEV_HOME);" \
+                "delete it, or 'npx skills add' on this checkout installs it with the skill"
+        fi
+    done
+}
+
+with_heartbeat() {  # $1 = what runs (for the message); the rest = the command. Returns the command's status.
+    local what="$1" parent=$$ start hb rc=0
+    shift
+    start="$(date +%s)"
+    (
+        # sleep gets /dev/null, so a heartbeat still asleep never holds a caller's output pipe open
+        while sleep "$HEARTBEAT_S" </dev/null >/dev/null 2>&1; do
+            kill -0 "$parent" 2>/dev/null || exit 0
+            say "still running: $what ($(($(date +%s) - start)) s so far)"
+        done
+    ) &
+    hb=$!
+    "$@" || rc=$?
+    kill "$hb" 2>/dev/null || true
+    wait "$hb" 2>/dev/null || true
+    return "$rc"
+}
+
 find_python() {  # $1 = version (3.12); prints an interpreter of that version, or nothing
     local v="$1" c root
     for c in "python$v" "$(command -v pyenv >/dev/null && pyenv root 2>/dev/null)/versions/$v"*/bin/python3 \
@@ -79,7 +142,8 @@ make_venv() {  # $1 = folder, $2 = interpreter
     command -v "$py" >/dev/null || die "$py not found; install Python $MAIN_PY_VERSION (and $OLDEST_PY_VERSION for the scripts' tests)"
     "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
         || die "$py is $("$py" -V 2>&1); the skill needs Python 3.10 or newer (set PYTHON=...)"
-    say "creating ${venv#"$ROOT"/} with $("$py" -V 2>&1)"
+    make_dev_home
+    say "creating $venv with $("$py" -V 2>&1)"
     if ! "$py" -m venv "$venv"; then
         rm -rf "$venv"
         die "'$py -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv"
@@ -127,7 +191,7 @@ for extra in filter(None, wanted):
 print("\n".join(reqs))
 PY
 )"
-    say "installing into ${venv#"$ROOT"/}: $(echo "$reqs" | tr '\n' ' ')"
+    say "installing into $venv: $(echo "$reqs" | tr '\n' ' ')"
     local -a args=() nodeps=()
     while IFS= read -r line; do
         case "$line" in
@@ -170,7 +234,8 @@ setup_node() {
     [ "$major" -ge "$NODE_MIN_MAJOR" ] || die "node $(node --version) is too old; skills $SKILLS_CLI_VERSION needs >= $NODE_MIN_MAJOR"
     local pkg="$NODE_PREFIX/node_modules/skills/package.json"
     if [ ! -f "$pkg" ] || [ "$(node -p "require('$pkg').version")" != "$SKILLS_CLI_VERSION" ]; then
-        say "installing npm skills@$SKILLS_CLI_VERSION into .cache/node"
+        say "installing npm skills@$SKILLS_CLI_VERSION into $NODE_PREFIX"
+        make_dev_home
         mkdir -p "$NODE_PREFIX"
         npm install --prefix "$NODE_PREFIX" --no-audit --no-fund --save-exact --loglevel=error \
             "skills@$SKILLS_CLI_VERSION" >/dev/null
@@ -182,7 +247,7 @@ setup_node() {
 
 cmd_demo() {
     setup_python "$DEMO_EXTRAS"
-    local py="$VENV/bin/python" out="$ROOT/.cache/demo" rc=0
+    local py="$VENV/bin/python" out="$DEV_HOME/demo" rc=0
     mkdir -p "$out"
     echo "== 1. check: the bundled Llama 3 8B pretrain config as Bridge builds it =="
     "$py" scripts/mfsdp.py check || rc=$?
@@ -191,7 +256,7 @@ cmd_demo() {
     echo "== 2. enable: the Megatron FSDP overrides for it (Hydra-style, for Bridge's launchers) =="
     "$py" scripts/mfsdp.py enable --emit overrides
     echo
-    echo "== 3. check the enabled config (enable -o .cache/demo/llama3_8b_fsdp.yaml) =="
+    echo "== 3. check the enabled config (enable -o $out/llama3_8b_fsdp.yaml) =="
     # enable -o never overwrites without --force; the file is this job's own output from an earlier run.
     rm -f "$out/llama3_8b_fsdp.yaml"
     "$py" scripts/mfsdp.py enable -o "$out/llama3_8b_fsdp.yaml" >/dev/null
@@ -202,7 +267,7 @@ run_pytest() {  # $1 = interpreter, rest = pytest arguments; exit 5 (nothing sel
     local py="$1" rc=0
     shift
     # -ra: a summary line per skipped test with its reason (plus failures), so CI shows what did not run.
-    "$py" -m pytest -ra "$@" || rc=$?
+    with_heartbeat "pytest on $("$py" -V 2>&1)" "$py" -m pytest -ra -o "cache_dir=$PYTEST_CACHE_DIR" "$@" || rc=$?
     if [ "$rc" -eq 5 ]; then
         say "pytest selected no test (exit 5): nothing failed; check the -k/-m selection"
         return 0
@@ -252,8 +317,8 @@ cmd_lint() {
     setup_python "$TEST_EXTRAS"
     say "ruff check, ruff format --check, mypy"
     "$VENV/bin/ruff" check . || die "ruff check failed (ruff check --fix fixes many)"
-    "$VENV/bin/ruff" format --check . || die "ruff format --check failed (run: .venv/bin/ruff format .)"
-    "$VENV/bin/mypy" || die "mypy failed"
+    "$VENV/bin/ruff" format --check . || die "ruff format --check failed (run: $VENV/bin/ruff format .)"
+    with_heartbeat mypy "$VENV/bin/mypy" || die "mypy failed"
 }
 
 cmd_test310() {
@@ -320,7 +385,8 @@ case "${1:-}" in
     test310) shift; cmd_test310 "$@" ;;
     sign) shift; cmd_sign "$@" ;;
     benchmark-md) shift; cmd_benchmark_md "$@" ;;
-    setup) shift; setup_python "$TEST_EXTRAS"; setup_node; say "ready: .venv and .cache/node" ;;
-    -h|--help|help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
-    *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    setup) shift; setup_python "$TEST_EXTRAS"; setup_node; say "ready: $VENV and $NODE_PREFIX" ;;
+    where) echo "$DEV_HOME" ;;
+    -h|--help|help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' ;;
+    *) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -50,6 +50,15 @@ if str(SCRIPTS) not in sys.path:
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.append(str(ROOT / "benchmarks"))
 
+from mfsdp_lib import devenv  # noqa: E402  (scripts/ is on sys.path from here)
+
+# Hypothesis keeps its example database in ./.hypothesis unless told otherwise: inside the checkout, which is
+# the skill folder an install copies. dev.sh points it at the checkout's dev folder; a direct pytest run gets
+# the same folder here (Hypothesis reads the variable when it first stores something, after this runs).
+os.environ.setdefault(
+    "HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(devenv.dev_home(str(ROOT)), devenv.LAYOUT["hypothesis"])
+)
+
 
 def _find_shared() -> Path | None:
     env = os.environ.get("MFSDP_SHARED_DIR")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from _helpers_skill import ROOT
-from mfsdp_lib import SKILL_NAME
+from mfsdp_lib import SKILL_NAME, devenv
 
 NAME = SKILL_NAME
 # What a user's copy holds: the tracked skill files (no caches, no VCS metadata).
@@ -72,10 +72,10 @@ def test_validator_rejects_nvidias_version_for_its_when_to_use_key(tmp_path, nvi
 
 
 def _skills_cli() -> str:
-    local = ROOT / ".cache" / "node" / "node_modules" / ".bin" / "skills"
+    local = Path(devenv.skills_cli(str(ROOT)))
     cli = os.environ.get("SKILLS_CLI") or (str(local) if local.exists() else shutil.which("skills"))
     if not cli:
-        pytest.fail("the 'skills' CLI is not installed; bash scripts/dev.sh test installs it into .cache/node")
+        pytest.fail("the 'skills' CLI is not installed; bash scripts/dev.sh test installs it into its dev folder")
     return cli
 
 

@@ -88,7 +88,7 @@ def test_agent_argv():
     assert codex[codex.index("--model") + 1] == "gpt-x"
 
 
-def test_cli_lookup_honours_environment(monkeypatch):
+def test_cli_lookup_honours_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("CLAUDE_CLI", "/opt/x/claude")
     monkeypatch.setenv("SKILLS_CLI", "node /opt/skills/bin/cli.mjs")
     assert runner.find_agent_cli(runner.CLAUDE) == ["/opt/x/claude"]
@@ -98,8 +98,15 @@ def test_cli_lookup_honours_environment(monkeypatch):
     assert runner.find_skills_cli() == ["/opt/dev/skills"]
     monkeypatch.delenv("MFSDP_SKILLS_CLI")
     monkeypatch.setenv("PATH", "/nonexistent")
-    local = [[str(p)] for p in runner.SKILLS_CLI_LOCAL if p.is_file()]
+    local = [[str(p)] for p in (runner._dev_skills_cli(), *runner.SKILLS_CLI_LOCAL) if p.is_file()]
     assert runner.find_skills_cli(allow_npx=False) == (local[0] if local else None)
+    # dev.sh's copy is found in the checkout's dev folder, never inside the skill folder
+    dev = tmp_path / "dev"
+    cli = dev / "node" / "node_modules" / ".bin" / "skills"
+    cli.parent.mkdir(parents=True)
+    cli.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("MFSDP_DEV_HOME", str(dev))
+    assert runner.find_skills_cli(allow_npx=False) == [str(cli)]
 
 
 def _fake_root(tmp_path: Path, with_skill_md: bool) -> Path:

@@ -1,6 +1,7 @@
 """`npx skills add` for real: install this working tree with the npm `skills` CLI and use the copy.
 
-The CLI (pinned by [tool.mfsdp] skills-cli in pyproject.toml, installed into .cache/node by ``bash scripts/dev.sh test``) installs a
+The CLI (pinned by [tool.mfsdp] skills-cli in pyproject.toml, installed by ``bash scripts/dev.sh test`` into the
+checkout's dev folder, ``mfsdp_lib/devenv.py``) installs a
 copy of the working tree's files (those git tracks or would commit) into a throw-away project,
 non-interactively and with telemetry off, exactly as a user would:
 
@@ -31,9 +32,10 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: pip's own copy of the same parser
     from pip._vendor import tomli as tomllib
 
+from mfsdp_lib import devenv
 from mfsdp_lib.integrity import signature as sig
 
-pytestmark = pytest.mark.network  # the CLI comes from npm (cached in .cache/node after the first run)
+pytestmark = pytest.mark.network  # the CLI comes from npm (kept in the dev folder after the first run)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SKILL = sig.SKILL_NAME
@@ -43,7 +45,7 @@ PLANTED_SKIPS = ["scripts/__pycache__/junk.cpython-311.pyc", "tests/metadata.jso
 
 def _skills_cli() -> pathlib.Path:
     env = os.environ.get("MFSDP_SKILLS_CLI")
-    cli = pathlib.Path(env) if env else ROOT / ".cache" / "node" / "node_modules" / ".bin" / "skills"
+    cli = pathlib.Path(env) if env else pathlib.Path(devenv.skills_cli(str(ROOT)))
     if not cli.exists():
         pytest.fail(f"npm 'skills' CLI not installed at {cli}; run: bash scripts/dev.sh test (it installs it)")
     if shutil.which("node") is None:
@@ -181,3 +183,83 @@ def test_signature_made_on_the_source_verifies_on_the_installed_copy(installed, 
     shutil.copy2(src / sig.SIGNATURE_NAME, dest / sig.SIGNATURE_NAME)
     ok = sig.verify(dest, str(signing_keys["root"]))
     assert ok.files == sorted(_tree(installed["dest"]), key=pathlib.PurePosixPath)  # the order signed_files uses
+
+
+# --------------------------------------------------------------------------- README's order: set up, then install
+
+
+def _release_version() -> str:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def _files_under(path: pathlib.Path) -> set[str]:
+    return {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+@pytest.mark.slow
+def test_a_clone_set_up_by_dev_sh_then_installed_holds_only_the_skill_and_verifies(tmp_path, signing_keys):
+    """README's own order on a clone: `dev.sh setup`, `dev.sh demo` and a pytest run through dev.sh (its
+    virtualenvs, skills CLI, demo output, pytest and hypothesis caches), then `skills add <clone>`. Nothing
+    dev.sh makes may land in the clone (the installer would copy it: 1.9 GB when the environments lived there),
+    and the installed folder must pass `skill_signature.py verify` without --dev-tree.
+
+    The clone's dev folder is the default one (keyed by the clone's path under XDG_CACHE_HOME), made a link to
+    this checkout's so that no package is downloaded again."""
+    cli = _skills_cli()
+    ours = pathlib.Path(devenv.dev_home(str(ROOT)))
+    if not pathlib.Path(devenv.python(str(ROOT))).exists():
+        pytest.fail(f"no dev virtualenv at {ours}: run the suite with bash scripts/dev.sh test, which sets it up")
+    clone = tmp_path / "clone" / SKILL
+    for rel in _source_files():
+        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, clone / rel)
+    sig.sign(clone, str(signing_keys["key"]), str(signing_keys["cert"]), [str(c) for c in signing_keys["chain"]])
+    before = _files_under(clone)
+    cache = tmp_path / "xdg"
+    env = {k: v for k, v in os.environ.items() if k not in ("MFSDP_DEV_HOME", "MFSDP_SKILLS_CLI", "SKILLS_CLI")}
+    env.update(XDG_CACHE_HOME=str(cache), CI="", DISABLE_TELEMETRY="1", DO_NOT_TRACK="1")
+    theirs = pathlib.Path(devenv.dev_home(str(clone), env))
+    assert theirs.parent == cache / devenv.APP / "dev" and not theirs.is_relative_to(clone)
+    theirs.parent.mkdir(parents=True)
+    theirs.symlink_to(ours, target_is_directory=True)
+    # test_fuzz_config.py runs Hypothesis, which keeps a database; dev.sh test310 runs pytest with its cache.
+    for job in (["setup"], ["demo"], ["test310", "tests/rules/test_fuzz_config.py", "-q", "-x", "-k", "random_bytes"]):
+        proc = subprocess.run(
+            ["bash", "scripts/dev.sh", *job], cwd=clone, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, f"dev.sh {job[0]}: " + proc.stdout[-1500:] + proc.stderr[-1500:]
+        assert str(theirs) in proc.stdout + proc.stderr or job[0] == "test310"
+    assert _files_under(clone) == before, "dev.sh wrote into the checkout: " + ", ".join(
+        sorted(_files_under(clone) - before)
+    )
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    home.mkdir()
+    proc = subprocess.run(
+        [str(cli), "add", str(clone), "--skill", SKILL, "-a", "claude-code", "-y"],
+        cwd=project,
+        env=dict(env, HOME=str(home), CI="1"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dest = project / ".claude" / "skills" / SKILL
+    assert _files_under(dest) == before
+    verify = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "skill_signature.py"),
+            "verify",
+            "--root",
+            str(signing_keys["root"]),
+            "--expect-version",
+            _release_version(),
+            str(dest),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from mfsdp_lib import devenv
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -88,8 +93,8 @@ def test_ci_runs_lint_types_and_both_pythons():
 
 def test_dev_sh_treats_an_empty_selection_as_no_failure():
     """pytest exits 5 when a selection runs no test; dev.sh (and so .ci/run) must not fail on it."""
-    if not (ROOT / ".venv" / "bin" / "python").exists():
-        pytest.fail(".venv is not set up: run the suite with bash scripts/dev.sh test, which sets it up")
+    if not os.path.exists(devenv.python(str(ROOT))):
+        pytest.fail("the dev virtualenv is not set up: run the suite with bash scripts/dev.sh test, which sets it up")
     proc = subprocess.run(
         [
             "bash",
@@ -117,10 +122,120 @@ def test_line_endings_are_pinned():
 
 def test_demo_runs_twice():
     """README: 'A second run skips the set-up.' The second demo stopped at 'enable -o ... exists' (exit 2)."""
-    if not (ROOT / ".venv" / "bin" / "python").exists():
-        pytest.fail(".venv is not set up: run the suite with bash scripts/dev.sh test, which sets it up")
+    if not os.path.exists(devenv.python(str(ROOT))):
+        pytest.fail("the dev virtualenv is not set up: run the suite with bash scripts/dev.sh test, which sets it up")
     for attempt in (1, 2):
         proc = subprocess.run(
             ["bash", str(ROOT / "scripts" / "dev.sh"), "demo"], capture_output=True, text=True, timeout=600
         )
         assert proc.returncode == 0, f"run {attempt}: " + proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
+def test_a_long_pytest_run_says_it_is_still_working(tmp_path):
+    """A pytest run prints nothing while one long test file runs (the progress line sat at 75 % for minutes):
+    dev.sh prints a line every MFSDP_HEARTBEAT_S seconds (60 by default) until it ends, and no later."""
+    if not os.path.exists(devenv.python(str(ROOT), "venv310")):
+        pytest.fail("the Python 3.10 dev virtualenv is not set up: run bash scripts/dev.sh test, which sets it up")
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time\n\n\ndef test_slow():\n    time.sleep(3.5)\n")
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "dev.sh"), "test310", str(slow), "-q", "-p", "no:cacheprovider"],
+        env=dict(os.environ, MFSDP_HEARTBEAT_S="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    beats = [ln for ln in proc.stderr.splitlines() if ln.startswith("[dev.sh] still running: pytest on Python 3.10")]
+    wall = time.monotonic() - start  # run() returned: no heartbeat kept the output pipe open after dev.sh
+    assert 2 <= len(beats) <= wall + 1, proc.stderr  # the 3.5 s test alone gives 3; one a second at most
+    assert [int(re.search(r"\((\d+) s", b).group(1)) for b in beats] == sorted(
+        int(re.search(r"\((\d+) s", b).group(1)) for b in beats
+    )
+    assert re.search(r"\(\d+ s so far\)$", beats[-1])
+    assert "1 passed" in proc.stdout
+    assert 'HEARTBEAT_S="${MFSDP_HEARTBEAT_S:-60}"' in DEV  # the default README promises
+
+
+def _verifier_section() -> str:
+    return README.split("### Check the signature", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_names_the_release_tag_the_card_names():
+    card_version = re.search(r'^version: "([^"]+)"', (ROOT / "card.yaml").read_text(), re.M)
+    assert card_version
+    tag = f"v{card_version.group(1)}"
+    section = _verifier_section()
+    assert f"the tag `{tag}`" in section and f"--expect-version {card_version.group(1)}" in section
+    assert "<release tag>" not in README + (ROOT / "SECURITY.md").read_text()
+    assert f'@ git+<repository-url>@{tag}"' in section and f"git+file://localhost/ABSOLUTE/PATH@{tag}" in section
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_readme_verifier_install_works_with_the_pip_a_fresh_venv_has(tmp_path):
+    """README's `pip install "...[sign] @ git+...@TAG"` on the pip that `python3 -m venv` brings (23.x, which
+    refuses `git+file:///PATH` as an invalid requirement), from a clone on disk, in the `localhost` form the
+    README gives; then the installed `mfsdp-verify` runs."""
+    section = _verifier_section()
+    m = re.search(r'pip install "([^"]+)"', section)
+    assert m, "README's verifier section has no pip install line"
+    local = re.search(r"`(git\+file://localhost/ABSOLUTE/PATH@(v[\d.]+))`", section)
+    assert local
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    tag = local.group(2)
+    has_tag = subprocess.run(["git", "-C", str(clone), "rev-parse", "-q", "--verify", f"refs/tags/{tag}"])
+    if has_tag.returncode != 0:  # before the release is tagged: tag the clone as the maintainers will
+        subprocess.run(["git", "-C", str(clone), "tag", "-a", tag, "-m", tag], check=True, timeout=60)
+    requirement = m.group(1).replace(
+        "git+<repository-url>@" + tag, local.group(1).replace("/ABSOLUTE/PATH", str(clone))
+    )
+    assert requirement != m.group(1)
+    base = getattr(sys, "_base_executable", sys.executable)
+    venv = tmp_path / "verify"
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip_version = subprocess.run(
+        [str(venv / "bin" / "pip"), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    proc = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--no-deps", requirement],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, pip_version + proc.stdout[-2000:] + proc.stderr[-2000:]
+    helped = subprocess.run([str(venv / "bin" / "mfsdp-verify"), "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "--expect-version" in helped.stdout, helped.stdout + helped.stderr
+
+
+def test_readme_states_the_measured_suite_time():
+    """README's figure for `dev.sh test` on 2 CPUs is the measured median of benchmarks/results/suite_speed.json."""
+    result = json.loads((ROOT / "benchmarks" / "results" / "suite_speed.json").read_text())
+    cols = result["columns"]
+    row = next(r for r in result["rows"] if r[cols.index("tree")] == "candidate")
+    median, spread = row[cols.index("wall s (median)")], row[cols.index("wall s range")]
+    assert "2 CPUs" in result["machine"]
+    text = " ".join(README.split())
+    assert f"a median of {round(median)} s" in text and f"{spread} s over {row[cols.index('runs')]} runs" in text
+
+
+def test_readme_states_what_an_install_holds():
+    """The sizes README gives for an install are those of the signed set (what the installer copies), to 10 %."""
+    from mfsdp_lib.integrity import signature as sig
+
+    files = [*sig.signed_files(ROOT), sig.SIGNATURE_NAME]
+    total = sum((ROOT / f).stat().st_size for f in files)
+    raw = sum((ROOT / f).stat().st_size for f in files if f.startswith("benchmarks/results/raw/"))
+    used = sum(
+        (ROOT / f).stat().st_size
+        for f in files
+        if f.split("/")[0] in ("SKILL.md", "references", "scripts", "schemas", "card.yaml", "signing")
+    )
+    m = re.search(r"About (\d+) MB in about ([\d,]+) files", README)
+    assert m, "README no longer says how large an install is"
+    assert abs(int(m.group(1)) * 1e6 - total) <= 0.1 * total, total
+    assert abs(int(m.group(2).replace(",", "")) - len(files)) <= 0.1 * len(files), len(files)
+    assert abs(float(re.search(r"`signing/` \(about ([\d.]+) MB\)", README).group(1)) * 1e6 - used) <= 0.1 * used
+    assert abs(float(re.search(r"([\d.]+) MB of which are raw GPU", README).group(1)) * 1e6 - raw) <= 0.1 * raw

@@ -14,6 +14,7 @@ import yaml
 from _helpers_skill import ROOT, headings, read, relative_links
 
 MY_REFERENCES = [
+    "background.md",
     "checkpoints.md",
     "fsdp2.md",
     "perf.md",

@@ -54,14 +54,20 @@ def _heard(event: str, args: tuple) -> None:
         _compiled.add(args[1])
 
 
-def default_dir(environ=None) -> str:
-    """``$XDG_CACHE_HOME/<APP>/pycache`` (absolute values only), else ``~/.cache/<APP>/pycache``."""
+def app_cache(environ=None) -> str:
+    """``$XDG_CACHE_HOME/<APP>`` (absolute values only), else ``~/.cache/<APP>``: the user's folder for this
+    skill, which also holds the developers' environments (``mfsdp_lib/devenv.py``)."""
     env = os.environ if environ is None else environ
     base = env.get("XDG_CACHE_HOME") or ""
     if not os.path.isabs(base):  # the spec: a relative path is invalid and is ignored
         home = env.get("HOME") or os.path.expanduser("~")
         base = os.path.join(home, ".cache")
-    return os.path.join(base, APP, "pycache")
+    return os.path.join(base, APP)
+
+
+def default_dir(environ=None) -> str:
+    """``$XDG_CACHE_HOME/<APP>/pycache`` (absolute values only), else ``~/.cache/<APP>/pycache``."""
+    return os.path.join(app_cache(environ), "pycache")
 
 
 def _inside(path: str, folder: str) -> bool:

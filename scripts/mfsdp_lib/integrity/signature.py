@@ -121,7 +121,7 @@ CARD = "card.yaml"  # carries the skill's name and version; signed like every fi
 
 INSTALL_HINT = (
     "needs the OpenSSF model-signing library: pip install 'model-signing==1.1.1' 'pyopenssl==26.4.0' "
-    "(or: bash scripts/dev.sh test, which sets up .venv)"
+    "(or: bash scripts/dev.sh test, which sets up its own virtualenv)"
 )
 
 
