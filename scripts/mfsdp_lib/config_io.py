@@ -709,8 +709,11 @@ def base_summary(base: str | None, data: Mapping, name: str) -> tuple[dict, str 
     """(the ``base`` JSON object, a one-line note for the text header or None) for CONFIG ``data``."""
     missing = missing_sections(data)
     chosen = choose_base(base, data)
-    info = {"name": chosen if chosen is not None else (DEFAULTS_BASE if base == DEFAULTS_BASE else None)}
-    info.update(partial=bool(missing), missing_sections=missing)
+    info: dict = {
+        "name": chosen if chosen is not None else (DEFAULTS_BASE if base == DEFAULTS_BASE else None),
+        "partial": bool(missing),
+        "missing_sections": missing,
+    }
     if not missing:
         return info, None
     lacks = f"{name} has no {', '.join(missing)} section{'s' if len(missing) > 1 else ''}"
