@@ -758,6 +758,23 @@ def load_effective(path: str | None, overrides: Sequence[str] = (), base: str | 
     return cfg
 
 
+def overrides_alone(overrides: Sequence[str]) -> dict:
+    """Only the ``section.key=value`` overrides, over no config at all (each validated as ``set_path`` does).
+
+    For ``memory`` when the user names the model another way (--params, --model, --hf-config): every key the
+    overrides leave out stays absent, so the estimate assumes for it what it assumes without any config,
+    instead of taking the embedded recipe's layout, sequence length and strategy.
+    """
+    cfg: dict = {}
+    for item in overrides or ():
+        p, v = parse_override(item)
+        section = p.split(".", 1)[0]
+        if "." in p and section in S.CONTAINER_KEYS and section not in cfg:
+            cfg[section] = {}
+        set_path(cfg, p, v, "override")
+    return cfg
+
+
 def apply_overrides(cfg: dict, overrides: Sequence[str]) -> dict:
     for item in overrides or ():
         p, v = parse_override(item)

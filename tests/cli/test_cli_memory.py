@@ -122,20 +122,56 @@ def test_overrides_alone_use_the_embedded_recipe(cli):
 
 
 def test_parallel_sizes_taken_from_the_embedded_recipe_are_named(cli):
-    """Overrides without a CONFIG sit on the embedded recipe, whose CP=2 would silently halve a 70B estimate's
-    activations ("fits" at 43.5 GiB where the job the user means, CP 1, needs 84): the estimate names what it took,
-    next to the layout and in the JSON, and --cp 1 (or the override) makes it the user's."""
-    args = ("model.recompute_granularity=full", "--model", "llama3-70b", "--dp", "4", "--tp", "4")
+    """Overrides without a CONFIG or a model of the user's sit on the embedded recipe (its Llama 3 8B is the model
+    sized), whose CP=2 halves the activations: the estimate names what it took in the layout line itself and in the
+    JSON, and --cp 1 (or the override) makes it the user's."""
+    args = ("model.recompute_granularity=full", "--dp", "4", "--tp", "4")
     proc, out = run_json(cli, *args)
     assert out["parallelism"]["cp"] == 2 and out["inherited_from_embedded_recipe"] == {"context_parallel_size": 2}
     assert any("--cp 1" in n for n in out["assumptions"]["notes"])
     text = cli("memory", *args).stdout.splitlines()
-    assert text[1].startswith("DP=4 TP=4 PP=1 CP=2") and text[2].startswith("note: no CONFIG given")
+    assert text[1].startswith("DP=4 TP=4 PP=1 CP=2 (embedded recipe's) EP=1"), text[1]
+    assert text[2].startswith("note: no CONFIG given")
     for fixed in ((*args, "--cp", "1"), ("model.context_parallel_size=1", *args)):
         _, out = run_json(cli, *fixed)
         assert out["parallelism"]["cp"] == 1 and "inherited_from_embedded_recipe" not in out
-    _, out = run_json(cli, "--model", "llama3-70b", "--dp", "4", "--tp", "4")  # no overrides: no recipe, no note
-    assert out["parallelism"]["cp"] == 1 and "inherited_from_embedded_recipe" not in out
+
+
+PARAMS_70B = ("--params", "70600000000", "--dp", "64", "--gpu-mem-gib", "80")
+DSV3 = "fixtures/memory/hf_configs/deepseek-ai/DeepSeek-V3"
+
+
+def test_an_override_never_swaps_the_users_model_onto_the_embedded_recipe(cli):
+    """`--params 70.6e9 --dp 64 model.init_model_with_meta_device=true` put the embedded Llama 3 8B recipe under
+    the user's 70.6 B model and took its CP 2: 131.6 GiB "NO" became 10.4 GiB "yes" at a sharding degree of 128.
+    With a model of the user's (--params, --model, --hf-config) the overrides apply to that model alone: the
+    layout, precision and optimizer are what the same command without the override assumes."""
+    _, bare = run_json(cli, *PARAMS_70B)
+    _, over = run_json(cli, *PARAMS_70B, "model.init_model_with_meta_device=true")
+    assert over["parallelism"] == bare["parallelism"] and over["parallelism"]["cp"] == 1
+    assert "inherited_from_embedded_recipe" not in over
+    assert not any(r["configured"] for r in over["strategies"])  # the override selects no strategy
+    for a, b in zip(bare["strategies"], over["strategies"], strict=True):
+        assert (a["params_gib"], a["grads_gib"], a["optimizer_gib"]) == (
+            b["params_gib"],
+            b["grads_gib"],
+            b["optimizer_gib"],
+        )
+    fsdp = {r["name"]: r for r in over["strategies"]}["optim_grads_params"]
+    # meta init: no construction peak; 64-way shards of weights, grads and Adam state plus the step's fp32 copy
+    assert fsdp["init_peak_gib"] in (None, 0.0) and 16 < fsdp["total_gib"] < 24 and fsdp["fits"]
+    assert {r["name"]: r for r in bare["strategies"]}["optim_grads_params"]["total_gib"] > 130
+
+
+def test_an_override_keeps_the_users_world_and_hf_model(cli, tests_dir):
+    """`--hf-config dsv3 --gpus 256 ... model.recompute_granularity=full` silently halved DP 256 -> 128 (the
+    embedded recipe's CP 2) and took its seq 8192."""
+    base = ("--hf-config", str(tests_dir / DSV3), "--gpus", "256", "--ep", "64")
+    _, bare = run_json(cli, *base)
+    _, over = run_json(cli, *base, "model.recompute_granularity=full")
+    assert over["parallelism"]["dp"] == 256 and over["parallelism"]["cp"] == 1
+    assert over["assumptions"]["seq_length"] == bare["assumptions"]["seq_length"]
+    assert over["assumptions"]["recompute"].startswith("full") and "inherited_from_embedded_recipe" not in over
 
 
 def test_bad_override_is_one_line(cli):

@@ -135,12 +135,21 @@ def _split_inputs(inputs: list[str]) -> tuple[str | None, list[str]]:
     return path, overrides
 
 
-def load_config(path: str | None, overrides: list[str]):
-    """The effective config via config_io, or None when neither a file nor overrides were given."""
+def load_config(path: str | None, overrides: list[str], own_model: bool = False):
+    """The effective config via config_io, or None when neither a file nor overrides were given.
+
+    Overrides without a CONFIG apply to the embedded Llama 3 8B recipe (as in ``check``) only when the
+    model sized is that recipe's. When the user names the model (``own_model``: --params, --model,
+    --hf-config), the recipe is not the job: its layout (CP 2), sequence length and strategy must not
+    slip under the user's model, so the overrides stand alone (``config_io.overrides_alone``) and
+    everything else is what the estimate assumes without a config.
+    """
     if path is None and not overrides:
         return None
     from .. import config_io  # imports yaml: only when there is a config to read
 
+    if path is None and own_model:
+        return config_io.overrides_alone(overrides)
     return config_io.load_effective(path, overrides)
 
 
@@ -153,7 +162,8 @@ def _strategies(values: list[str] | None) -> tuple[str, ...]:
 
 def run(args) -> int:
     path, overrides = _split_inputs(args.inputs)
-    cfg = load_config(path, overrides)
+    own_model = any(v is not None for v in (args.params, args.model, args.hf_config))
+    cfg = load_config(path, overrides, own_model)
     try:
         result = memory.report(
             cfg,
@@ -179,7 +189,7 @@ def run(args) -> int:
         raise InputError(str(exc)) from None
     except OverflowError:  # e.g. --seq-length 1e400 as an int: float() of it overflows
         raise InputError(TOO_LARGE) from None
-    inherited = _inherited_parallelism(path, overrides, args)
+    inherited = {} if own_model else _inherited_parallelism(path, overrides, args)
     if inherited:
         result["inherited_from_embedded_recipe"] = inherited
         result["assumptions"].setdefault("notes", []).append(_inherited_note(inherited))
@@ -197,8 +207,9 @@ def run(args) -> int:
 
 
 # Parallel sizes a job may leave out of its overrides, with the flag that sets each here. Overrides given without a
-# CONFIG apply to the embedded Llama 3 8B recipe (as in `check`), so a size it sets other than 1 (its CP=2) silently
-# becomes the estimated job's unless the user names it: the estimate then says so next to the layout.
+# CONFIG or a model of the user's apply to the embedded Llama 3 8B recipe (as in `check`), so a size it sets other
+# than 1 (its CP=2) becomes the estimated job's unless the user names it: the layout line marks it, and a note says
+# how to drop it.
 PARALLEL_SIZES = (
     ("tensor_model_parallel_size", "--tp"),
     ("pipeline_model_parallel_size", "--pp"),
@@ -242,7 +253,21 @@ def render_text(result: dict) -> str:
         f"model: {m['name'] or 'unnamed'} ({m['source']}): {m['params'] / 1e9:.3f} B parameters, "
         f"{m['params_per_gpu'] / 1e9:.3f} B on the most-loaded GPU"
     ]
-    run_line = f"DP={par['dp']} TP={par['tp']} PP={par['pp']} CP={par['cp']} EP={par['ep']}"
+    inherited = result.get("inherited_from_embedded_recipe") or {}
+
+    def size(name: str, key: str) -> str:  # a size taken from the embedded recipe says so in the layout itself
+        return f"{name}={par[name.lower()]}" + (" (embedded recipe's)" if key in inherited else "")
+
+    run_line = " ".join(
+        size(n, k)
+        for n, k in (
+            ("DP", ""),
+            ("TP", "tensor_model_parallel_size"),
+            ("PP", "pipeline_model_parallel_size"),
+            ("CP", "context_parallel_size"),
+            ("EP", "expert_model_parallel_size"),
+        )
+    )
     if par.get("etp", par["tp"]) != par["tp"]:
         run_line += f" ETP={par['etp']}"
     if "seq_length" in a:

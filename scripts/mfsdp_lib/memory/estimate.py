@@ -81,8 +81,10 @@ def parallel_from(cfg: Mapping | None, *, dp=None, tp=None, pp=None, cp=None, ep
 
 
 def configured_strategy(cfg: Mapping | None) -> str | None:
-    """The strategy a config selects: Megatron FSDP's sharding strategy, else distopt or ddp."""
-    if cfg is None:
+    """The strategy a config selects: Megatron FSDP's sharding strategy, else distopt or ddp.
+
+    None when the config says nothing about it (no ddp, dist or optimizer section: overrides of the model alone)."""
+    if cfg is None or not any(s in cfg for s in ("ddp", "dist", "optimizer")):
         return None
     if _bool(_get(cfg, "ddp.use_megatron_fsdp")) or _bool(_get(cfg, "dist.use_megatron_fsdp")):
         return str(_get(cfg, "ddp.data_parallel_sharding_strategy", "no_shard"))
