@@ -240,3 +240,69 @@ def test_gpus_derives_and_checks_dp(cli):
     assert bad.returncode == 2 and "parallel_state.py:822" in bad.stderr
     clash = cli("memory", "--model", "llama3-8b", "--tp", "4", "--gpus", "64", "--dp", "8")
     assert clash.returncode == 2 and "not --gpus 64" in clash.stderr
+
+
+LLAMA70B_TP4_PP2_FSDP = """\
+model:
+  tensor_model_parallel_size: 4
+  pipeline_model_parallel_size: 2
+dist:
+  use_megatron_fsdp: true
+ddp:
+  use_megatron_fsdp: true
+  data_parallel_sharding_strategy: optim_grads_params
+"""
+
+
+def test_a_strategy_the_job_cannot_run_is_not_said_to_fit(cli, tmp_path):
+    """`memory llama70b_tp4_pp2_fsdp.yaml --gpus 128` printed `optim_grads_params* ... yes` while `check` on the
+    same file says MFSDP-PIPELINE-PARALLEL. Megatron FSDP rows at PP > 1 are n/a, and the way out is named."""
+    cfg = tmp_path / "llama70b_tp4_pp2_fsdp.yaml"
+    cfg.write_text(LLAMA70B_TP4_PP2_FSDP)
+    assert "MFSDP-PIPELINE-PARALLEL" in cli("check", str(cfg), "--env", "PATH=/usr/bin").stdout
+    args = (str(cfg), "--model", "llama3-70b", "--gpus", "128", "--gpu-mem-gib", "141")
+    _, out = run_json(cli, *args)
+    rows = {r["name"]: r for r in out["strategies"]}
+    for name in ("no_shard", "optim", "optim_grads", "optim_grads_params"):
+        assert rows[name]["fit"] == "n/a (PP > 1)" and rows[name]["fits"] is False, rows[name]
+        assert rows[name]["smallest_dp_that_fits"] is None
+    assert rows["distopt"]["fit"] in ("yes", "tight", "no")
+    text = cli("memory", *args).stdout
+    line = next(x for x in text.splitlines() if x.startswith("optim_grads_params*"))
+    assert "n/a(PP>1)" in line and " yes" not in line
+    assert "enable" in text and "--set-pp-1" in text and "MFSDP-PIPELINE-PARALLEL" in text
+
+
+def test_fits_has_three_states_and_names_what_is_not_counted(cli):
+    """`--gpu-mem-gib 80` said 78.96 GiB "yes": no room for the CUDA context, NCCL or fragmentation."""
+    args = ("--params", "12.8e9", "--dp", "64", "--strategy", "distopt")
+    _, out = run_json(cli, *args, "--gpu-mem-gib", "80")
+    row = out["strategies"][0]
+    assert 72 < row["total_gib"] <= 80, row["total_gib"]  # above the headroom line, below the card
+    assert row["fit"] == "tight" and row["fits"] is True
+    assert out["gpu"]["tight_above_gib"] == pytest.approx(80 * memory.TIGHT_FRACTION, abs=0.01)
+    text = cli("memory", *args, "--gpu-mem-gib", "80").stdout
+    assert "tight" in next(x for x in text.splitlines() if x.startswith("distopt"))
+    assert "CUDA context" in text and "NCCL" in text and "fragmentation" in text
+    assert run_json(cli, *args, "--gpu-mem-gib", "141")[1]["strategies"][0]["fit"] == "yes"
+    assert run_json(cli, *args, "--gpu-mem-gib", "40")[1]["strategies"][0]["fit"] == "no"
+
+
+@pytest.mark.parametrize("name,gib", [("h100", 79.18), ("H200", 139.80)])
+def test_gpu_presets_are_the_memory_a_process_gets(cli, name, gib):
+    """An H100 80GB gives a process 79.18 GiB, not 80: the preset is the measured figure, with its source."""
+    _, out = run_json(cli, "--model", "llama3-8b", "--dp", "8", "--gpu-mem-gib", name)
+    assert out["gpu_mem_gib"] == pytest.approx(gib, abs=0.005)
+    assert "benchmarks/results/raw/" in out["gpu"]["source"]
+    text = cli("memory", "--model", "llama3-8b", "--dp", "8", "--gpu-mem-gib", name).stdout
+    assert f"GPU {gib:.2f} GiB ({name.upper()}" in text
+
+
+def test_a_nominal_card_size_points_at_the_preset(cli):
+    text = cli("memory", "--model", "llama3-8b", "--dp", "8", "--gpu-mem-gib", "80").stdout
+    assert "--gpu-mem-gib h100" in text and "79.18" in text
+
+
+def test_gpu_mem_gib_bad_value_is_one_line(cli):
+    p = cli("memory", "--model", "llama3-8b", "--gpu-mem-gib", "a100x")
+    assert p.returncode == 2 and "h100" in p.stderr and "Traceback" not in p.stderr

@@ -52,7 +52,10 @@ Reading the table: GiB per GPU on the most-loaded rank. 'buffers' are Megatron F
 model state + the largest of: activations + buffers alive with them, the late reduce-scatter
 queue, the optimizer-step fp32 gradient copy, plus a margin calibrated on measured runs. 'min DP'
 is the smallest data-parallel size at which that strategy fits (-: never, by this model).
-Not counted: CUDA context, NCCL, fragmentation - keep 5-10% headroom.
+'fits': yes = the total is within 90% of --gpu-mem-gib; tight = above that and within the
+GPU, where what the total does not count (CUDA context, NCCL, allocator fragmentation) must fit;
+NO = above it; n/a(PP>1) = a Megatron FSDP strategy a pipeline-parallel layout cannot run.
+--gpu-mem-gib h100 / h200 use the memory a process gets on those cards (measured).
 Details and OOM triage: references/memory.md.
 
 Exit codes: 0 estimate printed; 1 --gpu-mem-gib given and no reported strategy fits at
@@ -106,7 +109,12 @@ def configure(parser) -> None:
     parser.add_argument(
         "--micro-batch-size", type=int, metavar="N", help="micro-batch size (default: config's, else 1)"
     )
-    parser.add_argument("--gpu-mem-gib", type=float, metavar="G", help="GPU memory to fit in, GiB (H100 80, H200 141)")
+    parser.add_argument(
+        "--gpu-mem-gib",
+        metavar="G",
+        help="GPU memory to fit in: GiB, or h100 / h200 for what a process gets on that card "
+        "(79.18 / 139.80 GiB, measured; the nominal 80 / 141 are more than a process can have)",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
@@ -243,6 +251,18 @@ def _inherited_note(inherited: dict[str, int]) -> str:
     )
 
 
+# The fits cell of a strategy the layout cannot run. One word, as every cell of the table: readers split rows
+# on whitespace (the JSON's "fit" says "n/a (PP > 1)").
+_PP_CELL = "n/a(PP>1)"
+
+
+def _fit_cell(row: dict) -> str:
+    fit = row.get("fit")
+    if fit is None:
+        return "-"
+    return {"no": "NO", memory.devices.FIT_PP: _PP_CELL}.get(fit, fit)
+
+
 def _num(x, width: int = 7) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:>{width}.2f}"
 
@@ -272,31 +292,49 @@ def render_text(result: dict) -> str:
         run_line += f" ETP={par['etp']}"
     if "seq_length" in a:
         run_line += f", seq {a['seq_length']}, micro-batch {a['micro_batch_size']}, recompute {a['recompute']}"
-    if result["gpu_mem_gib"] is not None:
-        run_line += f", GPU {result['gpu_mem_gib']:g} GiB"
+    gpu = result.get("gpu")
+    if gpu:
+        run_line += (
+            f", GPU {gpu['gib']:.2f} GiB ({gpu['preset'].upper()})" if gpu["preset"] else f", GPU {gpu['gib']:g} GiB"
+        )
     lines.append(run_line)
     if result.get("inherited_from_embedded_recipe"):
         lines.append("note: " + _inherited_note(result["inherited_from_embedded_recipe"]))
     lines.append("")
+    cells = {r["name"]: _fit_cell(r) for r in result["strategies"]}
+    width = max(6, *(len(c) + 1 for c in cells.values()))
     header = (
         f"{'strategy':<20}{'params':>8}{'grads':>8}{'optim':>8}{'buffers':>8}{'activ.':>8}"
-        f"{'total':>8}{'fits':>6}{'min DP':>8}"
+        f"{'total':>8}{'fits':>{width}}{'min DP':>8}"
     )
     lines.append(header)
     for r in result["strategies"]:
-        fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
+        fits = cells[r["name"]]
         min_dp = r["smallest_dp_that_fits"]
         min_dp = "-" if min_dp is None else str(min_dp)
         mark = "*" if r["configured"] else " "
         lines.append(
             f"{r['name'] + mark:<20}{_num(r['params_gib'], 8)}{_num(r['grads_gib'], 8)}"
             f"{_num(r['optimizer_gib'], 8)}{_num(r['buffers_gib'], 8)}{_num(r['activations_gib'], 8)}"
-            f"{_num(r['total_gib'], 8)}{fits:>6}{min_dp:>8}"
+            f"{_num(r['total_gib'], 8)}{fits:>{width}}{min_dp:>8}"
         )
     lines.append(
         "GiB per GPU"
         + ("; * = the strategy this config selects" if any(r["configured"] for r in result["strategies"]) else "")
     )
+    if gpu:
+        lines.append(
+            f"fits: yes = total <= {gpu['tight_above_gib']:.2f} GiB ({gpu['tight_fraction']:.0%} of the GPU); "
+            f"tight = above that, leaving too little for what the total does not count: {gpu['not_counted']}; "
+            "NO = above the GPU. min DP: the smallest data-parallel size that gives yes"
+        )
+        if any(r["fit"] == memory.devices.FIT_PP for r in result["strategies"]):
+            lines.append(
+                f"{_PP_CELL}: Megatron FSDP cannot run with pipeline parallelism (check: MFSDP-PIPELINE-PARALLEL); "
+                "'mfsdp.py enable CONFIG --set-pp-1' sets PP=1, then size that layout with --pp 1"
+            )
+        if gpu.get("note"):
+            lines.append("note: " + gpu["note"])
     calib = [f"{r['name']} {r['calibration_gib']:.2f}" for r in result["strategies"] if r.get("calibration_gib")]
     if calib:
         lines.append("total includes a margin calibrated on measured runs (GiB): " + ", ".join(calib))

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import devices
 from . import hf as hf_mod
 from .common import FP32, GIB, ModelError, _bool, _first, _get, _int, _positive
 from .shapes import Counts, Lora, Shape, builtin_shape, count_parameters, pipeline_stages, shape_from_config
@@ -552,7 +553,7 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
 def assumed_terms(est: Estimate, strategy: str) -> list[str]:
     """What the figure does not compute from the code, and what it takes instead."""
     out = [
-        "CUDA context, NCCL buffers and allocator fragmentation are outside max_memory_allocated: keep 5-10% headroom"
+        "CUDA context, NCCL buffers and allocator fragmentation are outside max_memory_allocated: fits says tight above 90% of the GPU"
     ]
     if calibration_bytes(est, strategy):
         out.append("calibration_gib: the measured peak's excess over the modelled terms on real runs (calibration.py)")
@@ -617,7 +618,7 @@ def assumptions(est: Estimate) -> dict:
         "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
         "peak when larger (optim_grads_params without init_model_with_meta_device)",
         "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated) and allocator "
-        "fragmentation: keep 5-10% headroom; framework workspaces (0.1 GiB) and the measured activation "
+        "fragmentation: fits says tight above 90% of the GPU (devices.TIGHT_FRACTION); framework workspaces (0.1 GiB) and the measured activation "
         "excess are in calibration_gib (references/memory.md section 13)",
         "sources": [
             "megatron/training/theoretical_memory_usage.py (18 and 6 + 12/N bytes/param; activations)",
@@ -672,17 +673,23 @@ def report(
 ) -> dict:
     """The JSON object ``mfsdp.py memory --format json`` prints.
 
-    ``{"model", "parallelism", "gpu_mem_gib", "strategies": [{"name", "params_gib",
-    "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib", "fits",
+    ``{"model", "parallelism", "gpu_mem_gib", "gpu", "strategies": [{"name", "params_gib",
+    "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib", "fits", "fit",
     "model_state_gib", "step_transient_gib", "init_peak_gib", "after_step_gib",
     "smallest_dp_that_fits", "configured", "notes"}], "assumptions": {...}}``.
     ``after_step_gib`` (model state + step copy + the layers ``start_param_sync`` gathers
     right after the step) is what ``torch.cuda.memory_allocated()`` shows between training
     steps: Bridge's ``train_step`` zeroes gradients (and drops the copy) only when the next
-    step starts. ``fits`` and ``smallest_dp_that_fits`` are
-    None without ``gpu_mem_gib``. Raises ``ModelError`` (a ValueError) for bad input.
+    step starts. ``gpu_mem_gib`` is a number of GiB or a preset (``devices.GPU_PRESETS``:
+    ``h100``, ``h200``). ``fits``: the total is within the card; ``fit``: ``"yes"`` (within
+    ``devices.TIGHT_FRACTION`` of it), ``"tight"``, ``"no"``, or ``"n/a (PP > 1)"`` for a Megatron
+    FSDP strategy the layout cannot run (``fits`` False). ``smallest_dp_that_fits`` is the smallest
+    DP whose ``fit`` is ``"yes"``. All three are None without ``gpu_mem_gib``. Raises ``ModelError``
+    (a ValueError) for bad input.
     """
+    preset = None
     if gpu_mem_gib is not None:
+        gpu_mem_gib, preset = devices.parse_gpu_mem(gpu_mem_gib)
         gpu_mem_gib = _positive(gpu_mem_gib, "--gpu-mem-gib", "a number of GiB")
     est = estimate(
         cfg,
@@ -706,17 +713,27 @@ def report(
     for name, row in est.rows.items():
         total = est.total(name)
         notes = list(row.notes)
-        if name in FSDP_STRATEGIES and est.parallel.pp > 1:
+        cannot_run = name in FSDP_STRATEGIES and est.parallel.pp > 1
+        if cannot_run:
             notes.append(
-                "Megatron FSDP with PP > 1 fails when the model is wrapped: _get_dp_tp_mesh "
-                "(distributed/fsdp/mcore_fsdp_adapter.py:561) factors the world into DP x EP x TP with no "
-                "pipeline axis; this row is what it would hold"
+                "Megatron FSDP with PP > 1 fails when the model is wrapped (check: MFSDP-PIPELINE-PARALLEL): "
+                "_get_dp_tp_mesh (distributed/fsdp/mcore_fsdp_adapter.py:561) factors the world into DP x EP x TP "
+                "with no pipeline axis; this row is what it would hold. 'mfsdp.py enable CONFIG --set-pp-1' sets "
+                "PP=1 (DP grows to absorb the stages); size that layout with --pp 1"
             )
         if row.init_peak and row.total(act or 0.0) == row.init_peak:
             notes.append(
                 "the peak is model construction: the model is built unsharded on each GPU before "
                 "sharding; model.init_model_with_meta_device=true avoids it"
             )
+        if gpu_mem_gib is None:
+            fits, fit, min_dp = None, None, None
+        elif cannot_run:
+            fits, fit, min_dp = False, devices.FIT_PP, None
+        else:
+            fits, fit = total <= gpu_mem_gib * GIB, devices.fit(total / GIB, gpu_mem_gib)
+            # the smallest size at which the row says "yes": fits with the headroom devices.TIGHT_FRACTION leaves
+            min_dp = smallest_dp(est, name, gpu_mem_gib * devices.TIGHT_FRACTION)
         rows.append(
             {
                 "name": name,
@@ -726,13 +743,14 @@ def report(
                 "buffers_gib": _gib(row.buffers(act or 0.0)),
                 "activations_gib": _gib(act),
                 "total_gib": _gib(total),
-                "fits": None if gpu_mem_gib is None else total <= gpu_mem_gib * GIB,
+                "fits": fits,
+                "fit": fit,
                 "model_state_gib": _gib(row.model_state),
                 "step_transient_gib": _gib(row.step_transient),
                 "init_peak_gib": _gib(row.init_peak),
                 "after_step_gib": _gib(row.after_step + state_margin(est)),
                 "calibration_gib": _gib(calibration_bytes(est, name)),
-                "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
+                "smallest_dp_that_fits": min_dp,
                 "configured": name == est.configured,
                 "modelled": modelled_terms(est, name),
                 "assumed": assumed_terms(est, name),
@@ -764,6 +782,7 @@ def report(
             "dp_multiple_of": dp_step(est.parallel),
         },
         "gpu_mem_gib": gpu_mem_gib,
+        "gpu": None if gpu_mem_gib is None else devices.gpu_info(gpu_mem_gib, preset),
         "strategies": rows,
         "assumptions": assumptions(est),
     }
