@@ -257,3 +257,55 @@ def test_gpus_judges_the_batch_at_the_jobs_world(cli, tmp_path):
 def test_gpus_must_be_a_positive_whole_number(cli, bad):
     p = cli("check", "--gpus", bad, *CLEAN_ENV)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "--gpus" in p.stderr
+
+
+def _torch_dist_checkpoint(tmp_path):
+    from _helpers_ckptlog import FIXTURES, materialise
+
+    return materialise(FIXTURES / "ckpt" / "torch_dist_ddp", tmp_path / "ckpt")
+
+
+def test_resuming_from_a_checkpoint_of_another_format_is_an_error(cli, tests_dir, tmp_path):
+    """checkpoint.load=<a local torch_dist checkpoint> with ckpt_format=fsdp_dtensor got 0 errors, though Bridge's
+    load asserts the two agree. check reads the folder as `ckpt` does and says what to do."""
+    ckpt = _torch_dist_checkpoint(tmp_path)
+    fixup = str(tests_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml")
+    assert cli("check", fixup, *CLEAN_ENV).returncode == 0
+    p = cli("check", fixup, f"checkpoint.load={ckpt}", *CLEAN_ENV, "--format", "json")
+    assert p.returncode == 1, p.stdout
+    (f,) = [f for f in _json(p)["findings"] if f["rule"] == "MFSDP-CKPT-LOAD-FORMAT"]
+    assert f["severity"] == "error" and f["path"] == "checkpoint.load"
+    assert "torch_dist" in f["message"] and "fsdp_dtensor" in f["message"] and "differs from inferred" in f["message"]
+    assert "convert" in f["fix"]
+    text = cli("check", fixup, f"checkpoint.load={ckpt}", *CLEAN_ENV).stdout
+    assert "MFSDP-CKPT-LOAD-FORMAT" in text and str(ckpt) in text
+    # an iteration folder named directly: no format comparison in Bridge, and still a failed load
+    p = cli("check", fixup, f"checkpoint.load={ckpt / 'iter_0000020'}", *CLEAN_ENV, "--format", "json")
+    (f,) = [f for f in _json(p)["findings"] if f["rule"] == "MFSDP-CKPT-LOAD-FORMAT"]
+    assert "iteration folder named directly" in f["message"] and "the load fails" in f["message"]
+    # the same folder with the format it holds: nothing to say about it
+    p = cli("check", fixup, f"checkpoint.load={ckpt}", "checkpoint.ckpt_format=torch_dist", *CLEAN_ENV)
+    assert "MFSDP-CKPT-LOAD-FORMAT" not in p.stdout
+
+
+def test_pretrained_checkpoint_is_read_too_and_a_missing_folder_is_not_guessed(cli, tests_dir, tmp_path):
+    ckpt = _torch_dist_checkpoint(tmp_path)
+    fixup = str(tests_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml")
+    p = cli("check", fixup, f"checkpoint.pretrained_checkpoint={ckpt}", *CLEAN_ENV, "--format", "json")
+    rules_found = {(f["rule"], f["path"]) for f in _json(p)["findings"]}
+    assert ("MFSDP-CKPT-LOAD-FORMAT", "checkpoint.pretrained_checkpoint") in rules_found
+    # a path that is not on this machine (a cluster's) is not judged
+    p = cli("check", fixup, f"checkpoint.load={tmp_path / 'elsewhere'}", *CLEAN_ENV, "--format", "json")
+    assert not any(f["rule"] == "MFSDP-CKPT-LOAD-FORMAT" for f in _json(p)["findings"])
+
+
+def test_a_hugging_face_folder_in_checkpoint_load_is_refused_as_bridge_does(cli, tests_dir, tmp_path):
+    from _helpers_ckptlog import FIXTURES, materialise
+
+    hf = materialise(FIXTURES / "ckpt" / "hf_llama", tmp_path / "hf")
+    fixup = str(tests_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml")
+    p = cli("check", fixup, f"checkpoint.load={hf}", *CLEAN_ENV, "--format", "json")
+    (f,) = [f for f in _json(p)["findings"] if f["rule"] == "MFSDP-CKPT-LOAD-FORMAT"]
+    assert "HuggingFace-format" in f["message"] and "pretrained_checkpoint" in f["fix"]
+    p = cli("check", fixup, f"checkpoint.pretrained_checkpoint={hf}", *CLEAN_ENV, "--format", "json")
+    assert not any(f["rule"] == "MFSDP-CKPT-LOAD-FORMAT" for f in _json(p)["findings"])

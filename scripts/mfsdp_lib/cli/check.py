@@ -181,6 +181,21 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     return first, rest
 
 
+def _resume_findings(cfg: dict) -> list:
+    """The checkpoint the job resumes from, when it is a folder on this machine (``runs.resume``)."""
+    folders = [
+        (key, value)
+        for key in ("checkpoint.load", "checkpoint.pretrained_checkpoint")
+        for value in [config_io.get(cfg, key)]
+        if isinstance(value, str) and value.strip() and os.path.isdir(value)
+    ]
+    if not folders:
+        return []
+    from ..runs import resume  # reads checkpoint metadata: imported only when there is a folder to read
+
+    return resume.findings(folders, config_io.get(cfg, "checkpoint.ckpt_format"))
+
+
 def _base_name(base: str) -> str:
     return config_io.EMBEDDED_NAME if base == config_io.EMBEDDED_BASE else base
 
@@ -198,6 +213,7 @@ def run(args) -> int:
         found = rules.evaluate(cfg, env, args.gpu_arch, args.gpus, "given with --gpus")
     else:
         found = rules.evaluate(cfg, env, args.gpu_arch)
+    found += _resume_findings(cfg)
     name = path or config_io.EMBEDDED_NAME
     fsdp = bool(config_io.get(cfg, "dist.use_megatron_fsdp")) or bool(config_io.get(cfg, "ddp.use_megatron_fsdp"))
     if args.format == "json":
