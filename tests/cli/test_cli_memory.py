@@ -306,3 +306,74 @@ def test_a_nominal_card_size_points_at_the_preset(cli):
 def test_gpu_mem_gib_bad_value_is_one_line(cli):
     p = cli("memory", "--model", "llama3-8b", "--gpu-mem-gib", "a100x")
     assert p.returncode == 2 and "h100" in p.stderr and "Traceback" not in p.stderr
+
+
+LORA_8B = """\
+model:
+  num_layers: 32
+  hidden_size: 4096
+  ffn_hidden_size: 14336
+  num_attention_heads: 32
+  num_query_groups: 8
+  vocab_size: 128256
+  hf_model_id: meta-llama/Meta-Llama-3-8B
+peft:
+  _target_: megatron.bridge.peft.lora.LoRA
+  dim: 16
+"""
+
+QWEN3_MOE = """\
+model:
+  num_layers: 48
+  hidden_size: 2048
+  num_attention_heads: 32
+  num_query_groups: 4
+  kv_channels: 128
+  ffn_hidden_size: 6144
+  moe_ffn_hidden_size: 768
+  num_moe_experts: 128
+  moe_router_topk: 8
+  vocab_size: 151936
+  expert_model_parallel_size: 8
+"""
+
+
+def test_defaults_filling_a_partial_model_section_are_named(cli, tmp_path):
+    """A Llama-8B-shaped LoRA file came out at 5.6 B parameters (no gated MLP, tied embeddings: Bridge's
+    GPTModelProvider defaults) without a word; its model id names Llama 3 8B, whose count is 8.03 B."""
+    cfg = tmp_path / "lora.yaml"
+    cfg.write_text(LORA_8B)
+    _, out = run_json(cli, str(cfg), "--dp", "8")
+    used = out["model"]["defaults_used"]
+    assert used["model.gated_linear_unit"] is False and used["model.share_embeddings_and_output_weights"] is True
+    assert "model.ffn_hidden_size" not in used and "model.num_query_groups" not in used  # the file sets them
+    assert used["model.bf16"] is False  # no bf16, fp16 or mixed_precision: fp32 weights
+    ref = out["model"]["reference"]
+    assert ref["name"] == "llama3-8b" and ref["params"] == 8_030_261_248 and ref["source"] == "model.hf_model_id"
+    assert ref["difference"] == pytest.approx(out["model"]["params"] / 8_030_261_248 - 1, abs=1e-3)
+    assert ref["difference"] < -0.25
+    text = cli("memory", str(cfg), "--dp", "8").stdout
+    head = "\n".join(text.splitlines()[:6])
+    assert "model.gated_linear_unit=false" in head and "model.share_embeddings_and_output_weights=true" in head
+    assert "llama3-8b" in head and "8.030 B" in head and "%" in head
+    assert "model.bf16=false" in head and "4 bytes" in head
+
+
+def test_a_config_model_section_is_compared_with_the_named_hf_model(cli, tmp_path, tests_dir):
+    """A Qwen3-30B-A3B file counted 20.6 B (30.5 B with --hf-config): with both, the gap is said."""
+    cfg = tmp_path / "qwen3moe.yaml"
+    cfg.write_text(QWEN3_MOE)
+    hf = str(tests_dir / "fixtures/memory/hf_configs/Qwen/Qwen3-30B-A3B")
+    _, out = run_json(cli, str(cfg), "--dp", "8", "--hf-config", hf)
+    section = out["model"]["config_model_section"]
+    assert 20.0e9 < section["params"] < 21.0e9 and 30.0e9 < out["model"]["params"] < 31.0e9
+    assert section["difference"] == pytest.approx(section["params"] / out["model"]["params"] - 1, abs=1e-3)
+    assert section["defaults_used"]["model.gated_linear_unit"] is False
+    text = cli("memory", str(cfg), "--dp", "8", "--hf-config", hf).stdout
+    assert "config's model section" in "\n".join(text.splitlines()[:6])
+
+
+def test_a_full_model_section_names_no_default(cli, tests_dir):
+    path = tests_dir / "fixtures/real-h200-run/checkpoint_metadata_only/iter_0000010/run_config.yaml"
+    _, out = run_json(cli, str(path), "--dp", "8")
+    assert out["model"]["defaults_used"] == {}

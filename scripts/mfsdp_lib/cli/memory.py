@@ -161,6 +161,20 @@ def load_config(path: str | None, overrides: list[str], own_model: bool = False)
     return config_io.load_effective(path, overrides)
 
 
+def _given_keys(path: str | None, overrides: list[str]) -> set[str] | None:
+    """The dotted keys the user wrote in CONFIG and the overrides (None without a CONFIG: the embedded recipe, or
+    the overrides alone, is taken as written). Tells the estimate which keys came from Bridge's defaults."""
+    if path is None:
+        return None
+    from .. import config_io
+
+    data, _ = config_io.load_file_data(path)
+    keys = {f"{section}.{k}" for section, v in data.items() if isinstance(v, dict) for k in v}
+    keys |= {section for section, v in data.items() if v is not None}
+    keys |= {o.split("=", 1)[0].strip() for o in overrides}
+    return keys
+
+
 def _strategies(values: list[str] | None) -> tuple[str, ...]:
     if not values:
         return ("all",)
@@ -192,6 +206,7 @@ def run(args) -> int:
             else None,
             etp=args.etp,
             gpus=args.gpus,
+            given=_given_keys(path, overrides),
         )
     except memory.ModelError as exc:
         raise InputError(str(exc)) from None
@@ -251,6 +266,50 @@ def _inherited_note(inherited: dict[str, int]) -> str:
     )
 
 
+def _value(v) -> str:
+    return "true" if v is True else "false" if v is False else "null" if v is None else str(v)
+
+
+def _below_above(diff: float) -> str:
+    return f"{abs(diff):.1%} {'below' if diff < 0 else 'above'}"
+
+
+def _model_provenance(m: dict) -> list[str]:
+    """Lines under the model line: keys that came from Bridge's defaults, and how far the count is from the
+    named model's (``model.hf_model_id``) or from the config's own model section (--hf-config / --model)."""
+    out = []
+    used = dict(m.get("defaults_used") or {})
+    bf16 = used.pop("model.bf16", None)
+    if used:
+        out.append(
+            "defaults: the config does not set "
+            + ", ".join(f"{k}={_value(v)}" for k, v in used.items())
+            + ": these are Bridge's GPTModelProvider defaults; set them if your model differs"
+        )
+    if bf16 is not None:
+        out.append(
+            "precision: no model.bf16, model.fp16 or mixed_precision in the config: Bridge's default model.bf16=false "
+            "means fp32 weights, 4 bytes per parameter (Bridge's recipes set mixed_precision=bf16_mixed: add it, "
+            "or model.bf16=true, if yours does)"
+        )
+    ref = m.get("reference")
+    if ref:
+        out.append(
+            f"reference: {ref['name']} ({ref['source']} {ref['id']}) has {ref['params'] / 1e9:.3f} B parameters; "
+            f"this count is {_below_above(ref['difference'])}"
+        )
+    own = m.get("config_model_section")
+    if own:
+        gap = f"{own['params'] / 1e9:.3f} B parameters, {_below_above(own['difference'])} this model's"
+        keys = ", ".join(f"{k}={_value(v)}" for k, v in (own.get("defaults_used") or {}).items())
+        out.append(
+            f"the config's model section counts {gap}"
+            + (f" (it leaves these to Bridge's defaults: {keys})" if keys else "")
+            + "; this estimate sizes the model named on the command line"
+        )
+    return out
+
+
 # The fits cell of a strategy the layout cannot run. One word, as every cell of the table: readers split rows
 # on whitespace (the JSON's "fit" says "n/a (PP > 1)").
 _PP_CELL = "n/a(PP>1)"
@@ -300,6 +359,7 @@ def render_text(result: dict) -> str:
     lines.append(run_line)
     if result.get("inherited_from_embedded_recipe"):
         lines.append("note: " + _inherited_note(result["inherited_from_embedded_recipe"]))
+    lines += _model_provenance(m)
     lines.append("")
     cells = {r["name"]: _fit_cell(r) for r in result["strategies"]}
     width = max(6, *(len(c) + 1 for c in cells.values()))

@@ -15,7 +15,16 @@ from pathlib import Path
 from . import devices
 from . import hf as hf_mod
 from .common import FP32, GIB, ModelError, _bool, _first, _get, _int, _positive
-from .shapes import Counts, Lora, Shape, builtin_shape, count_parameters, pipeline_stages, shape_from_config
+from .shapes import (
+    Counts,
+    Lora,
+    Shape,
+    builtin_shape,
+    count_parameters,
+    defaulted_keys,
+    pipeline_stages,
+    shape_from_config,
+)
 from .strategies import FSDP_STRATEGIES, MAX_DP_SEARCH, STRATEGIES, StrategyMemory, strategy_memory
 from .terms import (
     ActivationSettings,
@@ -222,6 +231,12 @@ class Estimate:
     notes: list[str]
     lora: Lora | None = None
     loss_headroom: float = 0.0  # terms.loss_forward_headroom: gradient buffers fit in it
+    # Shape and precision keys the config left to Bridge's defaults ({"model.KEY": value used}).
+    defaults_used: dict | None = None
+    # The named model's count when one is known (model.hf_model_id of a built-in shape), and the config's own
+    # model section beside a --hf-config / --model that replaced it.
+    reference: dict | None = None
+    config_model_section: dict | None = None
 
     @property
     def peft(self) -> bool:
@@ -298,6 +313,7 @@ def estimate(
     expert_params=None,
     etp=None,
     gpus=None,
+    given=None,
 ) -> Estimate:
     """Compute every strategy's bytes; raises ``ModelError`` for unusable input.
 
@@ -306,14 +322,17 @@ def estimate(
     ``config.json`` path or its parsed mapping), or ``cfg['model']`` (a Bridge config). Everything
     else (precision, optimizer, PEFT, recompute, parallel sizes) comes from ``cfg``; explicit
     ``dp``/``tp``/``pp``/``cp``/``ep``/``etp`` win. Use ``Estimate.total(strategy)`` for the
-    predicted peak and ``Estimate.breakdown(strategy)`` for the per-term bytes.
+    predicted peak and ``Estimate.breakdown(strategy)`` for the per-term bytes. ``given``: the dotted
+    keys the user wrote (file and overrides), to tell which shape and precision keys came from Bridge's
+    defaults (``Estimate.defaults_used``); None takes the config's model section as written.
     """
     if cfg is not None and not isinstance(cfg, Mapping):
         raise ModelError("config must be a mapping of sections ({'model': {...}, 'ddp': {...}})")
-    given = [n for n, v in (("--model", model), ("--params", params), ("--hf-config", hf_config)) if v is not None]
-    if len(given) > 1:
-        raise ModelError(f"give one of --model, --params, --hf-config (got {', '.join(given)})")
+    sources = [n for n, v in (("--model", model), ("--params", params), ("--hf-config", hf_config)) if v is not None]
+    if len(sources) > 1:
+        raise ModelError(f"give one of --model, --params, --hf-config (got {', '.join(sources)})")
     par = parallel_from(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    own_section = _get(cfg, "model")  # the config's own model section, before --hf-config replaces it
     if gpus is not None:
         world = _int(gpus, "--gpus") or 1
         model_size = par.tp * par.pp * par.cp
@@ -387,11 +406,17 @@ def estimate(
             )
         counts = _counts_from_params(float(params), par, expert_params)
     precision = precision_from_config(cfg)
-    if precision.param_bytes == FP32:
+    defaults_used: dict = {}
+    if shape is not None and source == "config model section":
+        defaults_used = defaulted_keys(_get(cfg, "model"), shape, given)
+    if precision.param_bytes == FP32 and cfg is not None and _precision_defaulted(cfg, given):
+        defaults_used["model.bf16"] = False
+    elif precision.param_bytes == FP32:
         notes.append(
             "the config enables neither bf16 nor fp16 (model.bf16, mixed_precision): fp32 training "
             "assumed; if your recipe sets mixed_precision, add model.bf16=true"
         )
+    reference, section_count = _references(own_section, shape, counts.total, source, given)
     act = activations = megatron_lm = None
     headroom = 0.0
     if shape is not None:
@@ -430,7 +455,65 @@ def estimate(
         notes,
         lora,
         headroom,
+        defaults_used,
+        reference,
+        section_count,
     )
+
+
+# The keys that set the weights' precision: none of them written means Bridge's defaults (bf16 = fp16 = false:
+# fp32 weights, 4 bytes per parameter). Bridge's recipes set mixed_precision="bf16_mixed" instead.
+PRECISION_KEYS = ("model.bf16", "model.fp16", "optimizer.bf16", "optimizer.fp16", "mixed_precision")
+
+
+def _precision_defaulted(cfg: Mapping, given) -> bool:
+    """No precision key written (``given``; without it, none present in ``cfg``)."""
+    if given is None:
+        return not any(_get(cfg, k) is not None for k in PRECISION_KEYS)
+    return not any(k in given or any(g.startswith(k + ".") for g in given) for k in PRECISION_KEYS)
+
+
+def _relative(a: float, b: float) -> float:
+    return round(a / b - 1, 4) if b else 0.0
+
+
+def _references(model_section, shape, total: float, source: str, given) -> tuple[dict | None, dict | None]:
+    """(the named model's count, the config's own model section's count) where each is known.
+
+    The named model: ``model.hf_model_id`` when it is one of the built-in shapes. The config's section: when
+    --hf-config or --model sized another shape while the config also has a countable model section.
+    """
+    reference = None
+    model_section = model_section if isinstance(model_section, Mapping) else None
+    model_id = model_section.get("hf_model_id") if model_section else None
+    if isinstance(model_id, str) and model_id.strip():
+        try:
+            named = builtin_shape(model_id.rsplit("/", 1)[-1])
+        except ModelError:
+            named = None
+        if named is not None and (shape is None or shape.name != named.name):
+            params = count_parameters(named, 1, 1, 1, None).total
+            reference = {
+                "name": named.name,
+                "source": "model.hf_model_id",
+                "id": model_id,
+                "params": params,
+                "difference": _relative(total, params),
+            }
+    section = None
+    if shape is not None and source != "config model section" and model_section is not None:
+        try:
+            own = shape_from_config(model_section)
+            own_total = count_parameters(own, 1, 1, 1, None).total
+        except (ModelError, ValueError, TypeError):
+            own = None
+        if own is not None:
+            section = {
+                "params": own_total,
+                "difference": _relative(own_total, total),
+                "defaults_used": defaulted_keys(model_section, own, given),
+            }
+    return reference, section
 
 
 def state_margin(est: Estimate) -> float:
@@ -670,6 +753,7 @@ def report(
     expert_params=None,
     etp=None,
     gpus=None,
+    given=None,
 ) -> dict:
     """The JSON object ``mfsdp.py memory --format json`` prints.
 
@@ -707,6 +791,7 @@ def report(
         expert_params=expert_params,
         etp=etp,
         gpus=gpus,
+        given=given,
     )
     act = est.activations
     rows = []
@@ -771,6 +856,9 @@ def report(
             "trainable_params": est.counts.lora_total if est.peft else est.counts.total,
             "layer_kinds": _kind_summary(est.counts.kinds),
             "pipeline_stage": est.counts.stage,
+            "defaults_used": est.defaults_used or {},
+            "reference": est.reference,
+            "config_model_section": est.config_model_section,
         },
         "parallelism": {
             "dp": est.parallel.dp,
