@@ -163,6 +163,16 @@ def test_an_override_never_swaps_the_users_model_onto_the_embedded_recipe(cli):
     assert {r["name"]: r for r in bare["strategies"]}["optim_grads_params"]["total_gib"] > 130
 
 
+def test_an_override_changes_only_what_it_names_for_a_builtin_model(cli):
+    """With --model, a recompute override must not also switch the Llama bridge's settings (dropout 0, fused bias
+    activation) to mcore's defaults, nor bring the recipe's batch in: only the recomputation changes."""
+    base = ("--model", "llama3-70b", "--dp", "4", "--tp", "4", "--gpu-mem-gib", "80")
+    _, bare = run_json(cli, *base)
+    _, over = run_json(cli, *base, "model.recompute_granularity=full")
+    changed = {k for k in bare["assumptions"] if bare["assumptions"][k] != over["assumptions"].get(k)}
+    assert changed == {"recompute"}, changed
+
+
 def test_an_override_keeps_the_users_world_and_hf_model(cli, tests_dir):
     """`--hf-config dsv3 --gpus 256 ... model.recompute_granularity=full` silently halved DP 256 -> 128 (the
     embedded recipe's CP 2) and took its seq 8192."""

@@ -207,6 +207,7 @@ def run(args) -> int:
             etp=args.etp,
             gpus=args.gpus,
             given=_given_keys(path, overrides),
+            overrides_only=path is None and own_model and bool(overrides),
         )
     except memory.ModelError as exc:
         raise InputError(str(exc)) from None

@@ -314,6 +314,7 @@ def estimate(
     etp=None,
     gpus=None,
     given=None,
+    overrides_only=False,
 ) -> Estimate:
     """Compute every strategy's bytes; raises ``ModelError`` for unusable input.
 
@@ -325,6 +326,8 @@ def estimate(
     predicted peak and ``Estimate.breakdown(strategy)`` for the per-term bytes. ``given``: the dotted
     keys the user wrote (file and overrides), to tell which shape and precision keys came from Bridge's
     defaults (``Estimate.defaults_used``); None takes the config's model section as written.
+    ``overrides_only``: ``cfg`` holds only KEY=VALUE overrides (no file, no recipe under them): every key they
+    leave out is assumed as without a config.
     """
     if cfg is not None and not isinstance(cfg, Mapping):
         raise ModelError("config must be a mapping of sections ({'model': {...}, 'ddp': {...}})")
@@ -421,7 +424,13 @@ def estimate(
     headroom = 0.0
     if shape is not None:
         act = activation_settings(
-            cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp, builtin=model is not None
+            cfg,
+            shape,
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            dp=par.dp,
+            builtin=model is not None,
+            bare=cfg is None or overrides_only,
         )
         activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
         megatron_lm = megatron_activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
@@ -754,6 +763,7 @@ def report(
     etp=None,
     gpus=None,
     given=None,
+    overrides_only=False,
 ) -> dict:
     """The JSON object ``mfsdp.py memory --format json`` prints.
 
@@ -792,6 +802,7 @@ def report(
         etp=etp,
         gpus=gpus,
         given=given,
+        overrides_only=overrides_only,
     )
     act = est.activations
     rows = []
