@@ -1,8 +1,10 @@
 """``mfsdp.py check``: every Megatron FSDP problem of a Bridge config, in one pass.
 
-Glue only: ``config_io.load_effective`` builds the effective config (Bridge defaults,
-then CONFIG or the embedded Llama 3 8B recipe, then ``KEY=VALUE`` overrides),
-``rules.evaluate`` runs the whole rule table against it and the environment, and
+Glue only: ``config_io`` builds the effective config (Bridge defaults, then the base a
+partial CONFIG is merged over (``config_io.choose_base``: the embedded Llama 3 8B recipe
+unless ``--base``), then CONFIG or the embedded recipe, then ``KEY=VALUE`` overrides),
+``rules.evaluate`` runs the whole rule table against it and the environment,
+``runs.resume`` reads the checkpoint it resumes from when that is a local folder, and
 ``findings`` renders the result. The job's environment is an explicit input: the
 ``--env`` variables, plus this shell's only with ``--shell-env`` (a verdict must not
 change with the terminal it runs in); the config's own ``env_vars`` are applied over it
