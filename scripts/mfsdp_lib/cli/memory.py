@@ -396,6 +396,8 @@ def render_text(result: dict) -> str:
             )
         if gpu.get("note"):
             lines.append("note: " + gpu["note"])
+        if gpu["preset"]:
+            lines.append(f"GPU: {gpu['gib']:.2f} GiB is what a process gets on an {gpu['card']} ({gpu['source']})")
     calib = [f"{r['name']} {r['calibration_gib']:.2f}" for r in result["strategies"] if r.get("calibration_gib")]
     if calib:
         lines.append("total includes a margin calibrated on measured runs (GiB): " + ", ".join(calib))
