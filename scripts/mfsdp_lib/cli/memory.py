@@ -37,8 +37,8 @@ stores them. A layout that cannot be built (heads or query groups vs TP, experts
 DP x CP x TP vs EP x ETP, layers vs PP) is refused with the rule, not estimated.
 
 examples:
-  mfsdp.py memory --model llama3-8b --dp 8 --gpu-mem-gib 80
-  mfsdp.py memory --model llama3-70b --dp 64 --tp 4 --strategy optim_grads_params --gpu-mem-gib 141
+  mfsdp.py memory --model llama3-8b --dp 8 --gpu-mem-gib h100      # 79.18 GiB: what a process gets
+  mfsdp.py memory --model llama3-70b --dp 64 --tp 4 --strategy optim_grads_params --gpu-mem-gib h200
   mfsdp.py memory run_config.yaml --dp 16 --gpu-mem-gib 80 --format json
   mfsdp.py memory run_config.yaml model.recompute_granularity=full model.recompute_method=uniform \\
       model.recompute_num_layers=1 --dp 8 --gpu-mem-gib 80
