@@ -51,7 +51,7 @@ Reading the table: GiB per GPU on the most-loaded rank. 'buffers' are Megatron F
 (preserved embedding/output copies, all-gather window, reduce-scatter queue); 'total' is
 model state + the largest of: activations + buffers alive with them, the late reduce-scatter
 queue, the optimizer-step fp32 gradient copy, plus a margin calibrated on measured runs. 'min DP'
-is the smallest data-parallel size at which that strategy fits (-: never, by this model).
+is the smallest data-parallel size at which that strategy's fits says yes (-: never, by this model).
 'fits': yes = the total is within 90% of --gpu-mem-gib; tight = above that and within the
 GPU, where what the total does not count (CUDA context, NCCL, allocator fragmentation) must fit;
 NO = above it; n/a(PP>1) = a Megatron FSDP strategy a pipeline-parallel layout cannot run.
@@ -59,7 +59,7 @@ NO = above it; n/a(PP>1) = a Megatron FSDP strategy a pipeline-parallel layout c
 Details and OOM triage: references/memory.md.
 
 Exit codes: 0 estimate printed; 1 --gpu-mem-gib given and no reported strategy fits at
-this DP; 2 unusable input.
+this DP (yes or tight; n/a counts as not fitting); 2 unusable input.
 """
 
 TOO_LARGE = "numbers too large to estimate: check --params, --seq-length, --micro-batch-size and the parallel sizes"
