@@ -723,7 +723,7 @@ def base_summary(base: str | None, data: Mapping, name: str) -> tuple[dict, str 
             f"({NOT_SEEN_ALONE}). --base RUN_CONFIG.yaml judges it over your recipe's config"
         )
     else:
-        over = EMBEDDED_NAME if chosen == EMBEDDED_BASE else chosen
+        over = "the " + EMBEDDED_NAME if chosen == EMBEDDED_BASE else chosen
         note = (
             f"{lacks}: a recipe launcher merges it over its recipe, so it is judged over {over}. "
             "--base RUN_CONFIG.yaml for your recipe's config (any run_config.yaml it wrote), "

@@ -199,7 +199,7 @@ def _resume_findings(cfg: dict) -> list:
 
 
 def _base_name(base: str) -> str:
-    return config_io.EMBEDDED_NAME if base == config_io.EMBEDDED_BASE else base
+    return "the " + config_io.EMBEDDED_NAME if base == config_io.EMBEDDED_BASE else base
 
 
 def run(args) -> int:
