@@ -733,6 +733,64 @@ def resolve_config_path(path: str) -> str:
 
 # ``base`` value meaning "the embedded Llama 3 8B recipe" (``--base embedded``).
 EMBEDDED_BASE = "embedded"
+# ``base`` value meaning "the file alone, over Bridge's dataclass defaults" (``--base defaults``).
+DEFAULTS_BASE = "defaults"
+
+# The ConfigContainer fields that have no default (megatron/bridge/training/config.py: ConfigContainer): a file
+# without one of them cannot build a ConfigContainer by itself. It is a --config-file that a recipe launcher
+# merges over the recipe's config (training/utils/omegaconf_utils.py: process_config_with_overrides,
+# OmegaConf.merge(recipe, yaml)), so judging it over bare dataclass defaults misses what the recipe sets
+# (checkpoint saving, the parallel layout, the batch sizes, the model).
+REQUIRED_SECTIONS = ("train", "model", "optimizer", "scheduler", "dataset", "logger", "tokenizer", "checkpoint")
+
+# What a recipe sets that a partial file judged alone (over dataclass defaults) does not show.
+NOT_SEEN_ALONE = "checkpoint saving and loading, the parallel layout, batch sizes, precision and the model"
+
+
+def missing_sections(data: Mapping) -> list[str]:
+    """The ConfigContainer sections without a default that ``data`` lacks (empty: a full config)."""
+    return [s for s in REQUIRED_SECTIONS if s not in data]
+
+
+def choose_base(base: str | None, data: Mapping) -> str | None:
+    """The base a CONFIG is judged over, as ``base_config`` takes it.
+
+    ``--base`` wins (``defaults``: none). Without it, a partial file (``missing_sections``) is judged over
+    the embedded Llama 3 8B recipe, the way a recipe launcher applies it; a full config over nothing but
+    the dataclass defaults of the fields it leaves out.
+    """
+    if base == DEFAULTS_BASE:
+        return None
+    if base is not None:
+        return base
+    return EMBEDDED_BASE if missing_sections(data) else None
+
+
+def base_summary(base: str | None, data: Mapping, name: str) -> tuple[dict, str | None]:
+    """(the ``base`` JSON object, a one-line note for the text header or None) for CONFIG ``data``."""
+    missing = missing_sections(data)
+    chosen = choose_base(base, data)
+    info: dict = {
+        "name": chosen if chosen is not None else (DEFAULTS_BASE if base == DEFAULTS_BASE else None),
+        "partial": bool(missing),
+        "missing_sections": missing,
+    }
+    if not missing:
+        return info, None
+    lacks = f"{name} has no {', '.join(missing)} section{'s' if len(missing) > 1 else ''}"
+    if chosen is None:
+        note = (
+            f"{lacks}: judged alone, over Bridge's dataclass defaults; what a recipe sets is not seen "
+            f"({NOT_SEEN_ALONE}). --base RUN_CONFIG.yaml judges it over your recipe's config"
+        )
+    else:
+        over = "the " + EMBEDDED_NAME if chosen == EMBEDDED_BASE else chosen
+        note = (
+            f"{lacks}: a recipe launcher merges it over its recipe, so it is judged over {over}. "
+            "--base RUN_CONFIG.yaml for your recipe's config (any run_config.yaml it wrote), "
+            "--base defaults for the file alone"
+        )
+    return info, note
 
 
 def base_config(base: str | None) -> dict:
@@ -743,7 +801,7 @@ def base_config(base: str | None) -> dict:
     defaults. ``"embedded"`` is the embedded Llama 3 8B recipe.
     """
     cfg = _defaults()
-    if base is None:
+    if base is None or base == DEFAULTS_BASE:
         return cfg
     if base == EMBEDDED_BASE:
         return merge_file(cfg, embedded_default(), EMBEDDED_NAME)
@@ -752,10 +810,29 @@ def base_config(base: str | None) -> dict:
 
 
 def load_effective(path: str | None, overrides: Sequence[str] = (), base: str | None = None) -> dict:
-    """Bridge defaults [⊕ BASE] ⊕ CONFIG (embedded recipe when None) ⊕ ``section.key=value`` overrides."""
+    """Bridge defaults [⊕ BASE] ⊕ CONFIG (embedded recipe when None) ⊕ ``section.key=value`` overrides.
+
+    ``base`` is taken as given (``choose_base`` picks the recipe a partial CONFIG is judged over)."""
     data, name = load_file_data(path)
     cfg = merge_file(base_config(base), data, name)
     apply_overrides(cfg, overrides)
+    return cfg
+
+
+def overrides_alone(overrides: Sequence[str]) -> dict:
+    """Only the ``section.key=value`` overrides, over no config at all (each validated as ``set_path`` does).
+
+    For ``memory`` when the user names the model another way (--params, --model, --hf-config): every key the
+    overrides leave out stays absent, so the estimate assumes for it what it assumes without any config,
+    instead of taking the embedded recipe's layout, sequence length and strategy.
+    """
+    cfg: dict = {}
+    for item in overrides or ():
+        p, v = parse_override(item)
+        section = p.split(".", 1)[0]
+        if "." in p and section in S.CONTAINER_KEYS and section not in cfg:
+            cfg[section] = {}
+        set_path(cfg, p, v, "override")
     return cfg
 
 

@@ -162,17 +162,63 @@ def test_without_pyyaml_one_line_exit_2(root):
     assert p.stderr.count("\n") == 1 and "pip install PyYAML" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_base_layers_a_partial_file_on_the_recipe(cli, tmp_path):
-    """A partial --config-file is judged as the launcher applies it: over the recipe (--base)."""
-    ovr = tmp_path / "ovr.yaml"
-    ovr.write_text("ddp:\n  use_megatron_fsdp: true\n")
-    assert cli("check", str(ovr), *CLEAN_ENV).returncode == 0  # over bare dataclass defaults: no save/load
-    p = cli("check", str(ovr), "--base", "embedded", *CLEAN_ENV, "--format", "json")
-    assert p.returncode == 1 and "MFSDP-CKPT-FORMAT" in {f["rule"] for f in _json(p)["findings"]}
-    # options and KEY=VALUE items may be interleaved
-    p = cli("check", str(ovr), "--base", "embedded", "checkpoint.save=null", *CLEAN_ENV, "checkpoint.load=null")
-    assert p.returncode == 0, p.stdout + p.stderr
+FSDP_ONLY = (
+    "dist:\n  use_megatron_fsdp: true\nddp:\n  use_megatron_fsdp: true\n"
+    "  data_parallel_sharding_strategy: optim_grads_params\n"
+)
+
+
+def test_partial_file_is_judged_over_a_recipe_and_says_which(cli, tmp_path):
+    """A file of FSDP flags only (a --config-file for a recipe launcher) was judged over Bridge's bare dataclass
+    defaults: 0 errors, while the recipe it is merged over saves torch_dist checkpoints and enable added
+    ckpt_format=fsdp_dtensor. It is judged over the embedded recipe unless --base says otherwise, and says so."""
+    ovr = tmp_path / "my_overrides.yaml"
+    ovr.write_text(FSDP_ONLY)
+    p = cli("check", str(ovr), *CLEAN_ENV)
+    assert p.returncode == 1, p.stdout
+    assert "ERROR   MFSDP-CKPT-FORMAT" in p.stdout and "MFSDP-AVG-IN-COLLECTIVE" in p.stdout
+    head = p.stdout.splitlines()[:3]
+    assert "partial" in head[0] and "embedded Llama 3 8B pretrain recipe" in head[0]
+    assert any("--base RUN_CONFIG" in line and "--base defaults" in line for line in head), head
+    out = _json(cli("check", str(ovr), *CLEAN_ENV, "--format", "json"))
+    assert out["base"]["name"] == "embedded" and out["base"]["partial"] is True
+    assert set(out["base"]["missing_sections"]) >= {"model", "train", "checkpoint"}
+    # --base embedded says the same; options and KEY=VALUE items may be interleaved
+    assert cli("check", str(ovr), "--base", "embedded", *CLEAN_ENV).stdout == p.stdout
+    q = cli("check", str(ovr), "--base", "embedded", "checkpoint.save=null", *CLEAN_ENV, "checkpoint.load=null")
+    assert q.returncode == 0, q.stdout + q.stderr
     assert cli("check", str(ovr), "--base", str(tmp_path / "missing.yaml")).returncode == 2
+
+
+def test_partial_file_judged_alone_says_what_it_could_not_see(cli, tmp_path):
+    ovr = tmp_path / "my_overrides.yaml"
+    ovr.write_text(FSDP_ONLY)
+    p = cli("check", str(ovr), "--base", "defaults", *CLEAN_ENV)
+    assert p.returncode == 0, p.stdout
+    head = "\n".join(p.stdout.splitlines()[:3])
+    assert "judged alone" in head and "not seen" in head and "checkpoint" in head
+    out = _json(cli("check", str(ovr), "--base", "defaults", *CLEAN_ENV, "--format", "json"))
+    assert out["base"]["name"] == "defaults" and out["ok"] is True
+
+
+def test_full_config_is_judged_as_it_is(cli, tests_dir):
+    """A run_config.yaml has every section: no base is put under it, and none is named."""
+    out = _json(cli("check", str(tests_dir / RUN_CONFIG), *CLEAN_ENV, "--format", "json"))
+    assert out["base"] == {"name": None, "partial": False, "missing_sections": []}
+
+
+def test_check_and_enable_agree_on_a_partial_file(cli, tmp_path):
+    """What enable adds to a partial file is what check reported; the result then passes check."""
+    ovr = tmp_path / "my_overrides.yaml"
+    ovr.write_text(FSDP_ONLY)
+    found = _json(cli("check", str(ovr), *CLEAN_ENV, "--format", "json"))
+    fixed = {f["path"] for f in found["findings"] if f["severity"] in ("error", "warning")}
+    p = cli("enable", str(ovr), "--emit", "json", *CLEAN_ENV)
+    changed = {c["path"] for c in json.loads(p.stdout)["changes"]}
+    assert fixed and fixed <= changed, (fixed, changed)
+    out = tmp_path / "fsdp.yaml"
+    assert cli("enable", str(ovr), "-o", str(out), *CLEAN_ENV).returncode == 0
+    assert cli("check", str(out), *CLEAN_ENV).returncode == 0
 
 
 def _trained_run_configs(root):
@@ -228,3 +274,55 @@ def test_hydra_words_get_clear_messages_in_every_command(cli, tmp_path, command,
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+def _torch_dist_checkpoint(tmp_path):
+    from _helpers_ckptlog import FIXTURES, materialise
+
+    return materialise(FIXTURES / "ckpt" / "torch_dist_ddp", tmp_path / "ckpt")
+
+
+def test_resuming_from_a_checkpoint_of_another_format_is_an_error(cli, tests_dir, tmp_path):
+    """checkpoint.load=<a local torch_dist checkpoint> with ckpt_format=fsdp_dtensor got 0 errors, though Bridge's
+    load asserts the two agree. check reads the folder as `ckpt` does and says what to do."""
+    ckpt = _torch_dist_checkpoint(tmp_path)
+    fixup = str(tests_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml")
+    assert cli("check", fixup, *CLEAN_ENV).returncode == 0
+    p = cli("check", fixup, f"checkpoint.load={ckpt}", *CLEAN_ENV, "--format", "json")
+    assert p.returncode == 1, p.stdout
+    (f,) = [f for f in _json(p)["findings"] if f["rule"] == "MFSDP-CKPT-LOAD-FORMAT"]
+    assert f["severity"] == "error" and f["path"] == "checkpoint.load"
+    assert "torch_dist" in f["message"] and "fsdp_dtensor" in f["message"] and "differs from inferred" in f["message"]
+    assert "convert" in f["fix"]
+    text = cli("check", fixup, f"checkpoint.load={ckpt}", *CLEAN_ENV).stdout
+    assert "MFSDP-CKPT-LOAD-FORMAT" in text and str(ckpt) in text
+    # an iteration folder named directly: no format comparison in Bridge, and still a failed load
+    p = cli("check", fixup, f"checkpoint.load={ckpt / 'iter_0000020'}", *CLEAN_ENV, "--format", "json")
+    (f,) = [f for f in _json(p)["findings"] if f["rule"] == "MFSDP-CKPT-LOAD-FORMAT"]
+    assert "iteration folder named directly" in f["message"] and "the load fails" in f["message"]
+    # the same folder with the format it holds: nothing to say about it
+    p = cli("check", fixup, f"checkpoint.load={ckpt}", "checkpoint.ckpt_format=torch_dist", *CLEAN_ENV)
+    assert "MFSDP-CKPT-LOAD-FORMAT" not in p.stdout
+
+
+def test_pretrained_checkpoint_is_read_too_and_a_missing_folder_is_not_guessed(cli, tests_dir, tmp_path):
+    ckpt = _torch_dist_checkpoint(tmp_path)
+    fixup = str(tests_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml")
+    p = cli("check", fixup, f"checkpoint.pretrained_checkpoint={ckpt}", *CLEAN_ENV, "--format", "json")
+    rules_found = {(f["rule"], f["path"]) for f in _json(p)["findings"]}
+    assert ("MFSDP-CKPT-LOAD-FORMAT", "checkpoint.pretrained_checkpoint") in rules_found
+    # a path that is not on this machine (a cluster's) is not judged
+    p = cli("check", fixup, f"checkpoint.load={tmp_path / 'elsewhere'}", *CLEAN_ENV, "--format", "json")
+    assert not any(f["rule"] == "MFSDP-CKPT-LOAD-FORMAT" for f in _json(p)["findings"])
+
+
+def test_a_hugging_face_folder_in_checkpoint_load_is_refused_as_bridge_does(cli, tests_dir, tmp_path):
+    from _helpers_ckptlog import FIXTURES, materialise
+
+    hf = materialise(FIXTURES / "ckpt" / "hf_llama", tmp_path / "hf")
+    fixup = str(tests_dir / RECIPES / "llama3_8b_pretrain_fsdp_fixup.yaml")
+    p = cli("check", fixup, f"checkpoint.load={hf}", *CLEAN_ENV, "--format", "json")
+    (f,) = [f for f in _json(p)["findings"] if f["rule"] == "MFSDP-CKPT-LOAD-FORMAT"]
+    assert "HuggingFace-format" in f["message"] and "pretrained_checkpoint" in f["fix"]
+    p = cli("check", fixup, f"checkpoint.pretrained_checkpoint={hf}", *CLEAN_ENV, "--format", "json")
+    assert not any(f["rule"] == "MFSDP-CKPT-LOAD-FORMAT" for f in _json(p)["findings"])

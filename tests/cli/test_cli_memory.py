@@ -122,20 +122,66 @@ def test_overrides_alone_use_the_embedded_recipe(cli):
 
 
 def test_parallel_sizes_taken_from_the_embedded_recipe_are_named(cli):
-    """Overrides without a CONFIG sit on the embedded recipe, whose CP=2 would silently halve a 70B estimate's
-    activations ("fits" at 43.5 GiB where the job the user means, CP 1, needs 84): the estimate names what it took,
-    next to the layout and in the JSON, and --cp 1 (or the override) makes it the user's."""
-    args = ("model.recompute_granularity=full", "--model", "llama3-70b", "--dp", "4", "--tp", "4")
+    """Overrides without a CONFIG or a model of the user's sit on the embedded recipe (its Llama 3 8B is the model
+    sized), whose CP=2 halves the activations: the estimate names what it took in the layout line itself and in the
+    JSON, and --cp 1 (or the override) makes it the user's."""
+    args = ("model.recompute_granularity=full", "--dp", "4", "--tp", "4")
     proc, out = run_json(cli, *args)
     assert out["parallelism"]["cp"] == 2 and out["inherited_from_embedded_recipe"] == {"context_parallel_size": 2}
     assert any("--cp 1" in n for n in out["assumptions"]["notes"])
     text = cli("memory", *args).stdout.splitlines()
-    assert text[1].startswith("DP=4 TP=4 PP=1 CP=2") and text[2].startswith("note: no CONFIG given")
+    assert text[1].startswith("DP=4 TP=4 PP=1 CP=2 (embedded recipe's) EP=1"), text[1]
+    assert text[2].startswith("note: no CONFIG given")
     for fixed in ((*args, "--cp", "1"), ("model.context_parallel_size=1", *args)):
         _, out = run_json(cli, *fixed)
         assert out["parallelism"]["cp"] == 1 and "inherited_from_embedded_recipe" not in out
-    _, out = run_json(cli, "--model", "llama3-70b", "--dp", "4", "--tp", "4")  # no overrides: no recipe, no note
-    assert out["parallelism"]["cp"] == 1 and "inherited_from_embedded_recipe" not in out
+
+
+PARAMS_70B = ("--params", "70600000000", "--dp", "64", "--gpu-mem-gib", "80")
+DSV3 = "fixtures/memory/hf_configs/deepseek-ai/DeepSeek-V3"
+
+
+def test_an_override_never_swaps_the_users_model_onto_the_embedded_recipe(cli):
+    """`--params 70.6e9 --dp 64 model.init_model_with_meta_device=true` put the embedded Llama 3 8B recipe under
+    the user's 70.6 B model and took its CP 2: 131.6 GiB "NO" became 10.4 GiB "yes" at a sharding degree of 128.
+    With a model of the user's (--params, --model, --hf-config) the overrides apply to that model alone: the
+    layout, precision and optimizer are what the same command without the override assumes."""
+    _, bare = run_json(cli, *PARAMS_70B)
+    _, over = run_json(cli, *PARAMS_70B, "model.init_model_with_meta_device=true")
+    assert over["parallelism"] == bare["parallelism"] and over["parallelism"]["cp"] == 1
+    assert "inherited_from_embedded_recipe" not in over
+    assert not any(r["configured"] for r in over["strategies"])  # the override selects no strategy
+    for a, b in zip(bare["strategies"], over["strategies"], strict=True):
+        assert (a["params_gib"], a["grads_gib"], a["optimizer_gib"]) == (
+            b["params_gib"],
+            b["grads_gib"],
+            b["optimizer_gib"],
+        )
+    fsdp = {r["name"]: r for r in over["strategies"]}["optim_grads_params"]
+    # meta init: no construction peak; 64-way shards of weights, grads and Adam state plus the step's fp32 copy
+    assert fsdp["init_peak_gib"] in (None, 0.0) and 16 < fsdp["total_gib"] < 24 and fsdp["fits"]
+    assert {r["name"]: r for r in bare["strategies"]}["optim_grads_params"]["total_gib"] > 130
+
+
+def test_an_override_changes_only_what_it_names_for_a_builtin_model(cli):
+    """With --model, a recompute override must not also switch the Llama bridge's settings (dropout 0, fused bias
+    activation) to mcore's defaults, nor bring the recipe's batch in: only the recomputation changes."""
+    base = ("--model", "llama3-70b", "--dp", "4", "--tp", "4", "--gpu-mem-gib", "80")
+    _, bare = run_json(cli, *base)
+    _, over = run_json(cli, *base, "model.recompute_granularity=full")
+    changed = {k for k in bare["assumptions"] if bare["assumptions"][k] != over["assumptions"].get(k)}
+    assert changed == {"recompute"}, changed
+
+
+def test_an_override_keeps_the_users_world_and_hf_model(cli, tests_dir):
+    """`--hf-config dsv3 --gpus 256 ... model.recompute_granularity=full` silently halved DP 256 -> 128 (the
+    embedded recipe's CP 2) and took its seq 8192."""
+    base = ("--hf-config", str(tests_dir / DSV3), "--gpus", "256", "--ep", "64")
+    _, bare = run_json(cli, *base)
+    _, over = run_json(cli, *base, "model.recompute_granularity=full")
+    assert over["parallelism"]["dp"] == 256 and over["parallelism"]["cp"] == 1
+    assert over["assumptions"]["seq_length"] == bare["assumptions"]["seq_length"]
+    assert over["assumptions"]["recompute"].startswith("full") and "inherited_from_embedded_recipe" not in over
 
 
 def test_bad_override_is_one_line(cli):
@@ -215,3 +261,140 @@ def test_hf_config_folder_without_config_json_says_so(cli, tmp_path):
     p = cli("memory", "--hf-config", str(folder))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"no config.json in {folder}" in p.stderr, p.stderr
+
+
+LLAMA70B_TP4_PP2_FSDP = """\
+model:
+  tensor_model_parallel_size: 4
+  pipeline_model_parallel_size: 2
+dist:
+  use_megatron_fsdp: true
+ddp:
+  use_megatron_fsdp: true
+  data_parallel_sharding_strategy: optim_grads_params
+"""
+
+
+def test_a_strategy_the_job_cannot_run_is_not_said_to_fit(cli, tmp_path):
+    """`memory llama70b_tp4_pp2_fsdp.yaml --gpus 128` printed `optim_grads_params* ... yes` while `check` on the
+    same file says MFSDP-PIPELINE-PARALLEL. Megatron FSDP rows at PP > 1 are n/a, and the way out is named."""
+    cfg = tmp_path / "llama70b_tp4_pp2_fsdp.yaml"
+    cfg.write_text(LLAMA70B_TP4_PP2_FSDP)
+    assert "MFSDP-PIPELINE-PARALLEL" in cli("check", str(cfg), "--env", "PATH=/usr/bin").stdout
+    args = (str(cfg), "--model", "llama3-70b", "--gpus", "128", "--gpu-mem-gib", "141")
+    _, out = run_json(cli, *args)
+    rows = {r["name"]: r for r in out["strategies"]}
+    for name in ("no_shard", "optim", "optim_grads", "optim_grads_params"):
+        assert rows[name]["fit"] == "n/a (PP > 1)" and rows[name]["fits"] is False, rows[name]
+        assert rows[name]["smallest_dp_that_fits"] is None
+    assert rows["distopt"]["fit"] in ("yes", "tight", "no")
+    text = cli("memory", *args).stdout
+    line = next(x for x in text.splitlines() if x.startswith("optim_grads_params*"))
+    assert "n/a(PP>1)" in line and " yes" not in line
+    assert "enable" in text and "--set-pp-1" in text and "MFSDP-PIPELINE-PARALLEL" in text
+
+
+def test_fits_has_three_states_and_names_what_is_not_counted(cli):
+    """`--gpu-mem-gib 80` said 78.96 GiB "yes": no room for the CUDA context, NCCL or fragmentation."""
+    args = ("--params", "12.8e9", "--dp", "64", "--strategy", "distopt")
+    _, out = run_json(cli, *args, "--gpu-mem-gib", "80")
+    row = out["strategies"][0]
+    assert 72 < row["total_gib"] <= 80, row["total_gib"]  # above the headroom line, below the card
+    assert row["fit"] == "tight" and row["fits"] is True
+    assert out["gpu"]["tight_above_gib"] == pytest.approx(80 * memory.TIGHT_FRACTION, abs=0.01)
+    text = cli("memory", *args, "--gpu-mem-gib", "80").stdout
+    assert "tight" in next(x for x in text.splitlines() if x.startswith("distopt"))
+    assert "CUDA context" in text and "NCCL" in text and "fragmentation" in text
+    assert run_json(cli, *args, "--gpu-mem-gib", "141")[1]["strategies"][0]["fit"] == "yes"
+    assert run_json(cli, *args, "--gpu-mem-gib", "40")[1]["strategies"][0]["fit"] == "no"
+
+
+@pytest.mark.parametrize("name,gib", [("h100", 79.18), ("H200", 139.80)])
+def test_gpu_presets_are_the_memory_a_process_gets(cli, name, gib):
+    """An H100 80GB gives a process 79.18 GiB, not 80: the preset is the measured figure, with its source."""
+    _, out = run_json(cli, "--model", "llama3-8b", "--dp", "8", "--gpu-mem-gib", name)
+    assert out["gpu_mem_gib"] == pytest.approx(gib, abs=0.005)
+    assert "benchmarks/results/raw/" in out["gpu"]["source"]
+    text = cli("memory", "--model", "llama3-8b", "--dp", "8", "--gpu-mem-gib", name).stdout
+    assert f"GPU {gib:.2f} GiB ({name.upper()}" in text
+
+
+def test_a_nominal_card_size_points_at_the_preset(cli):
+    text = cli("memory", "--model", "llama3-8b", "--dp", "8", "--gpu-mem-gib", "80").stdout
+    assert "--gpu-mem-gib h100" in text and "79.18" in text
+
+
+def test_gpu_mem_gib_bad_value_is_one_line(cli):
+    p = cli("memory", "--model", "llama3-8b", "--gpu-mem-gib", "a100x")
+    assert p.returncode == 2 and "h100" in p.stderr and "Traceback" not in p.stderr
+
+
+LORA_8B = """\
+model:
+  num_layers: 32
+  hidden_size: 4096
+  ffn_hidden_size: 14336
+  num_attention_heads: 32
+  num_query_groups: 8
+  vocab_size: 128256
+  hf_model_id: meta-llama/Meta-Llama-3-8B
+peft:
+  _target_: megatron.bridge.peft.lora.LoRA
+  dim: 16
+"""
+
+QWEN3_MOE = """\
+model:
+  num_layers: 48
+  hidden_size: 2048
+  num_attention_heads: 32
+  num_query_groups: 4
+  kv_channels: 128
+  ffn_hidden_size: 6144
+  moe_ffn_hidden_size: 768
+  num_moe_experts: 128
+  moe_router_topk: 8
+  vocab_size: 151936
+  expert_model_parallel_size: 8
+"""
+
+
+def test_defaults_filling_a_partial_model_section_are_named(cli, tmp_path):
+    """A Llama-8B-shaped LoRA file came out at 5.6 B parameters (no gated MLP, tied embeddings: Bridge's
+    GPTModelProvider defaults) without a word; its model id names Llama 3 8B, whose count is 8.03 B."""
+    cfg = tmp_path / "lora.yaml"
+    cfg.write_text(LORA_8B)
+    _, out = run_json(cli, str(cfg), "--dp", "8")
+    used = out["model"]["defaults_used"]
+    assert used["model.gated_linear_unit"] is False and used["model.share_embeddings_and_output_weights"] is True
+    assert "model.ffn_hidden_size" not in used and "model.num_query_groups" not in used  # the file sets them
+    assert used["model.bf16"] is False  # no bf16, fp16 or mixed_precision: fp32 weights
+    ref = out["model"]["reference"]
+    assert ref["name"] == "llama3-8b" and ref["params"] == 8_030_261_248 and ref["source"] == "model.hf_model_id"
+    assert ref["difference"] == pytest.approx(out["model"]["params"] / 8_030_261_248 - 1, abs=1e-3)
+    assert ref["difference"] < -0.25
+    text = cli("memory", str(cfg), "--dp", "8").stdout
+    head = "\n".join(text.splitlines()[:6])
+    assert "model.gated_linear_unit=false" in head and "model.share_embeddings_and_output_weights=true" in head
+    assert "llama3-8b" in head and "8.030 B" in head and "%" in head
+    assert "model.bf16=false" in head and "4 bytes" in head
+
+
+def test_a_config_model_section_is_compared_with_the_named_hf_model(cli, tmp_path, tests_dir):
+    """A Qwen3-30B-A3B file counted 20.6 B (30.5 B with --hf-config): with both, the gap is said."""
+    cfg = tmp_path / "qwen3moe.yaml"
+    cfg.write_text(QWEN3_MOE)
+    hf = str(tests_dir / "fixtures/memory/hf_configs/Qwen/Qwen3-30B-A3B")
+    _, out = run_json(cli, str(cfg), "--dp", "8", "--hf-config", hf)
+    section = out["model"]["config_model_section"]
+    assert 20.0e9 < section["params"] < 21.0e9 and 30.0e9 < out["model"]["params"] < 31.0e9
+    assert section["difference"] == pytest.approx(section["params"] / out["model"]["params"] - 1, abs=1e-3)
+    assert section["defaults_used"]["model.gated_linear_unit"] is False
+    text = cli("memory", str(cfg), "--dp", "8", "--hf-config", hf).stdout
+    assert "config's model section" in "\n".join(text.splitlines()[:6])
+
+
+def test_a_full_model_section_names_no_default(cli, tests_dir):
+    path = tests_dir / "fixtures/real-h200-run/checkpoint_metadata_only/iter_0000010/run_config.yaml"
+    _, out = run_json(cli, str(path), "--dp", "8")
+    assert out["model"]["defaults_used"] == {}

@@ -561,6 +561,7 @@ ROW_KEYS = {
     "activations_gib",
     "total_gib",
     "fits",
+    "fit",
     "model_state_gib",
     "step_transient_gib",
     "init_peak_gib",
@@ -612,22 +613,25 @@ def test_report_reads_config():
 @settings(max_examples=40, deadline=None)
 @given(dp=st.integers(1, 256), gpu=st.floats(8, 200), strategy=st.sampled_from(m.STRATEGIES))
 def test_fits_and_smallest_dp_are_consistent(dp, gpu, strategy):
+    """fits: within the card; fit: yes within TIGHT_FRACTION of it, tight up to it, no above; min DP gives yes."""
     r = m.report(None, model="llama3-8b", dp=dp, gpu_mem_gib=gpu, strategies=(strategy,), seq_length=2048)
     row = r["strategies"][0]
     assert row["fits"] == (row["total_gib"] <= gpu + 0.0005)
+    line = gpu * m.TIGHT_FRACTION
+    assert row["fit"] == ("no" if not row["fits"] else ("tight" if row["total_gib"] > line + 0.0005 else "yes"))
     smallest = row["smallest_dp_that_fits"]
-    if row["fits"]:
+    if row["fit"] == "yes":
         assert smallest is not None and smallest <= dp
     if smallest is not None:
         at = m.report(None, model="llama3-8b", dp=smallest, gpu_mem_gib=gpu, strategies=(strategy,), seq_length=2048)[
             "strategies"
         ][0]
-        assert at["fits"]
+        assert at["fit"] == "yes"
         if smallest > 1:
             below = m.report(
                 None, model="llama3-8b", dp=smallest - 1, gpu_mem_gib=gpu, strategies=(strategy,), seq_length=2048
             )["strategies"][0]
-            assert not below["fits"]
+            assert below["fit"] != "yes"
 
 
 def test_memory_never_grows_with_dp():

@@ -1,8 +1,10 @@
 """``mfsdp.py check``: every Megatron FSDP problem of a Bridge config, in one pass.
 
-Glue only: ``config_io.load_effective`` builds the effective config (Bridge defaults,
-then CONFIG or the embedded Llama 3 8B recipe, then ``KEY=VALUE`` overrides),
-``rules.evaluate`` runs the whole rule table against it and the environment, and
+Glue only: ``config_io`` builds the effective config (Bridge defaults, then the base a
+partial CONFIG is merged over (``config_io.choose_base``: the embedded Llama 3 8B recipe
+unless ``--base``), then CONFIG or the embedded recipe, then ``KEY=VALUE`` overrides),
+``rules.evaluate`` runs the whole rule table against it and the environment,
+``runs.resume`` reads the checkpoint it resumes from when that is a local folder, and
 ``findings`` renders the result. The job's environment is an explicit input: the
 ``--env`` variables, plus this shell's only with ``--shell-env`` (a verdict must not
 change with the terminal it runs in); the config's own ``env_vars`` are applied over it
@@ -25,7 +27,9 @@ Check a Megatron-Bridge config against every Megatron FSDP rule at once.
 
 CONFIG is a run_config.yaml (as Bridge writes into each checkpoint; a checkpoint's
 iter_* folder stands for the run_config.yaml in it), a partial override file (ddp:, checkpoint:, ... sections) or nothing (the embedded Llama 3 8B
-pretrain recipe of Bridge 0.6.2). KEY=VALUE arguments are Hydra-style overrides
+pretrain recipe of Bridge 0.6.2). A partial file is a --config-file that a recipe launcher
+merges over its recipe, so it is judged over one: the embedded Llama 3 8B recipe, or your
+recipe's run_config.yaml with --base FILE; --base defaults judges the file alone. KEY=VALUE arguments are Hydra-style overrides
 (section.key=value) applied on top, coerced like Bridge's OmegaConf loading.
 
 Each finding has a stable rule id, a severity, the dotted key to change, the value
@@ -48,8 +52,8 @@ examples:
         # judge against the launcher's environment (this shell's is ignored without --shell-env)
   mfsdp.py check fsdp.yaml --gpus 64
         # batch sizes and layout judged at the job's 64 GPUs (DP = 64 / (TP x PP x CP))
-  mfsdp.py check fsdp_overrides.yaml --base embedded
-        # a partial --config-file as the recipe launcher will see it (over the recipe)
+  mfsdp.py check fsdp_overrides.yaml --base /results/ckpt/iter_0000100/run_config.yaml
+        # a partial --config-file over your recipe's config (default: the embedded recipe)
 
 exit codes: 0 no error-severity finding, 1 at least one error, 2 unusable input
 (missing file, YAML syntax error, unknown section/key, wrong type, unknown enum value
@@ -138,9 +142,11 @@ def add_base_argument(parser) -> None:
     parser.add_argument(
         "--base",
         metavar="BASE",
-        help="full config that a partial CONFIG is layered on, as a recipe launcher does with "
-        "--config-file: a run_config.yaml, or 'embedded' for the embedded Llama 3 8B "
-        "recipe (default: Bridge's dataclass defaults)",
+        help="full config that a partial CONFIG (one without every section a ConfigContainer needs: train, "
+        "model, optimizer, scheduler, dataset, logger, tokenizer, checkpoint) is layered on, as a recipe launcher "
+        "does with --config-file: a run_config.yaml of your recipe, 'embedded' for the embedded Llama 3 8B recipe "
+        "(the default for a partial CONFIG), or 'defaults' to judge the file alone over Bridge's dataclass "
+        "defaults. A full CONFIG needs no base",
     )
 
 
@@ -179,22 +185,48 @@ def split_items(items: list[str]) -> tuple[str | None, list[str]]:
     return first, rest
 
 
+def _resume_findings(cfg: dict) -> list:
+    """The checkpoint the job resumes from, when it is a folder on this machine (``runs.resume``)."""
+    folders = [
+        (key, value)
+        for key in ("checkpoint.load", "checkpoint.pretrained_checkpoint")
+        for value in [config_io.get(cfg, key)]
+        if isinstance(value, str) and value.strip() and os.path.isdir(value)
+    ]
+    if not folders:
+        return []
+    from ..runs import resume  # reads checkpoint metadata: imported only when there is a folder to read
+
+    return resume.findings(folders, config_io.get(cfg, "checkpoint.ckpt_format"))
+
+
+def _base_name(base: str) -> str:
+    return "the " + config_io.EMBEDDED_NAME if base == config_io.EMBEDDED_BASE else base
+
+
 def run(args) -> int:
     path, overrides = split_items(args.items)
     if path:
         path = config_io.resolve_config_path(path)
-    cfg = config_io.load_effective(path, overrides, base=args.base)
+    data, shown = config_io.load_file_data(path)
+    base = config_io.choose_base(args.base, data)
+    cfg = config_io.apply_overrides(config_io.merge_file(config_io.base_config(base), data, shown), overrides)
+    base_info, base_note = config_io.base_summary(args.base, data, os.path.basename(shown) if path else shown)
     env = job_env(args)
     if args.gpus is not None:
         found = rules.evaluate(cfg, env, args.gpu_arch, args.gpus, "given with --gpus")
     else:
         found = rules.evaluate(cfg, env, args.gpu_arch)
+    found += _resume_findings(cfg)
     name = path or config_io.EMBEDDED_NAME
     fsdp = bool(config_io.get(cfg, "dist.use_megatron_fsdp")) or bool(config_io.get(cfg, "ddp.use_megatron_fsdp"))
     if args.format == "json":
-        render_json(found, config=name, overrides=list(overrides), megatron_fsdp=fsdp)
+        render_json(found, config=name, overrides=list(overrides), megatron_fsdp=fsdp, base=base_info)
     else:
         extra = f" + {len(overrides)} override(s)" if overrides else ""
-        render_text(found, header=f"check {name}{extra}: Megatron FSDP {'on' if fsdp else 'off'}")
+        if base_info["partial"]:
+            extra = (" (partial, judged alone)" if base is None else f" (partial, over {_base_name(base)})") + extra
+        header = f"check {name}{extra}: Megatron FSDP {'on' if fsdp else 'off'}"
+        render_text(found, header=header + (f"\nnote: {base_note}" if base_note else ""))
     what_works.show(cfg, args.format)
     return exit_code(found)

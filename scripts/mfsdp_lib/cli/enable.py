@@ -65,7 +65,10 @@ without your KEY=VALUE: it changes the optimisation.
 The result is checked with the same rule table as 'mfsdp.py check'.
 
 CONFIG is a run_config.yaml, a partial override file, or nothing (the embedded Llama 3
-8B recipe). KEY=VALUE overrides are applied first, like Bridge's launchers do."""
+8B recipe). A partial file (without every section a ConfigContainer needs) is planned over
+the recipe a launcher merges it over: the embedded Llama 3 8B recipe unless --base names
+your recipe's run_config.yaml (or 'defaults': the file alone), exactly as 'check' judges it.
+KEY=VALUE overrides are applied first, like Bridge's launchers do."""
 
 EPILOG = """\
 examples:
@@ -248,7 +251,10 @@ def run(args) -> int:
     env = job_env(args)
 
     # The user's KEY=VALUE overrides are changes too (they must appear in the emitted config).
-    base = config_io.merge_file(config_io.base_config(args.base), data, name)
+    # A partial CONFIG is planned over the recipe it will be merged over, as check judges it (choose_base).
+    chosen_base = config_io.choose_base(args.base, data)
+    base_info, base_note = config_io.base_summary(args.base, data, os.path.basename(name) if path else name)
+    base = config_io.merge_file(config_io.base_config(chosen_base), data, name)
     user_changes = []
     eff = enable._deep_copy(base)
     for item in overrides:
@@ -270,7 +276,9 @@ def run(args) -> int:
     if args.emit == "yaml":
         body, in_place_edit = enable.yaml_edit(text, data, changes)
         # the written text, re-read through the loader, must give the same verdict
-        reread = config_io.merge_file(config_io.base_config(args.base), config_io.parse_yaml(body, "result"), "result")
+        reread = config_io.merge_file(
+            config_io.base_config(chosen_base), config_io.parse_yaml(body, "result"), "result"
+        )
         findings = rules.evaluate(reread, env, None, *world)
         ok = not has_errors(findings)
     elif args.emit == "python":
@@ -290,6 +298,7 @@ def run(args) -> int:
                     "refused": not ok,
                     "notes": notes,
                     "world": {"size": world[0], "given": args.gpus is not None, "how": world[1]},
+                    "base": base_info,
                 },
                 indent=2,
             )
@@ -299,6 +308,8 @@ def run(args) -> int:
     blockers = enable.blocking(findings)
     if blockers and args.emit != "json":
         _refuse(changes, findings, blockers, sys.stderr, world)
+        if base_note:
+            sys.stderr.write(f"note: {base_note}\n")
         return 1
     target = path if args.in_place else args.output
     if args.in_place and body == text:  # nothing to change: no rewrite, no backup piling up per run
@@ -320,7 +331,7 @@ def run(args) -> int:
         _report(changes, report)
         if not in_place_edit:
             report.write("note: the file could not be edited line by line; it was re-dumped (comments dropped)\n")
-        for n in notes:
+        for n in ([base_note] if base_note else []) + notes:
             report.write(f"note: {n}\n")
         notable = [f for f in findings if f.severity != "info"]
         if notable:  # warnings worth knowing (errors refuse above)

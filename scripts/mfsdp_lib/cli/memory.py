@@ -37,8 +37,8 @@ stores them. A layout that cannot be built (heads or query groups vs TP, experts
 DP x CP x TP vs EP x ETP, layers vs PP) is refused with the rule, not estimated.
 
 examples:
-  mfsdp.py memory --model llama3-8b --dp 8 --gpu-mem-gib 80
-  mfsdp.py memory --model llama3-70b --dp 64 --tp 4 --strategy optim_grads_params --gpu-mem-gib 141
+  mfsdp.py memory --model llama3-8b --dp 8 --gpu-mem-gib h100      # 79.18 GiB: what a process gets
+  mfsdp.py memory --model llama3-70b --dp 64 --tp 4 --strategy optim_grads_params --gpu-mem-gib h200
   mfsdp.py memory run_config.yaml --dp 16 --gpu-mem-gib 80 --format json
   mfsdp.py memory run_config.yaml model.recompute_granularity=full model.recompute_method=uniform \\
       model.recompute_num_layers=1 --dp 8 --gpu-mem-gib 80
@@ -51,12 +51,15 @@ Reading the table: GiB per GPU on the most-loaded rank. 'buffers' are Megatron F
 (preserved embedding/output copies, all-gather window, reduce-scatter queue); 'total' is
 model state + the largest of: activations + buffers alive with them, the late reduce-scatter
 queue, the optimizer-step fp32 gradient copy, plus a margin calibrated on measured runs. 'min DP'
-is the smallest data-parallel size at which that strategy fits (-: never, by this model).
-Not counted: CUDA context, NCCL, fragmentation - keep 5-10% headroom.
+is the smallest data-parallel size at which that strategy's fits says yes (-: never, by this model).
+'fits': yes = the total is within 90% of --gpu-mem-gib; tight = above that and within the
+GPU, where what the total does not count (CUDA context, NCCL, allocator fragmentation) must fit;
+NO = above it; n/a(PP>1) = a Megatron FSDP strategy a pipeline-parallel layout cannot run.
+--gpu-mem-gib h100 / h200 use the memory a process gets on those cards (measured).
 Details and OOM triage: references/memory.md.
 
 Exit codes: 0 estimate printed; 1 --gpu-mem-gib given and no reported strategy fits at
-this DP; 2 unusable input.
+this DP (yes or tight; n/a counts as not fitting); 2 unusable input.
 """
 
 TOO_LARGE = "numbers too large to estimate: check --params, --seq-length, --micro-batch-size and the parallel sizes"
@@ -106,7 +109,12 @@ def configure(parser) -> None:
     parser.add_argument(
         "--micro-batch-size", type=int, metavar="N", help="micro-batch size (default: config's, else 1)"
     )
-    parser.add_argument("--gpu-mem-gib", type=float, metavar="G", help="GPU memory to fit in, GiB (H100 80, H200 141)")
+    parser.add_argument(
+        "--gpu-mem-gib",
+        metavar="G",
+        help="GPU memory to fit in: GiB, or h100 / h200 for what a process gets on that card "
+        "(79.18 / 139.80 GiB, measured; the nominal 80 / 141 are more than a process can have)",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
@@ -140,13 +148,36 @@ def _split_inputs(inputs: list[str]) -> tuple[str | None, list[str]]:
     return path, overrides
 
 
-def load_config(path: str | None, overrides: list[str]):
-    """The effective config via config_io, or None when neither a file nor overrides were given."""
+def load_config(path: str | None, overrides: list[str], own_model: bool = False):
+    """The effective config via config_io, or None when neither a file nor overrides were given.
+
+    Overrides without a CONFIG apply to the embedded Llama 3 8B recipe (as in ``check``) only when the
+    model sized is that recipe's. When the user names the model (``own_model``: --params, --model,
+    --hf-config), the recipe is not the job: its layout (CP 2), sequence length and strategy must not
+    slip under the user's model, so the overrides stand alone (``config_io.overrides_alone``) and
+    everything else is what the estimate assumes without a config.
+    """
     if path is None and not overrides:
         return None
     from .. import config_io  # imports yaml: only when there is a config to read
 
+    if path is None and own_model:
+        return config_io.overrides_alone(overrides)
     return config_io.load_effective(path, overrides)
+
+
+def _given_keys(path: str | None, overrides: list[str]) -> set[str] | None:
+    """The dotted keys the user wrote in CONFIG and the overrides (None without a CONFIG: the embedded recipe, or
+    the overrides alone, is taken as written). Tells the estimate which keys came from Bridge's defaults."""
+    if path is None:
+        return None
+    from .. import config_io
+
+    data, _ = config_io.load_file_data(path)
+    keys = {f"{section}.{k}" for section, v in data.items() if isinstance(v, dict) for k in v}
+    keys |= {section for section, v in data.items() if v is not None}
+    keys |= {o.split("=", 1)[0].strip() for o in overrides}
+    return keys
 
 
 def _strategies(values: list[str] | None) -> tuple[str, ...]:
@@ -158,7 +189,8 @@ def _strategies(values: list[str] | None) -> tuple[str, ...]:
 
 def run(args) -> int:
     path, overrides = _split_inputs(args.inputs)
-    cfg = load_config(path, overrides)
+    own_model = any(v is not None for v in (args.params, args.model, args.hf_config))
+    cfg = load_config(path, overrides, own_model)
     try:
         result = memory.report(
             cfg,
@@ -179,12 +211,14 @@ def run(args) -> int:
             else None,
             etp=args.etp,
             gpus=args.gpus,
+            given=_given_keys(path, overrides),
+            overrides_only=path is None and own_model and bool(overrides),
         )
     except memory.ModelError as exc:
         raise InputError(str(exc)) from None
     except OverflowError:  # e.g. --seq-length 1e400 as an int: float() of it overflows
         raise InputError(TOO_LARGE) from None
-    inherited = _inherited_parallelism(path, overrides, args)
+    inherited = {} if own_model else _inherited_parallelism(path, overrides, args)
     if inherited:
         result["inherited_from_embedded_recipe"] = inherited
         result["assumptions"].setdefault("notes", []).append(_inherited_note(inherited))
@@ -203,8 +237,9 @@ def run(args) -> int:
 
 
 # Parallel sizes a job may leave out of its overrides, with the flag that sets each here. Overrides given without a
-# CONFIG apply to the embedded Llama 3 8B recipe (as in `check`), so a size it sets other than 1 (its CP=2) silently
-# becomes the estimated job's unless the user names it: the estimate then says so next to the layout.
+# CONFIG or a model of the user's apply to the embedded Llama 3 8B recipe (as in `check`), so a size it sets other
+# than 1 (its CP=2) becomes the estimated job's unless the user names it: the layout line marks it, and a note says
+# how to drop it.
 PARALLEL_SIZES = (
     ("tensor_model_parallel_size", "--tp"),
     ("pipeline_model_parallel_size", "--pp"),
@@ -238,6 +273,62 @@ def _inherited_note(inherited: dict[str, int]) -> str:
     )
 
 
+def _value(v) -> str:
+    return "true" if v is True else "false" if v is False else "null" if v is None else str(v)
+
+
+def _below_above(diff: float) -> str:
+    return f"{abs(diff):.1%} {'below' if diff < 0 else 'above'}"
+
+
+def _model_provenance(m: dict) -> list[str]:
+    """Lines under the model line: keys that came from Bridge's defaults, and how far the count is from the
+    named model's (``model.hf_model_id``) or from the config's own model section (--hf-config / --model)."""
+    out = []
+    used = dict(m.get("defaults_used") or {})
+    bf16 = used.pop("model.bf16", None)
+    if used:
+        out.append(
+            "defaults: the config does not set "
+            + ", ".join(f"{k}={_value(v)}" for k, v in used.items())
+            + ": these are Bridge's GPTModelProvider defaults; set them if your model differs"
+        )
+    if bf16 is not None:
+        out.append(
+            "precision: no model.bf16, model.fp16 or mixed_precision in the config: Bridge's default model.bf16=false "
+            "means fp32 weights, 4 bytes per parameter (Bridge's recipes set mixed_precision=bf16_mixed: add it, "
+            "or model.bf16=true, if yours does)"
+        )
+    ref = m.get("reference")
+    if ref:
+        out.append(
+            f"reference: {ref['name']} ({ref['source']} {ref['id']}) has {ref['params'] / 1e9:.3f} B parameters; "
+            f"this count is {_below_above(ref['difference'])}"
+        )
+    own = m.get("config_model_section")
+    if own:
+        gap = f"{own['params'] / 1e9:.3f} B parameters, {_below_above(own['difference'])} this model's"
+        keys = ", ".join(f"{k}={_value(v)}" for k, v in (own.get("defaults_used") or {}).items())
+        out.append(
+            f"the config's model section counts {gap}"
+            + (f" (it leaves these to Bridge's defaults: {keys})" if keys else "")
+            + "; this estimate sizes the model named on the command line"
+        )
+    return out
+
+
+# The fits cell of a strategy the layout cannot run. One word, as every cell of the table: readers split rows
+# on whitespace (the JSON's "fit" says "n/a (PP > 1)").
+_PP_CELL = "n/a(PP>1)"
+
+
+def _fit_cell(row: dict) -> str:
+    fit = row.get("fit")
+    if fit is None:
+        return "-"
+    return {"no": "NO", memory.devices.FIT_PP: _PP_CELL}.get(fit, fit)
+
+
 def _num(x, width: int = 7) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:>{width}.2f}"
 
@@ -248,36 +339,71 @@ def render_text(result: dict) -> str:
         f"model: {m['name'] or 'unnamed'} ({m['source']}): {m['params'] / 1e9:.3f} B parameters, "
         f"{m['params_per_gpu'] / 1e9:.3f} B on the most-loaded GPU"
     ]
-    run_line = f"DP={par['dp']} TP={par['tp']} PP={par['pp']} CP={par['cp']} EP={par['ep']}"
+    inherited = result.get("inherited_from_embedded_recipe") or {}
+
+    def size(name: str, key: str) -> str:  # a size taken from the embedded recipe says so in the layout itself
+        return f"{name}={par[name.lower()]}" + (" (embedded recipe's)" if key in inherited else "")
+
+    run_line = " ".join(
+        size(n, k)
+        for n, k in (
+            ("DP", ""),
+            ("TP", "tensor_model_parallel_size"),
+            ("PP", "pipeline_model_parallel_size"),
+            ("CP", "context_parallel_size"),
+            ("EP", "expert_model_parallel_size"),
+        )
+    )
     if par.get("etp", par["tp"]) != par["tp"]:
         run_line += f" ETP={par['etp']}"
     if "seq_length" in a:
         run_line += f", seq {a['seq_length']}, micro-batch {a['micro_batch_size']}, recompute {a['recompute']}"
-    if result["gpu_mem_gib"] is not None:
-        run_line += f", GPU {result['gpu_mem_gib']:g} GiB"
+    gpu = result.get("gpu")
+    if gpu:
+        run_line += (
+            f", GPU {gpu['gib']:.2f} GiB ({gpu['preset'].upper()})" if gpu["preset"] else f", GPU {gpu['gib']:g} GiB"
+        )
     lines.append(run_line)
     if result.get("inherited_from_embedded_recipe"):
         lines.append("note: " + _inherited_note(result["inherited_from_embedded_recipe"]))
+    lines += _model_provenance(m)
     lines.append("")
+    cells = {r["name"]: _fit_cell(r) for r in result["strategies"]}
+    width = max(6, *(len(c) + 1 for c in cells.values()))
     header = (
         f"{'strategy':<20}{'params':>8}{'grads':>8}{'optim':>8}{'buffers':>8}{'activ.':>8}"
-        f"{'total':>8}{'fits':>6}{'min DP':>8}"
+        f"{'total':>8}{'fits':>{width}}{'min DP':>8}"
     )
     lines.append(header)
     for r in result["strategies"]:
-        fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "NO")
+        fits = cells[r["name"]]
         min_dp = r["smallest_dp_that_fits"]
         min_dp = "-" if min_dp is None else str(min_dp)
         mark = "*" if r["configured"] else " "
         lines.append(
             f"{r['name'] + mark:<20}{_num(r['params_gib'], 8)}{_num(r['grads_gib'], 8)}"
             f"{_num(r['optimizer_gib'], 8)}{_num(r['buffers_gib'], 8)}{_num(r['activations_gib'], 8)}"
-            f"{_num(r['total_gib'], 8)}{fits:>6}{min_dp:>8}"
+            f"{_num(r['total_gib'], 8)}{fits:>{width}}{min_dp:>8}"
         )
     lines.append(
         "GiB per GPU"
         + ("; * = the strategy this config selects" if any(r["configured"] for r in result["strategies"]) else "")
     )
+    if gpu:
+        lines.append(
+            f"fits: yes = total <= {gpu['tight_above_gib']:.2f} GiB ({gpu['tight_fraction']:.0%} of the GPU); "
+            f"tight = above that, leaving too little for what the total does not count: {gpu['not_counted']}; "
+            "NO = above the GPU. min DP: the smallest data-parallel size that gives yes"
+        )
+        if any(r["fit"] == memory.devices.FIT_PP for r in result["strategies"]):
+            lines.append(
+                f"{_PP_CELL}: Megatron FSDP cannot run with pipeline parallelism (check: MFSDP-PIPELINE-PARALLEL); "
+                "'mfsdp.py enable CONFIG --set-pp-1' sets PP=1, then size that layout with --pp 1"
+            )
+        if gpu.get("note"):
+            lines.append("note: " + gpu["note"])
+        if gpu["preset"]:
+            lines.append(f"GPU: {gpu['gib']:.2f} GiB is what a process gets on an {gpu['card']} ({gpu['source']})")
     calib = [f"{r['name']} {r['calibration_gib']:.2f}" for r in result["strategies"] if r.get("calibration_gib")]
     if calib:
         lines.append("total includes a margin calibrated on measured runs (GiB): " + ", ".join(calib))

@@ -102,6 +102,7 @@ from .common import (
     ModelError,
     dtype_bytes,
 )
+from .devices import GPU_PRESETS, TIGHT_FRACTION, parse_gpu_mem
 from .estimate import (
     Estimate,
     Parallel,
@@ -149,6 +150,9 @@ from .terms import (
 )
 
 __all__ = [
+    "GPU_PRESETS",
+    "TIGHT_FRACTION",
+    "parse_gpu_mem",
     "Lora",
     "check_layout",
     "dp_step",

@@ -12,9 +12,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import devices
 from . import hf as hf_mod
 from .common import FP32, GIB, ModelError, _bool, _first, _get, _int, _positive
-from .shapes import Counts, Lora, Shape, builtin_shape, count_parameters, pipeline_stages, shape_from_config
+from .shapes import (
+    Counts,
+    Lora,
+    Shape,
+    builtin_shape,
+    count_parameters,
+    defaulted_keys,
+    pipeline_stages,
+    shape_from_config,
+)
 from .strategies import FSDP_STRATEGIES, MAX_DP_SEARCH, STRATEGIES, StrategyMemory, strategy_memory
 from .terms import (
     ActivationSettings,
@@ -81,8 +91,10 @@ def parallel_from(cfg: Mapping | None, *, dp=None, tp=None, pp=None, cp=None, ep
 
 
 def configured_strategy(cfg: Mapping | None) -> str | None:
-    """The strategy a config selects: Megatron FSDP's sharding strategy, else distopt or ddp."""
-    if cfg is None:
+    """The strategy a config selects: Megatron FSDP's sharding strategy, else distopt or ddp.
+
+    None when the config says nothing about it (no ddp, dist or optimizer section: overrides of the model alone)."""
+    if cfg is None or not any(s in cfg for s in ("ddp", "dist", "optimizer")):
         return None
     if _bool(_get(cfg, "ddp.use_megatron_fsdp")) or _bool(_get(cfg, "dist.use_megatron_fsdp")):
         return str(_get(cfg, "ddp.data_parallel_sharding_strategy", "no_shard"))
@@ -219,6 +231,12 @@ class Estimate:
     notes: list[str]
     lora: Lora | None = None
     loss_headroom: float = 0.0  # terms.loss_forward_headroom: gradient buffers fit in it
+    # Shape and precision keys the config left to Bridge's defaults ({"model.KEY": value used}).
+    defaults_used: dict | None = None
+    # The named model's count when one is known (model.hf_model_id of a built-in shape), and the config's own
+    # model section beside a --hf-config / --model that replaced it.
+    reference: dict | None = None
+    config_model_section: dict | None = None
 
     @property
     def peft(self) -> bool:
@@ -295,6 +313,8 @@ def estimate(
     expert_params=None,
     etp=None,
     gpus=None,
+    given=None,
+    overrides_only=False,
 ) -> Estimate:
     """Compute every strategy's bytes; raises ``ModelError`` for unusable input.
 
@@ -303,14 +323,19 @@ def estimate(
     ``config.json`` path or its parsed mapping), or ``cfg['model']`` (a Bridge config). Everything
     else (precision, optimizer, PEFT, recompute, parallel sizes) comes from ``cfg``; explicit
     ``dp``/``tp``/``pp``/``cp``/``ep``/``etp`` win. Use ``Estimate.total(strategy)`` for the
-    predicted peak and ``Estimate.breakdown(strategy)`` for the per-term bytes.
+    predicted peak and ``Estimate.breakdown(strategy)`` for the per-term bytes. ``given``: the dotted
+    keys the user wrote (file and overrides), to tell which shape and precision keys came from Bridge's
+    defaults (``Estimate.defaults_used``); None takes the config's model section as written.
+    ``overrides_only``: ``cfg`` holds only KEY=VALUE overrides (no file, no recipe under them): every key they
+    leave out is assumed as without a config.
     """
     if cfg is not None and not isinstance(cfg, Mapping):
         raise ModelError("config must be a mapping of sections ({'model': {...}, 'ddp': {...}})")
-    given = [n for n, v in (("--model", model), ("--params", params), ("--hf-config", hf_config)) if v is not None]
-    if len(given) > 1:
-        raise ModelError(f"give one of --model, --params, --hf-config (got {', '.join(given)})")
+    sources = [n for n, v in (("--model", model), ("--params", params), ("--hf-config", hf_config)) if v is not None]
+    if len(sources) > 1:
+        raise ModelError(f"give one of --model, --params, --hf-config (got {', '.join(sources)})")
     par = parallel_from(cfg, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    own_section = _get(cfg, "model")  # the config's own model section, before --hf-config replaces it
     if gpus is not None:
         world = _int(gpus, "--gpus") or 1
         model_size = par.tp * par.pp * par.cp
@@ -384,16 +409,28 @@ def estimate(
             )
         counts = _counts_from_params(float(params), par, expert_params)
     precision = precision_from_config(cfg)
-    if precision.param_bytes == FP32:
+    defaults_used: dict = {}
+    if shape is not None and source == "config model section":
+        defaults_used = defaulted_keys(_get(cfg, "model"), shape, given)
+    if precision.param_bytes == FP32 and cfg is not None and _precision_defaulted(cfg, given):
+        defaults_used["model.bf16"] = False
+    elif precision.param_bytes == FP32:
         notes.append(
             "the config enables neither bf16 nor fp16 (model.bf16, mixed_precision): fp32 training "
             "assumed; if your recipe sets mixed_precision, add model.bf16=true"
         )
+    reference, section_count = _references(own_section, shape, counts.total, source, given)
     act = activations = megatron_lm = None
     headroom = 0.0
     if shape is not None:
         act = activation_settings(
-            cfg, shape, seq_length=seq_length, micro_batch_size=micro_batch_size, dp=par.dp, builtin=model is not None
+            cfg,
+            shape,
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
+            dp=par.dp,
+            builtin=model is not None,
+            bare=cfg is None or overrides_only,
         )
         activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
         megatron_lm = megatron_activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
@@ -427,7 +464,65 @@ def estimate(
         notes,
         lora,
         headroom,
+        defaults_used,
+        reference,
+        section_count,
     )
+
+
+# The keys that set the weights' precision: none of them written means Bridge's defaults (bf16 = fp16 = false:
+# fp32 weights, 4 bytes per parameter). Bridge's recipes set mixed_precision="bf16_mixed" instead.
+PRECISION_KEYS = ("model.bf16", "model.fp16", "optimizer.bf16", "optimizer.fp16", "mixed_precision")
+
+
+def _precision_defaulted(cfg: Mapping, given) -> bool:
+    """No precision key written (``given``; without it, none present in ``cfg``)."""
+    if given is None:
+        return not any(_get(cfg, k) is not None for k in PRECISION_KEYS)
+    return not any(k in given or any(g.startswith(k + ".") for g in given) for k in PRECISION_KEYS)
+
+
+def _relative(a: float, b: float) -> float:
+    return round(a / b - 1, 4) if b else 0.0
+
+
+def _references(model_section, shape, total: float, source: str, given) -> tuple[dict | None, dict | None]:
+    """(the named model's count, the config's own model section's count) where each is known.
+
+    The named model: ``model.hf_model_id`` when it is one of the built-in shapes. The config's section: when
+    --hf-config or --model sized another shape while the config also has a countable model section.
+    """
+    reference = None
+    model_section = model_section if isinstance(model_section, Mapping) else None
+    model_id = model_section.get("hf_model_id") if model_section else None
+    if isinstance(model_id, str) and model_id.strip():
+        try:
+            named = builtin_shape(model_id.rsplit("/", 1)[-1])
+        except ModelError:
+            named = None
+        if named is not None and (shape is None or shape.name != named.name):
+            params = count_parameters(named, 1, 1, 1, None).total
+            reference = {
+                "name": named.name,
+                "source": "model.hf_model_id",
+                "id": model_id,
+                "params": params,
+                "difference": _relative(total, params),
+            }
+    section = None
+    if shape is not None and source != "config model section" and model_section is not None:
+        try:
+            own = shape_from_config(model_section)
+            own_total = count_parameters(own, 1, 1, 1, None).total
+        except (ModelError, ValueError, TypeError):
+            own = None
+        if own is not None:
+            section = {
+                "params": own_total,
+                "difference": _relative(own_total, total),
+                "defaults_used": defaulted_keys(model_section, own, given),
+            }
+    return reference, section
 
 
 def state_margin(est: Estimate) -> float:
@@ -550,7 +645,7 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
 def assumed_terms(est: Estimate, strategy: str) -> list[str]:
     """What the figure does not compute from the code, and what it takes instead."""
     out = [
-        "CUDA context, NCCL buffers and allocator fragmentation are outside max_memory_allocated: keep 5-10% headroom"
+        "CUDA context, NCCL buffers and allocator fragmentation are outside max_memory_allocated: fits says tight above 90% of the GPU"
     ]
     if calibration_bytes(est, strategy):
         out.append("calibration_gib: the measured peak's excess over the modelled terms on real runs (calibration.py)")
@@ -615,7 +710,7 @@ def assumptions(est: Estimate) -> dict:
         "later reduce-scatter queue, optimizer-step fp32 gradient copy); or the model-construction "
         "peak when larger (optim_grads_params without init_model_with_meta_device)",
         "not_counted": "CUDA context and NCCL memory (outside max_memory_allocated) and allocator "
-        "fragmentation: keep 5-10% headroom; framework workspaces (0.1 GiB) and the measured activation "
+        "fragmentation: fits says tight above 90% of the GPU (devices.TIGHT_FRACTION); framework workspaces (0.1 GiB) and the measured activation "
         "excess are in calibration_gib (references/memory.md section 13)",
         "sources": [
             "megatron/training/theoretical_memory_usage.py (18 and 6 + 12/N bytes/param; activations)",
@@ -667,20 +762,28 @@ def report(
     expert_params=None,
     etp=None,
     gpus=None,
+    given=None,
+    overrides_only=False,
 ) -> dict:
     """The JSON object ``mfsdp.py memory --format json`` prints.
 
-    ``{"model", "parallelism", "gpu_mem_gib", "strategies": [{"name", "params_gib",
-    "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib", "fits",
+    ``{"model", "parallelism", "gpu_mem_gib", "gpu", "strategies": [{"name", "params_gib",
+    "grads_gib", "optimizer_gib", "buffers_gib", "activations_gib", "total_gib", "fits", "fit",
     "model_state_gib", "step_transient_gib", "init_peak_gib", "after_step_gib",
     "smallest_dp_that_fits", "configured", "notes"}], "assumptions": {...}}``.
     ``after_step_gib`` (model state + step copy + the layers ``start_param_sync`` gathers
     right after the step) is what ``torch.cuda.memory_allocated()`` shows between training
     steps: Bridge's ``train_step`` zeroes gradients (and drops the copy) only when the next
-    step starts. ``fits`` and ``smallest_dp_that_fits`` are
-    None without ``gpu_mem_gib``. Raises ``ModelError`` (a ValueError) for bad input.
+    step starts. ``gpu_mem_gib`` is a number of GiB or a preset (``devices.GPU_PRESETS``:
+    ``h100``, ``h200``). ``fits``: the total is within the card; ``fit``: ``"yes"`` (within
+    ``devices.TIGHT_FRACTION`` of it), ``"tight"``, ``"no"``, or ``"n/a (PP > 1)"`` for a Megatron
+    FSDP strategy the layout cannot run (``fits`` False). ``smallest_dp_that_fits`` is the smallest
+    DP whose ``fit`` is ``"yes"``. All three are None without ``gpu_mem_gib``. Raises ``ModelError``
+    (a ValueError) for bad input.
     """
+    preset = None
     if gpu_mem_gib is not None:
+        gpu_mem_gib, preset = devices.parse_gpu_mem(gpu_mem_gib)
         gpu_mem_gib = _positive(gpu_mem_gib, "--gpu-mem-gib", "a number of GiB")
     est = estimate(
         cfg,
@@ -698,23 +801,35 @@ def report(
         expert_params=expert_params,
         etp=etp,
         gpus=gpus,
+        given=given,
+        overrides_only=overrides_only,
     )
     act = est.activations
     rows = []
     for name, row in est.rows.items():
         total = est.total(name)
         notes = list(row.notes)
-        if name in FSDP_STRATEGIES and est.parallel.pp > 1:
+        cannot_run = name in FSDP_STRATEGIES and est.parallel.pp > 1
+        if cannot_run:
             notes.append(
-                "Megatron FSDP with PP > 1 fails when the model is wrapped: _get_dp_tp_mesh "
-                "(distributed/fsdp/mcore_fsdp_adapter.py:561) factors the world into DP x EP x TP with no "
-                "pipeline axis; this row is what it would hold"
+                "Megatron FSDP with PP > 1 fails when the model is wrapped (check: MFSDP-PIPELINE-PARALLEL): "
+                "_get_dp_tp_mesh (distributed/fsdp/mcore_fsdp_adapter.py:561) factors the world into DP x EP x TP "
+                "with no pipeline axis; this row is what it would hold. 'mfsdp.py enable CONFIG --set-pp-1' sets "
+                "PP=1 (DP grows to absorb the stages); size that layout with --pp 1"
             )
         if row.init_peak and row.total(act or 0.0) == row.init_peak:
             notes.append(
                 "the peak is model construction: the model is built unsharded on each GPU before "
                 "sharding; model.init_model_with_meta_device=true avoids it"
             )
+        if gpu_mem_gib is None:
+            fits, fit, min_dp = None, None, None
+        elif cannot_run:
+            fits, fit, min_dp = False, devices.FIT_PP, None
+        else:
+            fits, fit = total <= gpu_mem_gib * GIB, devices.fit(total / GIB, gpu_mem_gib)
+            # the smallest size at which the row says "yes": fits with the headroom devices.TIGHT_FRACTION leaves
+            min_dp = smallest_dp(est, name, gpu_mem_gib * devices.TIGHT_FRACTION)
         rows.append(
             {
                 "name": name,
@@ -724,13 +839,14 @@ def report(
                 "buffers_gib": _gib(row.buffers(act or 0.0)),
                 "activations_gib": _gib(act),
                 "total_gib": _gib(total),
-                "fits": None if gpu_mem_gib is None else total <= gpu_mem_gib * GIB,
+                "fits": fits,
+                "fit": fit,
                 "model_state_gib": _gib(row.model_state),
                 "step_transient_gib": _gib(row.step_transient),
                 "init_peak_gib": _gib(row.init_peak),
                 "after_step_gib": _gib(row.after_step + state_margin(est)),
                 "calibration_gib": _gib(calibration_bytes(est, name)),
-                "smallest_dp_that_fits": None if gpu_mem_gib is None else smallest_dp(est, name, gpu_mem_gib),
+                "smallest_dp_that_fits": min_dp,
                 "configured": name == est.configured,
                 "modelled": modelled_terms(est, name),
                 "assumed": assumed_terms(est, name),
@@ -751,6 +867,9 @@ def report(
             "trainable_params": est.counts.lora_total if est.peft else est.counts.total,
             "layer_kinds": _kind_summary(est.counts.kinds),
             "pipeline_stage": est.counts.stage,
+            "defaults_used": est.defaults_used or {},
+            "reference": est.reference,
+            "config_model_section": est.config_model_section,
         },
         "parallelism": {
             "dp": est.parallel.dp,
@@ -762,6 +881,7 @@ def report(
             "dp_multiple_of": dp_step(est.parallel),
         },
         "gpu_mem_gib": gpu_mem_gib,
+        "gpu": None if gpu_mem_gib is None else devices.gpu_info(gpu_mem_gib, preset),
         "strategies": rows,
         "assumptions": assumptions(est),
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -300,6 +300,49 @@ _SHAPE_BOOLS = (
     "qk_layernorm_full_width",
 )
 _REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size")
+
+
+# Shape keys a partial model section commonly leaves out, whose Bridge default changes the parameter count a lot
+# (GPTModelProvider / TransformerConfig defaults: a plain GPT with a 4h non-gated MLP, tied embeddings, biases,
+# LayerNorm and learned positions). A Llama-shaped section without gated_linear_unit and
+# share_embeddings_and_output_weights counts 5.6 B instead of 8.0 B. Named when they come from the default.
+DEFAULT_NOTED_KEYS = (
+    "gated_linear_unit",
+    "share_embeddings_and_output_weights",
+    "ffn_hidden_size",
+    "num_query_groups",
+    "kv_channels",
+    "add_bias_linear",
+    "normalization",
+    "position_embedding_type",
+)
+DEFAULT_NOTED_MOE_KEYS = ("moe_ffn_hidden_size", "moe_router_topk", "moe_shared_expert_intermediate_size")
+DEFAULT_NOTED_MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+DEFAULT_NOTED_MAMBA_KEYS = ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
+
+
+def defaulted_keys(model: Mapping, shape: Shape, given: Collection[str] | None = None) -> dict[str, Any]:
+    """``{"model.KEY": value used}`` for the ``DEFAULT_NOTED_*`` keys the model section did not set.
+
+    ``given``: the dotted keys the user wrote (file and overrides); None takes the section's own keys as given.
+    Derived defaults are given their value (``ffn_hidden_size``: 4 x hidden, ``num_query_groups``: the heads).
+    """
+    keys = list(DEFAULT_NOTED_KEYS)
+    if shape.num_moe_experts:
+        keys += DEFAULT_NOTED_MOE_KEYS
+    if shape.multi_latent_attention:
+        keys += DEFAULT_NOTED_MLA_KEYS
+    if shape.hybrid:
+        keys += DEFAULT_NOTED_MAMBA_KEYS
+    derived = {"ffn_hidden_size": shape.ffn, "num_query_groups": shape.groups, "kv_channels": shape.head_dim}
+    out: dict[str, Any] = {}
+    for key in keys:
+        if (f"model.{key}" in given) if given is not None else (key in model):
+            continue
+        if shape.multi_latent_attention and key in ("num_query_groups", "kv_channels"):
+            continue  # MLA sizes its heads from its own ranks
+        out[f"model.{key}"] = derived.get(key, getattr(shape, key))
+    return out
 
 
 def builtin_names() -> list[str]:

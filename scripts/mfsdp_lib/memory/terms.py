@@ -493,6 +493,7 @@ def activation_settings(
     micro_batch_size=None,
     dp: int = 1,
     builtin: bool = False,
+    bare: bool | None = None,
 ) -> ActivationSettings:
     seq = (
         _int(seq_length, "seq_length")
@@ -524,7 +525,8 @@ def activation_settings(
     backend = ATTN_BACKENDS.get(backend, backend)
     # Without a config, a built-in shape runs as Bridge's Llama bridge sets it up
     # (llama_bridge.py: hidden_dropout 0, bias_activation_fusion on); else mcore's defaults.
-    llama = builtin and cfg is None
+    # ``bare``: the config is only the user's KEY=VALUE overrides (no file, no recipe), which counts as none.
+    llama = builtin and (cfg is None if bare is None else bare)
     return ActivationSettings(
         seq_length=seq or 0,
         micro_batch_size=mbs,
