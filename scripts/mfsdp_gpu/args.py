@@ -12,9 +12,7 @@ import json
 import math
 import os
 
-
-class InputError(ValueError):
-    """Bad input: one clear line, exit 2."""
+from .report import InputError  # noqa: F401  (re-exported: the entry points and tests name args.InputError)
 
 
 def parse_value(text: str):

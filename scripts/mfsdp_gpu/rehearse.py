@@ -68,7 +68,7 @@ from .collectives import install_mirror_collectives
 from .measure import Mem, count_optimizer, count_params
 from .parity import run_parity
 from .phases import setup_measured
-from .presets import NULL_TOKENIZER_VOCAB, PRESETS, decide_meta_init
+from .presets import NULL_TOKENIZER_VOCAB, PRESETS, decide_meta_init, wants_mamba_ssm
 from .report import Report, now_utc, on_sigterm, progress, versions
 from .steps import PerfClock, train_measured
 
@@ -268,7 +268,7 @@ def run_once(a, report: Report, fake: bool) -> int:
         report.data["checkpoint_planner"] = fakeworld.install_lowest_rank_checkpoint_planner()
         report.data["global_plan_checks"] = fakeworld.GLOBAL_PLAN_CHECKS  # the same list: filled by each save
     mamba_env = None
-    if mamba.wants_mamba_ssm(a):
+    if wants_mamba_ssm(a):
         # megatron-core's Mamba mixer binds mamba-ssm's kernels when it is imported: prepare them first
         mamba_env = mamba.prepare_mamba_ssm()
         report.data["mamba_ssm"] = mamba_env
