@@ -23,6 +23,7 @@ from .. import config_io
 from ..findings import InputError
 from ..perf import predict as perf_predict
 from ..perf import report as perf_report
+from ..runs import engine
 from ..runs import rehearse as rh
 from .check import allow_intermixed
 
@@ -449,9 +450,7 @@ def _run_one(cmd: list[str], run_dir: str, timeout_s: int, label: str) -> int:
     sys.stderr.write(f"[rehearse] {label}: starting (log: {log_path})\n")
     sys.stderr.flush()
     with open(log_path, "w", encoding="utf-8", errors="replace") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True
-        )
+        proc = engine.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
 
         def pump() -> None:
             assert proc.stdout is not None
@@ -467,28 +466,14 @@ def _run_one(cmd: list[str], run_dir: str, timeout_s: int, label: str) -> int:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             sys.stderr.write(f"[rehearse] {label}: no result after {timeout_s} s; stopping it\n")
-            _kill(proc)
+            engine.stop_group(proc)
             rc = 124
-        except KeyboardInterrupt:
-            _kill(proc)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (engine.Stopped): the whole group goes first
+            sys.stderr.write(f"[rehearse] {label}: stopping the engine's process group\n")
+            engine.stop_group(proc)
             raise
         t.join(timeout=10)
     return rc
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    import signal
-
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def run(args) -> int:
