@@ -189,3 +189,62 @@ def test_gradient_finalisation_after_the_last_backward_counts_as_backward():
     assert rec.phase() == "optimizer"
     rec.region = "other"
     assert rec.phase() == "other"
+
+
+def test_timed_numerics_counts_nan_and_inf_among_the_timed_steps_only():
+    steps = [
+        {"iteration": 1, "loss": float("nan"), "grad_norm": 1.0},  # warm-up: not timed, not counted
+        {"iteration": 2, "loss": 10.0, "grad_norm": 1.0},
+        {"iteration": 3, "loss": float("nan"), "grad_norm": 1.0},
+        {"iteration": 4, "loss": 9.9, "grad_norm": float("inf")},
+        {"iteration": 5, "loss": None, "grad_norm": None},  # a pipeline stage without the loss: unknown
+    ]
+    got = perf.timed_numerics(steps, [2, 3, 4, 5])
+    assert got["nonfinite_timed_steps"] == 2 and got["nonfinite_steps"] == [3, 4]
+    assert got["timed_losses"][0] == 10.0 and got["timed_losses"][3] is None
+
+
+def test_flops_of_k_micro_batches_scale_to_the_step():
+    assert perf.scaled_flops(1e15, {"micro_batches_run": 4, "micro_batches_full": 32}) == pytest.approx(8e15)
+    assert perf.scaled_flops(1e15, None) == 1e15
+    assert perf.scaled_flops(None, {"micro_batches_run": 4, "micro_batches_full": 32}) is None
+
+
+class P:
+    """STAND-IN for a parameter: what count_params reads."""
+
+    def __init__(self, n, tp=False, expert=False):
+        self._n, self.tensor_model_parallel, self.requires_grad = n, tp, True
+        self.dtype = "torch.bfloat16"
+        if expert:
+            self.allreduce = False
+
+    def numel(self):
+        return self._n
+
+
+class Chunk:
+    def __init__(self, named):
+        self._named = named
+
+    def named_parameters(self):
+        return iter(self._named)
+
+
+def test_params_is_the_model_total_and_the_partition_goes_beside_it():
+    from mfsdp_gpu import measure
+
+    model = [
+        Chunk(
+            [
+                ("embedding.word_embeddings.weight", P(1000, tp=True)),
+                ("decoder.layers.0.input_layernorm.weight", P(10)),
+                ("decoder.layers.0.mlp.experts.linear_fc1.weight0", P(400, tp=True, expert=True)),
+            ]
+        )
+    ]
+    got = measure.count_params(model, tp=2, ep=8, etp=1)
+    assert got["global_numel"] == 1410  # this rank's model-parallel partition
+    assert got["model_total_numel"] == 1000 * 2 + 10 + 400 * 8 * 1  # TP x2, experts over EP 8 (ETP 1)
+    assert got["model_total_scope"] == "the whole model"
+    assert measure.count_params(model, tp=2, ep=8, pp=4)["model_total_scope"].startswith("this pipeline stage")
