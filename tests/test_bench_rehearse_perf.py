@@ -49,8 +49,21 @@ def test_plan_has_every_row_the_result_needs_in_priority_order(tmp_path):
         "llama70b_n64",
         "n1_perf",
         "n1_plain",
+        *drv.H100_ROWS[2:],
     ]
+    assert drv.H100_ROWS[:2] == ("anchor_fsdp_n8", "anchor_distopt_n8")
     by = {r.name: r for r in rows}
+    assert all(by[n].argv[by[n].argv.index("--iters") + 1] == str(drv.ANCHOR_ITERS) for n in drv.H100_ROWS[:4])
+    assert drv.ANCHOR_ITERS >= 4  # a median and spread of the anchor need at least 4 timed steps
+    assert set(drv.LAUNCHER_POST) <= set(by["anchor_fsdp_n8_pao"].argv)
+    assert "--no-mirror-collectives" in by["anchor_fsdp_n8_nomirror"].argv
+    k = by["kscale_k2"].argv
+    assert k[k.index("--perf-micro-batches") + 1] == str(drv.K_SCALE)
+    i = k.index("--perf-micro-batches")
+    same = [x for x in k[:i] + k[i + 2 :] if "kscale" not in x]
+    assert same == [x for x in by["kscale_full"].argv if "kscale" not in x]  # the same job apart from K
+    q = by["qwen30b_k4"].argv
+    assert "--moe-dispatcher" in q and "--moe-dispatcher" not in by["qwen30b_refusal"].argv
     a = by["anchor_fsdp_n8"].argv
     assert drv.RECIPE_8B in a and "--perf" in a and a[a.index("--world-size") + 1] == "8"
     assert all(o in a for o in drv.FSDP_PERF + drv.COMMON_PERF)
@@ -63,11 +76,14 @@ def test_plan_has_every_row_the_result_needs_in_priority_order(tmp_path):
     for name in ("llama1b_n8", "llama1b_n64"):
         argv = by[name].argv
         assert argv[argv.index("--compare") + 1].startswith("--")  # no variant swallowed by --compare
-    for spec in (drv.HF_8B, drv.HF_70B):
+    for spec in (drv.HF_8B, drv.HF_70B, drv.HF_QWEN30B):
         assert Path(spec.split("=", 1)[1]).is_file()
-    # every row alone fits its own cap, and the expected total fits the budget with imports overlapped
+    # every row alone fits its own cap, and each machine call's expected total fits the budget, imports overlapped
     assert all(drv.IMPORT_S + r.gpu_s < r.cap_s <= drv.BUDGET_S for r in rows)
-    assert drv.expected_wall_s(rows) < 0.8 * drv.BUDGET_S  # room for a slow step or a slow import
+    h200 = [r for r in rows if r.name not in drv.H100_ROWS[2:]]
+    for call in (h200, *([by[n] for n in c] for c in drv.H100_CALLS)):
+        assert drv.expected_wall_s(call) < 0.8 * drv.BUDGET_S  # room for a slow step or a slow import
+    assert sorted(n for c in drv.H100_CALLS for n in c) == sorted(drv.H100_ROWS)
 
 
 def test_every_cli_row_is_accepted_by_the_real_command(tmp_path):
