@@ -241,3 +241,45 @@ def test_recorded_logs_are_exported_as_fixtures_the_analysis_reads(tmp_path):
     assert [p.name for p in written] == ["recorded_anchor_fsdp_n8_rank_0.json"]
     log = json.loads(written[0].read_text())
     assert log["strategy"] == "optim_grads_params" and collectives.aggregate(log)["bytes_per_step"]
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("name", ["rehearse_perf_1xh200", "rehearse_perf_1xh100"])
+def test_no_committed_figure_comes_from_a_non_finite_step(name):
+    # a row with a figure was measured on finite timed steps only; a row whose steps were all non-finite has none
+    path = RESULTS / f"{name}.json"
+    if name.endswith("h100") and not path.exists():
+        pytest.fail(f"{path.name} is missing: the H100 anchor rows were not generated")
+    doc = json.loads(path.read_text())
+    measured = [r for r in doc["rows"] if r.get("tokens_per_s_per_gpu")]
+    assert measured
+    for r in measured:
+        assert r["losses_checked"] is True, r["row"]
+        assert r["nonfinite_timed_steps"] == 0 or r["timed_steps_used"] < len(r["timed_losses"]), r["row"]
+        used = [x for x in r["timed_losses"] if x is not None and x == x and abs(x) != float("inf")]
+        assert len(used) >= r["timed_steps_used"], r["row"]
+    for r in doc["rows"]:
+        if r.get("nonfinite_timed_steps") and not r.get("tokens_per_s_per_gpu"):
+            assert r["status"].startswith("excluded"), r["row"]
+
+
+def test_old_reports_get_their_timed_losses_from_the_step_records(tmp_path):
+    # the committed H200 FSDP anchor: finite losses, but NaN and inf gradient norms on both timed steps
+    raw = RESULTS / "raw" / "rehearse_perf_1xh200"
+    rec = res.refresh_numerics(json.loads((raw / "anchor_fsdp_n8.json").read_text()), raw)
+    perf = rec["result"]["ranks"][0]["perf"]
+    assert perf["nonfinite_timed_steps"] == 2 and perf["available"] is False
+    assert all(x == x for x in perf["timed_losses"])  # the losses were finite: the gradient norms were not
+    rec = res.refresh_numerics(json.loads((raw / "anchor_distopt_n8.json").read_text()), raw)
+    assert rec["result"]["ranks"][0]["perf"]["nonfinite_timed_steps"] == 0
+
+
+def test_params_are_the_model_total_beside_the_partition():
+    total, local, scope = res._params({"params": 10, "parallel": {"tp": 1, "ep": 1, "pp": 1}}, {})
+    assert total == local == 10 and scope.startswith("the whole model")
+    total, local, scope = res._params({"params": 10, "parallel": {"tp": 1, "ep": 8, "pp": 1}}, {})
+    assert total is None and local == 10  # an old EP record: the total is not known, never guessed
+    got = res._params({"params": 300, "local_params": 20, "params_scope": "the whole model"}, {})
+    assert got == (300, 20, "the whole model")
