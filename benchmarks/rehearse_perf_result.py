@@ -172,6 +172,7 @@ def perf_row(name: str, job: str, rank: dict | None, strategy: str | None = None
         row["world_size"] = rank.get("world_size")
         row["nonfinite_timed_steps"] = perf.get("nonfinite_timed_steps")
         row["timed_losses"] = perf.get("timed_losses")
+        row["comm_bytes_per_step"] = (perf.get("communication") or {}).get("bytes_per_step")
         return row
     params, local, scope = _params(perf, rank.get("perf_record") or {})
     pr = perf.get("prediction") or {}

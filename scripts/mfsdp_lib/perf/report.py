@@ -64,9 +64,22 @@ def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
     step = _stats(step_times)
     if step is None:
         why = perf.get("error") or "no timed step finished"
+        out_na: dict = {"available": False, "why": why, **_numerics_out(numerics)}
         if numerics["nonfinite_timed_steps"] and not any(keep):
-            why = f"every timed step had a non-finite loss or gradient norm ({numerics['nonfinite_timed_steps']})"
-        return {"available": False, "why": why, **_numerics_out(numerics)}
+            out_na["why"] = (
+                f"every timed step had a non-finite loss or gradient norm ({numerics['nonfinite_timed_steps']})"
+            )
+            # what was counted does not depend on the values: the collective log still holds
+            log = perf.get("collectives")
+            if isinstance(log, Mapping):
+                try:
+                    out_na["communication"] = {
+                        "available": True,
+                        **collectives.aggregate(log, int(perf.get("world_size") or 1)),
+                    }
+                except collectives.LogError as exc:
+                    out_na["communication"] = {"available": False, "why": str(exc)}
+        return out_na
     m = int(perf.get("micro_batches") or 1)
     fb = _stats([scale_step(t, 0.0, scaling) for t in _kept(perf.get("fwd_bwd_times_s") or [], keep)])
     opt = _stats(raw_opt)
