@@ -125,6 +125,9 @@ H100_ROWS = (
     "qwen30b_k4",
 )
 H100_CALLS = (H100_ROWS[:4], H100_ROWS[4:])  # --only for each machine call
+# The scaling check's job: micro-batch 4 (at micro-batch 1 the 1.1 B model's step follows the host's kernel
+# launches, see N1_MBS), 8 micro-batches per step at N = 8.
+KSCALE_BATCH = ["train.micro_batch_size=4", "train.global_batch_size=256"]
 K_SCALE = 2  # the scaling check: 2 of 8 micro-batches against the whole step
 # Llama 3 70B on one H200 as rank 0 of 64: activations of 80 layers at sequence 8192 do not fit without
 # recompute; the recipe offloads 5 layers' activations to the CPU instead (192 GB B200s).
@@ -409,12 +412,12 @@ def plan(raw: Path) -> list[Row]:
                 "2",
                 "--iters",
                 "4",
-                "train.global_batch_size=64",
+                *KSCALE_BATCH,
                 *out("kscale_full"),
             ),
             cap_s=240,
             gpu_s=30,
-            why="the K-micro-batch scaling check: llama 1.1 B, 8 micro-batches per step, the whole step timed",
+            why="the K-micro-batch scaling check: llama 1.1 B, micro-batch 4, 8 micro-batches per step, whole step timed",
             runs=["rank_0"],
         ),
         Row(
@@ -433,7 +436,7 @@ def plan(raw: Path) -> list[Row]:
                 "4",
                 "--perf-micro-batches",
                 str(K_SCALE),
-                "train.global_batch_size=64",
+                *KSCALE_BATCH,
                 *out("kscale_k2"),
             ),
             cap_s=240,

@@ -659,7 +659,7 @@ H100_JOBS = {
     "anchor_distopt_n8": JOBS["anchor_distopt_n8"],
     "anchor_fsdp_n8_pao": "the anchor + the launcher's set_post_overrides (precision-aware optimizer on)",
     "anchor_fsdp_n8_nomirror": "the anchor without the mirror's copies (plain fake all-gathers)",
-    "kscale_full": "llama 1.1 B preset, GBS 64 = 8 micro-batches, whole step timed",
+    "kscale_full": "llama 1.1 B preset, micro-batch 4, GBS 256 = 8 micro-batches, whole step timed",
     "kscale_k2": "the same, 2 of 8 micro-batches timed and scaled to the step",
     "qwen30b_refusal": "Qwen3-30B-A3B 16-GPU recipe (flex dispatcher, HybridEP), as written",
     "qwen30b_k4": "Qwen3-30B-A3B 16-GPU recipe, all-to-all dispatcher, 4 of 64 micro-batches timed",

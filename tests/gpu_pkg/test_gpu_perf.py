@@ -248,3 +248,24 @@ def test_params_is_the_model_total_and_the_partition_goes_beside_it():
     assert got["model_total_numel"] == 1000 * 2 + 10 + 400 * 8 * 1  # TP x2, experts over EP 8 (ETP 1)
     assert got["model_total_scope"] == "the whole model"
     assert measure.count_params(model, tp=2, ep=8, pp=4)["model_total_scope"].startswith("this pipeline stage")
+
+
+def test_a_revision_pinned_by_the_recipe_is_served_from_the_same_config(tmp_path, monkeypatch):
+    # Bridge's Qwen3 MoE recipes call AutoBridge.from_hf_pretrained(id, revision=<commit>): huggingface_hub
+    # then reads snapshots/<commit>/config.json (a branch or tag name: refs/<name>), not refs/main
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 128}))
+    model = "Qwen/Qwen3-30B-A3B"
+    state = hfhub.prepare([f"{model}={cfg}"], str(tmp_path / "run"))
+    folder = tmp_path / "run" / "hf_hub" / "models--Qwen--Qwen3-30B-A3B"
+    commit = "ad44e777bcd18fa416d9da3bd8f70d33ebb85d39"
+    got = hfhub.pin_revision(model, commit, state)
+    assert got == str(folder / "snapshots" / commit / "config.json")
+    assert json.loads((folder / "snapshots" / commit / "config.json").read_text())["num_experts"] == 128
+    tag = hfhub.pin_revision(model, "v1.0", state)
+    rev = (folder / "refs" / "v1.0").read_text()
+    assert tag == str(folder / "snapshots" / rev / "config.json")
+    assert hfhub.pin_revision(model, None, state) is None
+    assert hfhub.pin_revision("other/model", commit, state) is None  # no config given for it

@@ -108,3 +108,15 @@ def test_k_micro_batch_record_is_scaled_to_the_step():
     assert s["tokens_per_s_per_gpu"] == pytest.approx(128 * 8192 / 8 / 9.4)
     assert s["scaling"]["micro_batches_full"] == 16
     assert any(ln.strip().startswith("scaled: 4 of the step's 16 micro-batches") for ln in report.render(s))
+
+
+def test_nan_written_as_text_in_a_json_report_counts():
+    # the engine's report.json holds NaN and infinity as "nan" / "inf" (JSON has no such numbers)
+    p = _perf(timed_losses=[10.0, "nan", "nan"], timed_grad_norms=["inf", "nan", "nan"])
+    s = report.summarize(p)
+    assert s["available"] is False and s["nonfinite_timed_steps"] == 3
+
+
+def test_the_engines_own_verdict_is_kept():
+    s = report.summarize(_perf(timed_losses=[10.0, 10.0, 10.0], nonfinite_steps=[4]))
+    assert s["nonfinite_timed_steps"] == 1 and s["excluded_steps"] == [4]

@@ -162,11 +162,14 @@ def timed_numerics(perf: Mapping) -> dict:
     losses = perf.get("timed_losses")
     norms = perf.get("timed_grad_norms")
     checked = isinstance(losses, list) and len(losses) == n
+    flagged = set(perf.get("nonfinite_steps") or [])  # the engine's own verdict, by iteration
+    timed = list(perf.get("timed_steps") or [])
     mask = []
     for i in range(n):
         x = losses[i] if checked else None
         g = norms[i] if isinstance(norms, list) and i < len(norms) else None
-        mask.append(not (_nonfinite(x) or _nonfinite(g)))
+        it = timed[i] if i < len(timed) else None
+        mask.append(not (_nonfinite(x) or _nonfinite(g) or it in flagged))
     return {
         "checked": checked,
         "timed_losses": list(losses) if checked else None,
@@ -177,6 +180,13 @@ def timed_numerics(perf: Mapping) -> dict:
 
 
 def _nonfinite(v) -> bool:
+    """NaN or infinite, as a number or as the text a JSON report holds it in ("nan", "inf", "-inf":
+    JSON has no such numbers, so the engine's report writes them as strings)."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            return False
     return isinstance(v, (int, float)) and not math.isfinite(v)
 
 
