@@ -24,7 +24,8 @@ separately, as are those forced by the environment (no APEX).
 
 Mixture of experts: with plain fake collectives the all-to-all token dispatcher
 sizes its buffers from token counts read from memory nobody wrote. With
-``--mirror-collectives`` (on by default when the model has experts) every rank is
+``--mirror-collectives`` (on by default when the model has experts, and for every fake
+``--perf`` run, so that timed steps compute on written values) every rank is
 made to look like this one: all-gathers copy the local input into every output
 slot, all-to-alls deliver to every slot what this rank sends to itself,
 reduce-scatters keep this rank's chunk. The token counts are then consistent and

@@ -167,7 +167,8 @@ def configure(parser) -> None:
     parser.add_argument(
         "--no-mirror-collectives",
         action="store_true",
-        help="MoE: plain fake collectives (token counts are then read from memory nobody wrote)",
+        help="plain fake collectives where the rehearsal mirrors them (MoE, --perf): token counts and gathered "
+        "weights are then read from memory nobody wrote",
     )
     parser.add_argument("--save-load", action="store_true", help="also save a checkpoint and load it into a new model")
     parser.add_argument(
