@@ -96,7 +96,7 @@ def refresh_numerics(rec: dict | None, raw: Path) -> dict | None:
         label = next(iter(reports)) if len(reports) == 1 else rank.get("strategy")
         rep = _read(Path(raw) / reports[label]) if label in reports else None
         perf = dict((rep or {}).get("perf") or {})
-        if not perf or perf.get("schema") != perf_report.PERF_SCHEMA:
+        if rep is None or not perf or perf.get("schema") != perf_report.PERF_SCHEMA:
             continue
         if "timed_losses" not in perf:
             by_iter = {s.get("iteration"): s for s in ((rep.get("memory") or {}).get("steps") or [])}

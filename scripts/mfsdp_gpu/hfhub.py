@@ -68,7 +68,7 @@ def lay_out(cache: str, model_id: str, config_path: str, revision: str | None = 
         data = fh.read()
     json.loads(data)  # a config that is not JSON fails here, with its path, not inside transformers
     rev = hashlib.sha1(data).hexdigest()  # a snapshot folder is named by a 40-hex revision
-    ref = "main"
+    ref: str | None = "main"
     if revision and COMMIT.fullmatch(str(revision)):
         rev, ref = str(revision), None
     elif revision:

@@ -159,9 +159,10 @@ def timed_numerics(perf: Mapping) -> dict:
     Read from the record's ``timed_losses`` / ``timed_grad_norms``; a record written before they
     existed has none, and then nothing is known (``checked`` False) and every step counts."""
     n = len(perf.get("step_times_s") or [])
-    losses = perf.get("timed_losses")
+    got = perf.get("timed_losses")
     norms = perf.get("timed_grad_norms")
-    checked = isinstance(losses, list) and len(losses) == n
+    checked = isinstance(got, list) and len(got) == n
+    losses: list = list(got) if checked and isinstance(got, list) else []
     flagged = set(perf.get("nonfinite_steps") or [])  # the engine's own verdict, by iteration
     timed = list(perf.get("timed_steps") or [])
     mask = []
@@ -172,7 +173,7 @@ def timed_numerics(perf: Mapping) -> dict:
         mask.append(not (_nonfinite(x) or _nonfinite(g) or it in flagged))
     return {
         "checked": checked,
-        "timed_losses": list(losses) if checked else None,
+        "timed_losses": losses if checked else None,
         "finite_mask": mask,
         "nonfinite_timed_steps": sum(1 for ok in mask if not ok),
         "excluded_steps": [s for s, ok in zip(perf.get("timed_steps") or [], mask, strict=False) if not ok],
