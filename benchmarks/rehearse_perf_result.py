@@ -334,6 +334,7 @@ def build(raw: Path) -> dict:
         "rows": rows,
         "table_rows": [table_row(r) for r in rows],
         "notes": notes(rows, versions, driver)
+        + excluded_detail(rows, raw)
         + conditions(driver, _read(raw / "driver_rerun.json"), _text(raw / "driver_stdout.log")),
         "raw": {
             "folder": _rel(raw),
@@ -342,6 +343,19 @@ def build(raw: Path) -> dict:
             "versions": versions,
         },
     }
+
+
+def excluded_detail(rows: list[dict], raw: Path) -> list[str]:
+    """Every step as recorded, for each row whose timed steps were all non-finite (its figures withdrawn)."""
+    out = []
+    for r in rows:
+        if r.get("nonfinite_timed_steps") and not r.get("tokens_per_s_per_gpu"):
+            d = step_detail(raw, r["row"])
+            if d:
+                out.append(
+                    f"{r['row']}: no figure, every timed step had a non-finite loss or gradient norm; as recorded: {d}."
+                )
+    return out
 
 
 def conditions(driver: dict, rerun: dict | None, stdout: str = "") -> list[str]:
