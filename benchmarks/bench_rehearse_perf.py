@@ -100,6 +100,35 @@ FSDP_PERF = [
     "optimizer.use_precision_aware_optimizer=false",
     "comm_overlap.defer_embedding_wgrad_compute=false",
 ]
+# Timed steps of the anchor rows: a median and a spread need at least 4 (at about 9.4 s a step on an H100).
+ANCHOR_ITERS = 4
+# What Bridge's launcher sets after the recipe (scripts/performance/utils/overrides.py :: set_post_overrides,
+# r0.6.0): the precision-aware optimizer for bf16 Adam states; FSDP_PERF turns it off, as the anchor does.
+LAUNCHER_POST = ["optimizer.use_precision_aware_optimizer=true"]
+# Qwen3-30B-A3B on 16 H100s (Bridge's recipe): EP 16, GBS 1024 at micro-batch 1 = 64 micro-batches per step.
+RECIPE_QWEN30B = "megatron.bridge.recipes.qwen.h100.qwen3_moe:qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+HF_QWEN30B = (
+    f"Qwen/Qwen3-30B-A3B={ROOT / 'tests' / 'recipes' / 'hf_configs' / 'Qwen' / 'Qwen3-30B-A3B' / 'config.json'}"
+)
+# The recipe captures the MoE router and preprocessing in Transformer Engine CUDA graphs; the rehearsal turns
+# that off (graph capture of a step whose collectives return at once is not what the job runs).
+QWEN_NO_GRAPHS = ['model.cuda_graph_impl="none"']  # a JSON string: a bare none is read as null
+# The rows of rehearse_perf_1xh100.json (one H100 call each: --only with the first four, then the rest).
+H100_ROWS = (
+    "anchor_fsdp_n8",
+    "anchor_distopt_n8",
+    "anchor_fsdp_n8_pao",
+    "anchor_fsdp_n8_nomirror",
+    "kscale_full",
+    "kscale_k2",
+    "qwen30b_refusal",
+    "qwen30b_k4",
+)
+H100_CALLS = (H100_ROWS[:4], H100_ROWS[4:])  # --only for each machine call
+# The scaling check's job: micro-batch 4 (at micro-batch 1 the 1.1 B model's step follows the host's kernel
+# launches, see N1_MBS), 8 micro-batches per step at N = 8.
+KSCALE_BATCH = ["train.micro_batch_size=4", "train.global_batch_size=256"]
+K_SCALE = 2  # the scaling check: 2 of 8 micro-batches against the whole step
 # Llama 3 70B on one H200 as rank 0 of 64: activations of 80 layers at sequence 8192 do not fit without
 # recompute; the recipe offloads 5 layers' activations to the CPU instead (192 GB B200s).
 FIT_70B = [
@@ -164,13 +193,13 @@ def plan(raw: Path) -> list[Row]:
                 "--warmup",
                 "1",
                 "--iters",
-                "2",
+                str(ANCHOR_ITERS),
                 *COMMON_PERF,
                 *FSDP_PERF,
                 *out("anchor_fsdp_n8"),
             ),
             cap_s=330,
-            gpu_s=60,
+            gpu_s=70,
             why="NVIDIA's published Llama 3 8B FP8 FSDP job, rank 0 of 8",
             runs=["rank_0"],
         ),
@@ -189,12 +218,12 @@ def plan(raw: Path) -> list[Row]:
                 "--warmup",
                 "1",
                 "--iters",
-                "2",
+                str(ANCHOR_ITERS),
                 *COMMON_PERF,
                 *out("anchor_distopt_n8"),
             ),
             cap_s=330,
-            gpu_s=60,
+            gpu_s=70,
             why="the same job under the distributed optimizer",
             runs=["rank_0"],
         ),
@@ -315,6 +344,149 @@ def plan(raw: Path) -> list[Row]:
             why="N = 1 agreement: a plain real run of the same config (real NCCL world of 1, Bridge's own timer)",
             kind="engine",
             runs=[""],
+        ),
+        # ---- the H100 rows (rehearse_perf_1xh100.json): the anchor's gap to the published figure, measured
+        Row(
+            "anchor_fsdp_n8_pao",
+            rehearse(
+                "--recipe",
+                RECIPE_8B,
+                "--hf-config",
+                HF_8B,
+                "--world-size",
+                "8",
+                "--strategy",
+                "optim_grads_params",
+                "--perf",
+                "--warmup",
+                "1",
+                "--iters",
+                str(ANCHOR_ITERS),
+                *COMMON_PERF,
+                *FSDP_PERF,
+                *LAUNCHER_POST,
+                *out("anchor_fsdp_n8_pao"),
+            ),
+            cap_s=330,
+            gpu_s=70,
+            why="the anchor with the launcher's set_post_overrides: precision-aware optimizer on",
+            runs=["rank_0"],
+        ),
+        Row(
+            "anchor_fsdp_n8_nomirror",
+            rehearse(
+                "--recipe",
+                RECIPE_8B,
+                "--hf-config",
+                HF_8B,
+                "--world-size",
+                "8",
+                "--strategy",
+                "optim_grads_params",
+                "--perf",
+                "--warmup",
+                "1",
+                "--iters",
+                str(ANCHOR_ITERS),
+                "--no-mirror-collectives",
+                *COMMON_PERF,
+                *FSDP_PERF,
+                *out("anchor_fsdp_n8_nomirror"),
+            ),
+            cap_s=330,
+            gpu_s=70,
+            why="the anchor without the mirror's copies: the fake backend's own cost (and NaN risk)",
+            runs=["rank_0"],
+        ),
+        Row(
+            "kscale_full",
+            rehearse(
+                "--model-preset",
+                "llama-1b",
+                "--world-size",
+                "8",
+                "--strategy",
+                "optim_grads_params",
+                "--perf",
+                "--warmup",
+                "2",
+                "--iters",
+                "4",
+                *KSCALE_BATCH,
+                *out("kscale_full"),
+            ),
+            cap_s=240,
+            gpu_s=30,
+            why="the K-micro-batch scaling check: llama 1.1 B, micro-batch 4, 8 micro-batches per step, whole step timed",
+            runs=["rank_0"],
+        ),
+        Row(
+            "kscale_k2",
+            rehearse(
+                "--model-preset",
+                "llama-1b",
+                "--world-size",
+                "8",
+                "--strategy",
+                "optim_grads_params",
+                "--perf",
+                "--warmup",
+                "2",
+                "--iters",
+                "4",
+                "--perf-micro-batches",
+                str(K_SCALE),
+                *KSCALE_BATCH,
+                *out("kscale_k2"),
+            ),
+            cap_s=240,
+            gpu_s=25,
+            why=f"the same job timing {K_SCALE} of its 8 micro-batches, scaled to the step",
+            runs=["rank_0"],
+        ),
+        Row(
+            "qwen30b_refusal",
+            rehearse(
+                "--recipe",
+                RECIPE_QWEN30B,
+                "--hf-config",
+                HF_QWEN30B,
+                "--world-size",
+                "16",
+                "--perf",
+                *QWEN_NO_GRAPHS,
+                *out("qwen30b_refusal"),
+            ),
+            cap_s=200,
+            gpu_s=5,
+            why="Qwen3-30B-A3B recipe, flex/HybridEP dispatcher not installed: refused before the model build",
+            runs=["rank_0"],
+        ),
+        Row(
+            "qwen30b_k4",
+            rehearse(
+                "--recipe",
+                RECIPE_QWEN30B,
+                "--hf-config",
+                HF_QWEN30B,
+                "--world-size",
+                "16",
+                "--perf",
+                "--warmup",
+                "1",
+                "--iters",
+                "4",
+                "--perf-micro-batches",
+                "4",
+                "--moe-dispatcher",
+                "alltoall",
+                *QWEN_NO_GRAPHS,
+                *out("qwen30b_k4"),
+            ),
+            cap_s=420,
+            gpu_s=150,
+            why="Qwen3-30B-A3B recipe (64 micro-batches per step) timed on 4 per step, all-to-all dispatcher",
+            runs=["rank_0"],
         ),
     ]
     return rows

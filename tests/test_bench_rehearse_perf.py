@@ -49,8 +49,21 @@ def test_plan_has_every_row_the_result_needs_in_priority_order(tmp_path):
         "llama70b_n64",
         "n1_perf",
         "n1_plain",
+        *drv.H100_ROWS[2:],
     ]
+    assert drv.H100_ROWS[:2] == ("anchor_fsdp_n8", "anchor_distopt_n8")
     by = {r.name: r for r in rows}
+    assert all(by[n].argv[by[n].argv.index("--iters") + 1] == str(drv.ANCHOR_ITERS) for n in drv.H100_ROWS[:4])
+    assert drv.ANCHOR_ITERS >= 4  # a median and spread of the anchor need at least 4 timed steps
+    assert set(drv.LAUNCHER_POST) <= set(by["anchor_fsdp_n8_pao"].argv)
+    assert "--no-mirror-collectives" in by["anchor_fsdp_n8_nomirror"].argv
+    k = by["kscale_k2"].argv
+    assert k[k.index("--perf-micro-batches") + 1] == str(drv.K_SCALE)
+    i = k.index("--perf-micro-batches")
+    same = [x for x in k[:i] + k[i + 2 :] if "kscale" not in x]
+    assert same == [x for x in by["kscale_full"].argv if "kscale" not in x]  # the same job apart from K
+    q = by["qwen30b_k4"].argv
+    assert "--moe-dispatcher" in q and "--moe-dispatcher" not in by["qwen30b_refusal"].argv
     a = by["anchor_fsdp_n8"].argv
     assert drv.RECIPE_8B in a and "--perf" in a and a[a.index("--world-size") + 1] == "8"
     assert all(o in a for o in drv.FSDP_PERF + drv.COMMON_PERF)
@@ -63,11 +76,14 @@ def test_plan_has_every_row_the_result_needs_in_priority_order(tmp_path):
     for name in ("llama1b_n8", "llama1b_n64"):
         argv = by[name].argv
         assert argv[argv.index("--compare") + 1].startswith("--")  # no variant swallowed by --compare
-    for spec in (drv.HF_8B, drv.HF_70B):
+    for spec in (drv.HF_8B, drv.HF_70B, drv.HF_QWEN30B):
         assert Path(spec.split("=", 1)[1]).is_file()
-    # every row alone fits its own cap, and the expected total fits the budget with imports overlapped
+    # every row alone fits its own cap, and each machine call's expected total fits the budget, imports overlapped
     assert all(drv.IMPORT_S + r.gpu_s < r.cap_s <= drv.BUDGET_S for r in rows)
-    assert drv.expected_wall_s(rows) < 0.8 * drv.BUDGET_S  # room for a slow step or a slow import
+    h200 = [r for r in rows if r.name not in drv.H100_ROWS[2:]]
+    for call in (h200, *([by[n] for n in c] for c in drv.H100_CALLS)):
+        assert drv.expected_wall_s(call) < 0.8 * drv.BUDGET_S  # room for a slow step or a slow import
+    assert sorted(n for c in drv.H100_CALLS for n in c) == sorted(drv.H100_ROWS)
 
 
 def test_every_cli_row_is_accepted_by_the_real_command(tmp_path):
@@ -225,3 +241,45 @@ def test_recorded_logs_are_exported_as_fixtures_the_analysis_reads(tmp_path):
     assert [p.name for p in written] == ["recorded_anchor_fsdp_n8_rank_0.json"]
     log = json.loads(written[0].read_text())
     assert log["strategy"] == "optim_grads_params" and collectives.aggregate(log)["bytes_per_step"]
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("name", ["rehearse_perf_1xh200", "rehearse_perf_1xh100"])
+def test_no_committed_figure_comes_from_a_non_finite_step(name):
+    # a row with a figure was measured on finite timed steps only; a row whose steps were all non-finite has none
+    path = RESULTS / f"{name}.json"
+    if name.endswith("h100") and not path.exists():
+        pytest.fail(f"{path.name} is missing: the H100 anchor rows were not generated")
+    doc = json.loads(path.read_text())
+    measured = [r for r in doc["rows"] if r.get("tokens_per_s_per_gpu")]
+    assert measured
+    for r in measured:
+        assert r["losses_checked"] is True, r["row"]
+        assert r["nonfinite_timed_steps"] == 0 or r["timed_steps_used"] < len(r["timed_losses"]), r["row"]
+        used = [x for x in r["timed_losses"] if x is not None and x == x and abs(x) != float("inf")]
+        assert len(used) >= r["timed_steps_used"], r["row"]
+    for r in doc["rows"]:
+        if r.get("nonfinite_timed_steps") and not r.get("tokens_per_s_per_gpu"):
+            assert r["status"].startswith("excluded"), r["row"]
+
+
+def test_old_reports_get_their_timed_losses_from_the_step_records(tmp_path):
+    # the committed H200 FSDP anchor: finite losses, but NaN and inf gradient norms on both timed steps
+    raw = RESULTS / "raw" / "rehearse_perf_1xh200"
+    rec = res.refresh_numerics(json.loads((raw / "anchor_fsdp_n8.json").read_text()), raw)
+    perf = rec["result"]["ranks"][0]["perf"]
+    assert perf["nonfinite_timed_steps"] == 2 and perf["available"] is False
+    assert all(x == x for x in perf["timed_losses"])  # the losses were finite: the gradient norms were not
+    rec = res.refresh_numerics(json.loads((raw / "anchor_distopt_n8.json").read_text()), raw)
+    assert rec["result"]["ranks"][0]["perf"]["nonfinite_timed_steps"] == 0
+
+
+def test_params_are_the_model_total_beside_the_partition():
+    total, local, scope = res._params({"params": 10, "parallel": {"tp": 1, "ep": 1, "pp": 1}}, {})
+    assert total == local == 10 and scope.startswith("the whole model")
+    total, local, scope = res._params({"params": 10, "parallel": {"tp": 1, "ep": 8, "pp": 1}}, {})
+    assert total is None and local == 10  # an old EP record: the total is not known, never guessed
+    got = res._params({"params": 300, "local_params": 20, "params_scope": "the whole model"}, {})
+    assert got == (300, 20, "the whole model")

@@ -12,9 +12,7 @@ import json
 import math
 import os
 
-
-class InputError(ValueError):
-    """Bad input: one clear line, exit 2."""
+from .report import InputError  # noqa: F401  (re-exported: the entry points and tests name args.InputError)
 
 
 def parse_value(text: str):
@@ -130,6 +128,21 @@ def rehearse_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup", type=int, default=2, metavar="W", help="--perf: untimed steps first (default 2)")
     p.add_argument(
+        "--perf-micro-batches",
+        type=int,
+        default=None,
+        metavar="K",
+        help="--perf: run K of the step's M micro-batches (the global batch cut to K x DP x micro-batch) and "
+        "scale the forward/backward time by M/K (the report's perf.scaling says how)",
+    )
+    p.add_argument(
+        "--moe-dispatcher",
+        choices=("alltoall", "allgather"),
+        default=None,
+        help="MoE: this token dispatcher in place of a flex one whose package (DeepEP, HybridEP) is missing "
+        "(a labelled deviation)",
+    )
+    p.add_argument(
         "--hf-config",
         action="append",
         default=None,
@@ -158,6 +171,9 @@ def check_args(a) -> None:
         raise InputError("--perf and --parity are separate runs")
     if getattr(a, "warmup", 0) < 0:
         raise InputError("--warmup must be 0 or more")
+    k = getattr(a, "perf_micro_batches", None)
+    if k is not None and (k < 1 or not a.perf):
+        raise InputError("--perf-micro-batches K needs --perf and K >= 1")
     for spec in getattr(a, "hf_config", None) or []:
         path = spec.partition("=")[2] if "=" in spec else spec
         if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "config.json"))):

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import os
 
-from .args import InputError
 from .presets import NULL_TOKENIZER_VOCAB, PRESETS, estimate_params
-from .report import jsonable
+from .report import InputError, jsonable
 
 # Strategy names as the command lines take them. The last three are Megatron FSDP's
 # ``ddp.data_parallel_sharding_strategy`` values (megatron_fsdp 0.6.1 also has ``no_shard``,

@@ -16,9 +16,11 @@ time (``dist_all_gather_func = torch.distributed.all_gather_into_tensor``).
 The copy plans (:func:`all_gather_slots`, :func:`all_to_all_plan`) are pure Python.
 
 ``rehearse --perf`` also records every collective the rank issues (:class:`CollectiveRecorder`,
-below): the same patching point, a cheaper wrapper (no signature binding). With ``--perf`` on a
-dense model the mirror's copies are switched off (``MIRROR_STATE``): they would add memory
-traffic to the compute being timed, and a dense model allocates the same without them.
+below): the same patching point, a cheaper wrapper (no signature binding). ``--perf`` keeps the
+mirror on for dense models too: without it the gathered weights of the other ranks' shards are
+memory nobody wrote, which can hold NaN, and a NaN step runs faster than a finite one (the
+engine's ``perf`` record counts non-finite timed steps; the analysis leaves them out). The copy
+writes what a real all-gather writes into its output, on the stream the caller issued it on.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ MIRROR_NAMES = (
 )
 # The attribute that marks a wrapper installed here (a second install leaves it alone).
 MARK = "_rehearse_mirror"
-# Whether the installed mirror copies (``rehearse --perf`` turns it off for dense models, see above).
+# Whether the installed mirror copies (a switch for a caller that must time a run without the copies).
 MIRROR_STATE = {"copy": True}
 
 

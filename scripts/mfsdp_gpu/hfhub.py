@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 
@@ -53,20 +54,35 @@ def repo_folder(cache: str, model_id: str) -> str:
     return os.path.join(cache, "models--" + model_id.replace("/", "--"))
 
 
-def lay_out(cache: str, model_id: str, config_path: str) -> str:
-    """Put ``config_path`` where huggingface_hub finds ``model_id``'s config.json offline; returns the file."""
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a revision that is a commit names its snapshot folder itself
+
+
+def lay_out(cache: str, model_id: str, config_path: str, revision: str | None = None) -> str:
+    """Put ``config_path`` where huggingface_hub finds ``model_id``'s config.json offline; returns the file.
+
+    Without ``revision`` it is the ``main`` branch. Recipes may pin one (Bridge's Qwen3 MoE recipes pass
+    ``revision=<commit>`` to ``AutoBridge.from_hf_pretrained``): huggingface_hub then looks in
+    ``snapshots/<commit>/`` for a commit, or reads ``refs/<branch or tag>`` for a name, so the same file
+    is laid out under that revision too."""
     with open(config_path, "rb") as fh:
         data = fh.read()
     json.loads(data)  # a config that is not JSON fails here, with its path, not inside transformers
     rev = hashlib.sha1(data).hexdigest()  # a snapshot folder is named by a 40-hex revision
+    ref: str | None = "main"
+    if revision and COMMIT.fullmatch(str(revision)):
+        rev, ref = str(revision), None
+    elif revision:
+        ref = str(revision)
     folder = repo_folder(cache, model_id)
     snap = os.path.join(folder, "snapshots", rev)
     os.makedirs(snap, exist_ok=True)
-    os.makedirs(os.path.join(folder, "refs"), exist_ok=True)
     dst = os.path.join(snap, "config.json")
     shutil.copyfile(config_path, dst)
-    with open(os.path.join(folder, "refs", "main"), "w") as fh:
-        fh.write(rev)
+    if ref is not None:
+        ref_path = os.path.join(folder, "refs", *ref.split("/"))
+        os.makedirs(os.path.dirname(ref_path), exist_ok=True)
+        with open(ref_path, "w") as fh:
+            fh.write(rev)
     return dst
 
 
@@ -78,8 +94,10 @@ def prepare(specs: list[str] | None, out_dir: str) -> dict:
         return state
     cache = os.path.join(os.path.abspath(out_dir), "hf_hub")
     os.makedirs(cache, exist_ok=True)
+    state["sources"] = {}
     for model_id, path in by_id.items():
         state["ids"][model_id] = lay_out(cache, model_id, path)
+        state["sources"][model_id] = path
     os.environ["HF_HUB_CACHE"] = cache
     os.environ["HUGGINGFACE_HUB_CACHE"] = cache
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -125,12 +143,22 @@ def check(model_id: str, state: dict) -> None:
         return
     if state.get("default") and state.get("cache") and model_id.count("/") == 1:
         state["ids"][model_id] = lay_out(state["cache"], model_id, state["default"])
+        state.setdefault("sources", {})[model_id] = state["default"]
         return
     if cached(model_id):
         return
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in OFFLINE_VALUES
     if offline or not hub_reachable():
         raise MissingConfig(missing_message(model_id, offline))
+
+
+def pin_revision(model_id: str, revision, state: dict) -> str | None:
+    """A recipe that pins ``revision`` for a model id whose config was given: lay the config out under
+    that revision as well (:func:`lay_out`); returns the file, or None when nothing was to do."""
+    source = (state.get("sources") or {}).get(model_id)
+    if not revision or not source or not state.get("cache"):
+        return None
+    return lay_out(state["cache"], model_id, source, revision=str(revision))
 
 
 def guard(state: dict, error_type: type[Exception] = MissingConfig) -> str:
@@ -151,6 +179,7 @@ def guard(state: dict, error_type: type[Exception] = MissingConfig) -> str:
             check(str(path), state)
         except MissingConfig as exc:
             raise error_type(str(exc)) from None
+        pin_revision(str(path), kwargs.get("revision"), state)
         return func(cls, path, *args, **kwargs)
 
     from_hf_pretrained._rehearse_hf = True  # type: ignore[attr-defined]

@@ -242,11 +242,3 @@ def mamba_deviations(env: dict | None, mem_eff_requested: bool, extra_bytes: int
             }
         )
     return out, turn_off
-
-
-def wants_mamba_ssm(a) -> bool:
-    """Whether this run may build Mamba layers: a hybrid preset, or any YAML or recipe (its
-    model is known only after Bridge is imported, and mamba-ssm must be prepared before)."""
-    from .presets import PRESETS
-
-    return not a.model_preset or PRESETS[a.model_preset]["kind"] == "hybrid"

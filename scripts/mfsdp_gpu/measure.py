@@ -110,10 +110,19 @@ def nvml_process_used_bytes() -> int | None:
         return None
 
 
-def count_params(model) -> dict:
+def count_params(model, tp: int = 1, ep: int = 1, etp: int | None = None, pp: int = 1) -> dict:
     """Numel of this rank's local parameters (DTensor shards counted locally), split by
     dense/expert (Megatron marks expert parameters ``allreduce=False``; names with
-    ``.experts.`` as a fallback), plus trainable and global counts."""
+    ``.experts.`` as a fallback), plus trainable and global counts.
+
+    ``global_numel`` is this rank's model-parallel partition (DTensor shards counted whole: what
+    data parallelism replicates or shards). ``model_total_numel`` is the model's: a tensor-parallel
+    weight (megatron-core sets ``tensor_model_parallel`` on it) counts ``tp`` times, an expert weight
+    ``ep x etp`` times (each expert-parallel rank holds other experts; ``etp``, the expert
+    tensor-parallel size, defaults to ``tp`` as in megatron-core). With pipeline parallelism this rank
+    holds one stage, and the total covers that stage (``model_total_scope`` says so)."""
+    etp = tp if etp is None else etp
+    total = 0
     local = dense = expert = trainable = global_n = 0
     by_dtype: dict[str, int] = {}
     seen = set()
@@ -127,6 +136,10 @@ def count_params(model) -> dict:
             global_n += p.numel()
             is_expert = getattr(p, "allreduce", True) is False or ".experts." in name
             if is_expert:
+                total += p.numel() * ep * etp
+            else:
+                total += p.numel() * (tp if getattr(p, "tensor_model_parallel", False) else 1)
+            if is_expert:
                 expert += n_local
             else:
                 dense += n_local
@@ -135,6 +148,10 @@ def count_params(model) -> dict:
             key = str(p.dtype).replace("torch.", "")
             by_dtype[key] = by_dtype.get(key, 0) + n_local
     return {
+        "model_total_numel": total,
+        "model_total_scope": "the whole model"
+        if pp <= 1
+        else "this pipeline stage's layers (the other stages are not built here)",
         "local_numel": local,
         "local_dense_numel": dense,
         "local_expert_numel": expert,

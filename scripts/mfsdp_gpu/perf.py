@@ -23,6 +23,7 @@ GPU. The lock is a file named by ``MFSDP_GPU_LOCK``; without it nothing is locke
 
 from __future__ import annotations
 
+import math
 import os
 
 PERF_SCHEMA = "mfsdp-perf/1"
@@ -81,8 +82,50 @@ def layer_params(model) -> int:
     return total
 
 
-def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, device: str | None) -> dict:
-    """The ``perf`` record of one rehearsal (see the module docstring)."""
+def nonfinite(value) -> bool:
+    """A recorded loss or gradient norm that is NaN or infinite (None, unknown, is not)."""
+    return isinstance(value, (int, float)) and not math.isfinite(value)
+
+
+def timed_numerics(steps: list[dict], timed_iterations: list) -> dict:
+    """The timed steps' losses and gradient norms, and how many of those steps had a non-finite one.
+
+    Under the fake backend a weight nobody wrote can hold NaN, and a NaN step runs faster than a
+    finite one: such a step's time is not the job's. The analysis (``mfsdp_lib.perf.report``)
+    leaves these steps out of every figure and says so first."""
+    by_iter = {s.get("iteration"): s for s in steps}
+    losses = [by_iter.get(i, {}).get("loss") for i in timed_iterations]
+    norms = [by_iter.get(i, {}).get("grad_norm") for i in timed_iterations]
+    bad = [i for i, x, g in zip(timed_iterations, losses, norms, strict=True) if nonfinite(x) or nonfinite(g)]
+    return {
+        "timed_losses": losses,
+        "timed_grad_norms": norms,
+        "nonfinite_timed_steps": len(bad),
+        "nonfinite_steps": bad,
+    }
+
+
+def scaled_flops(flops: float | None, scaling: dict | None) -> float | None:
+    """Bridge's FLOPs per step are linear in the global batch: those of K micro-batches x M/K."""
+    if flops is None or not scaling or not scaling.get("micro_batches_run"):
+        return flops
+    return flops * scaling["micro_batches_full"] / scaling["micro_batches_run"]
+
+
+def record(
+    cfg,
+    so,
+    clock,
+    recorder,
+    world_size: int,
+    rank: int,
+    params: dict,
+    device: str | None,
+    steps: list[dict] | None = None,
+    scaling: dict | None = None,
+) -> dict:
+    """The ``perf`` record of one rehearsal (see the module docstring). ``steps``: the step meter's
+    records (losses); ``scaling``: ``--perf-micro-batches``' facts (the step's M, the K run)."""
     from .collectives import parallel_groups_of
 
     gbs = int(_get(cfg, "train.global_batch_size") or 0)
@@ -92,7 +135,7 @@ def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, d
     pp = int(_get(cfg, "model.pipeline_model_parallel_size") or 1)
     ep = int(_get(cfg, "model.expert_model_parallel_size") or 1)
     dp = max(world_size // (tp * cp * pp), 1)
-    flops, flops_error = model_flops(cfg)
+    flops, flops_error = model_flops(cfg)  # of what ran: K micro-batches under --perf-micro-batches
     fp8 = _get(cfg, "model.fp8")
     timed = [r for r in clock.records if r.get("step_s")]
     groups = {}
@@ -100,23 +143,37 @@ def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, d
         groups = parallel_groups_of(so.pg_collection)
     except Exception as exc:  # the log still names groups "world" / "other" by their ranks
         recorder.errors.append(f"parallel groups: {type(exc).__name__}: {exc}")
-    steps = [r["iteration"] for r in timed]
+    steps_done = [r["iteration"] for r in timed]
     try:
         in_layers = layer_params(so.model)
     except Exception:
         in_layers = None
     fsdp = bool(_get(cfg, "ddp.use_megatron_fsdp"))
+    ran = max(gbs // (dp * mbs), 1) if gbs else 1
+    out_scaling = None
+    if scaling and scaling.get("micro_batches_run") and scaling["micro_batches_run"] < scaling["micro_batches_full"]:
+        out_scaling = {
+            "micro_batches_run": ran,
+            "micro_batches_full": int(scaling["micro_batches_full"]),
+            "global_batch_size_full": int(scaling["global_batch_size_full"]),
+            "rule": "step = optimizer + (step - optimizer) x M/K: the forward/backward of K micro-batches "
+            "scaled to the step's M, the optimizer step once",
+            "flops": "Bridge's FLOPs of the K micro-batches run x M/K (linear in the batch)",
+            "communication": "counted over the K micro-batches run, not scaled",
+        }
     return {
         "schema": PERF_SCHEMA,
+        **timed_numerics(steps or [], steps_done),
+        "scaling": out_scaling,
         "warmup_steps": clock.warmup,
-        "timed_steps": steps,
+        "timed_steps": steps_done,
         "step_times_s": [r["step_s"] for r in timed],
         "fwd_bwd_times_s": [r["fwd_bwd_s"] for r in timed if r.get("fwd_bwd_s") is not None],
         "optimizer_times_s": [r["optimizer_s"] for r in timed if r.get("optimizer_s") is not None],
-        "micro_batches": max(gbs // (dp * mbs), 1) if gbs else 1,
+        "micro_batches": out_scaling["micro_batches_full"] if out_scaling else ran,
         "micro_batch_size": mbs,
         "seq_length": int(_get(cfg, "model.seq_length") or 0) or None,
-        "global_batch_size": gbs or None,
+        "global_batch_size": (out_scaling["global_batch_size_full"] if out_scaling else gbs) or None,
         "world_size": world_size,
         "rank": rank,
         "data_parallel_size": dp,
@@ -124,14 +181,18 @@ def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, d
         "cp": cp,
         "pp": pp,
         "ep": ep,
-        "model_flops_per_step": flops,
+        "model_flops_per_step": scaled_flops(flops, out_scaling),
         "flops_source": FLOPS_SOURCE if flops is not None else None,
         "flops_error": flops_error,
         "precision": "fp8" if fp8 not in (None, False, "") else "bf16",
         "model_fp8": None if fp8 is None else str(fp8),
         "device": device,
-        "params": params.get("global_numel"),
-        "local_params": params.get("global_numel") if fsdp else params.get("local_numel"),
+        # the model's total (TP and EP partitions counted whole), and this rank's model-parallel partition
+        # (what data parallelism shards or replicates: the analytic volumes' P); they differ under TP and EP
+        "params": params.get("model_total_numel") or params.get("global_numel"),
+        "params_scope": params.get("model_total_scope") if params.get("model_total_numel") else "this rank's partition",
+        "local_params": params.get("global_numel"),
+        "local_params_dp_shard": params.get("local_numel") if fsdp else None,
         "params_in_layers": in_layers,
         "param_gather_bytes": 1 if _get(cfg, "ddp.fp8_param_gather") or _get(cfg, "model.fp8_param") else 2,
         # what the flag asks; the result applies volumes.gradient_comm_bytes (Megatron FSDP ignores it)
@@ -141,8 +202,8 @@ def record(cfg, so, clock, recorder, world_size: int, rank: int, params: dict, d
             "patched": list(recorder.patched),
             "schedule_hooks": list(getattr(recorder, "schedule_hooks", [])),
             "calls": recorder.calls,
-            "overhead_s_per_step": recorder.overhead_s / len(steps) if steps else None,
+            "overhead_s_per_step": recorder.overhead_s / len(steps_done) if steps_done else None,
             "errors": list(recorder.errors),
         },
-        "collectives": recorder.log(rank, world_size, steps, groups),
+        "collectives": recorder.log(rank, world_size, steps_done, groups),
     }

@@ -139,3 +139,9 @@ SMOKE_SHAPES = {
     "small": dict(num_layers=2, hidden_size=768, ffn_hidden_size=2688, num_attention_heads=16, num_query_groups=8),
     "llama-1b": _trunk("llama-1b"),
 }
+
+
+def wants_mamba_ssm(a) -> bool:
+    """Whether this run may build Mamba layers: a hybrid preset, or any YAML or recipe (its
+    model is known only after Bridge is imported, and mamba-ssm must be prepared before)."""
+    return not a.model_preset or PRESETS[a.model_preset]["kind"] == "hybrid"

@@ -24,7 +24,8 @@ separately, as are those forced by the environment (no APEX).
 
 Mixture of experts: with plain fake collectives the all-to-all token dispatcher
 sizes its buffers from token counts read from memory nobody wrote. With
-``--mirror-collectives`` (on by default when the model has experts) every rank is
+``--mirror-collectives`` (on by default when the model has experts, and for every fake
+``--perf`` run, so that timed steps compute on written values) every rank is
 made to look like this one: all-gathers copy the local input into every output
 slot, all-to-alls deliver to every slot what this rank sends to itself,
 reduce-scatters keep this rank's chunk. The token counts are then consistent and
@@ -61,14 +62,14 @@ import os
 import signal
 import sys
 
-from . import bridge, checkpoint, collectives, fakeworld, hfhub, mamba, perf
+from . import bridge, checkpoint, collectives, fakeworld, hfhub, kernels, mamba, perf
 from .args import InputError, check_args, parse_overrides, rehearse_parser, use_fake_pg
 from .bridge import Settings, get_dotted
 from .collectives import install_mirror_collectives
 from .measure import Mem, count_optimizer, count_params
 from .parity import run_parity
 from .phases import setup_measured
-from .presets import NULL_TOKENIZER_VOCAB, PRESETS, decide_meta_init
+from .presets import NULL_TOKENIZER_VOCAB, PRESETS, decide_meta_init, wants_mamba_ssm
 from .report import Report, now_utc, on_sigterm, progress, versions
 from .steps import PerfClock, train_measured
 
@@ -163,6 +164,23 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
             "global batch must be a multiple of DP x micro-batch",
         )
     facts["data_parallel_size"] = dp
+    # --perf-micro-batches K: run K of the step's M micro-batches (perf.record scales them to the step).
+    k = getattr(a, "perf_micro_batches", None)
+    if k:
+        gbs_full = int(get_dotted(cfg, "train.global_batch_size") or dp * mbs)
+        m_full = max(gbs_full // (dp * mbs), 1)
+        facts["perf_scaling"] = {
+            "micro_batches_full": m_full,
+            "global_batch_size_full": gbs_full,
+            "micro_batches_run": min(k, m_full),
+        }
+        if k < m_full:
+            s.apply(
+                "train.global_batch_size",
+                k * dp * mbs,
+                "rehearsal",
+                f"--perf-micro-batches {k}: {k} of the step's {m_full} micro-batches run, the time scaled to the step",
+            )
     # Environment: APEX's fused wgrad kernel.
     if get_dotted(cfg, "model.gradient_accumulation_fusion") and not bridge.apex_fused_wgrad_available():
         s.apply(
@@ -179,8 +197,27 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
             s.apply("model.moe_router_force_load_balancing", True, "rehearsal", "--balanced-routing")
         else:
             facts["balanced_routing_ignored"] = "the model has no experts"
-    # Hybrid (Mamba) layers: what this machine's mamba-ssm can run (prepare_mamba_ssm, before the import).
+    # Packages the config needs beyond Bridge, looked for before the model is built (kernels.missing_for).
     model = get_dotted(cfg, "model")
+    backend = kernels.flex_backend(
+        get_dotted(cfg, "model.moe_token_dispatcher_type"),
+        get_dotted(cfg, "model.moe_flex_dispatcher_backend"),
+        get_dotted(cfg, "model.moe_enable_deepep"),
+    )
+    fallback = getattr(a, "moe_dispatcher", None)
+    if fallback and experts and backend is not None:
+        s.apply("model.moe_token_dispatcher_type", fallback, "environment", f"--moe-dispatcher {fallback}")
+        if get_dotted(cfg, "model.moe_enable_deepep"):
+            s.apply("model.moe_enable_deepep", False, "environment", f"--moe-dispatcher {fallback}")
+        facts.setdefault("deviations", []).append(kernels.dispatcher_fallback(backend, fallback))
+    elif fallback:
+        facts["moe_dispatcher_ignored"] = "the config's token dispatcher is not flex (or the model has no experts)"
+    missing = kernels.missing_for(
+        model, mamba.model_has_mamba(model), bool((mamba_env or {}).get("importable")) if mamba_env else False
+    )
+    if missing:
+        raise InputError(missing[0]["refusal"])
+    # Hybrid (Mamba) layers: what this machine's mamba-ssm can run (prepare_mamba_ssm, before the import).
     if mamba.model_has_mamba(model):
         requested = bool(get_dotted(cfg, "model.use_mamba_mem_eff_path", True))
         extra = mamba.unfused_mamba_extra_bytes(model, mbs) if requested else None
@@ -199,7 +236,7 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
             "mem_eff_path_used": requested and not mem_eff_off,
             "mamba_ssm": {k: (mamba_env or {}).get(k) for k in ("version", "importable", "mamba1_kernel", "error")},
         }
-        facts["deviations"] = deviations
+        facts.setdefault("deviations", []).extend(deviations)
     # PEFT: Bridge validates that a pretrained checkpoint path exists; the rehearsal's
     # pre-wrap hook adds the adapters without reading it (peft_hook_without_checkpoint).
     if get_dotted(cfg, "peft") is not None:
@@ -249,6 +286,10 @@ def run_once(a, report: Report, fake: bool) -> int:
     # every fake run of a YAML/recipe (on a dense model it changes no allocation).
     if mirror is None:
         mirror = fake
+    if getattr(a, "perf", False) and a.mirror is None and fake:
+        # --perf times the steps: every gathered weight must hold real values (this rank's shard in every
+        # slot), or the unwritten memory can hold NaN and a NaN step runs faster (perf.record counts them)
+        mirror = True
     if fake and a.save_load and not mirror:
         # the checkpoint's plan exchange (all_gather_object, gather/scatter of plans) must
         # carry real objects: without the mirror they are read from unwritten memory
@@ -256,6 +297,11 @@ def run_once(a, report: Report, fake: bool) -> int:
         report.data["mirror_collectives_why"] = "forced on by --save-load under the fake backend"
     mirror = bool(mirror and fake)
     report.data["mirror_collectives"] = install_mirror_collectives() if mirror else []
+    if mirror and getattr(a, "perf", False):
+        report.data["mirror_collectives_copy"] = (
+            "on: every all-gather's output holds this rank's shard in each slot (the writes a real all-gather "
+            "makes, issued on the caller's stream), so the timed steps compute on real values"
+        )
     recorder = None
     if getattr(a, "perf", False):
         # after the mirror, so that the recorder is the outer wrapper; before megatron binds collectives
@@ -268,7 +314,7 @@ def run_once(a, report: Report, fake: bool) -> int:
         report.data["checkpoint_planner"] = fakeworld.install_lowest_rank_checkpoint_planner()
         report.data["global_plan_checks"] = fakeworld.GLOBAL_PLAN_CHECKS  # the same list: filled by each save
     mamba_env = None
-    if mamba.wants_mamba_ssm(a):
+    if wants_mamba_ssm(a):
         # megatron-core's Mamba mixer binds mamba-ssm's kernels when it is imported: prepare them first
         mamba_env = mamba.prepare_mamba_ssm()
         report.data["mamba_ssm"] = mamba_env
@@ -281,12 +327,6 @@ def run_once(a, report: Report, fake: bool) -> int:
     report.begin("config")
     cfg, est, source = bridge.load_config(a)
     settings, facts = configure(a, cfg, est, fake, out, ckpt_dir, mamba_env)
-    if recorder is not None and mirror and not facts.get("moe") and not a.save_load:
-        collectives.MIRROR_STATE["copy"] = False
-        report.data["mirror_collectives_copy"] = (
-            "off: --perf on a dense model (the copies would add memory traffic to the timed compute; a dense "
-            "model allocates the same without them)"
-        )
     report.data["source"] = source
     report.data["deviations"] = facts.pop("deviations", [])
     report.data["facts"] = facts
@@ -311,7 +351,13 @@ def run_once(a, report: Report, fake: bool) -> int:
     clock = PerfClock(a.warmup, recorder) if recorder is not None else None
     so, manager, meter = setup_measured(cfg, report, mem, clock)
     report.data["process_groups"] = fakeworld.process_groups_of_rank()
-    report.data["params"] = count_params(so.model)
+    report.data["params"] = count_params(
+        so.model,
+        tp=int(get_dotted(cfg, "model.tensor_model_parallel_size") or 1),
+        ep=int(get_dotted(cfg, "model.expert_model_parallel_size") or 1),
+        etp=get_dotted(cfg, "model.expert_tensor_parallel_size"),
+        pp=int(get_dotted(cfg, "model.pipeline_model_parallel_size") or 1),
+    )
     if recorder is not None:
         recorder.schedule_hooks = recorder.track_schedule()
     report.write()
@@ -321,7 +367,16 @@ def run_once(a, report: Report, fake: bool) -> int:
     if recorder is not None:
         try:
             report.data["perf"] = perf.record(
-                cfg, so, clock, recorder, a.world_size, a.rank, report.data["params"], report.data.get("device")
+                cfg,
+                so,
+                clock,
+                recorder,
+                a.world_size,
+                a.rank,
+                report.data["params"],
+                report.data.get("device"),
+                steps=steps,
+                scaling=facts.get("perf_scaling"),
             )
         except Exception as exc:  # a measurement: the steps passed; say why the record is missing
             report.data["perf"] = {"schema": perf.PERF_SCHEMA, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
@@ -465,6 +520,8 @@ def main(argv=None) -> int:
                 "perf": a.perf,
                 "warmup": a.warmup if a.perf else None,
                 "timed_iters": timed if a.perf else None,
+                "perf_micro_batches": a.perf_micro_batches,
+                "moe_dispatcher": a.moe_dispatcher,
                 "hf_config": a.hf_config,
                 "strategy": a.strategy,
                 "fake_pg": fake,

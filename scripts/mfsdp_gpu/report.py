@@ -105,6 +105,11 @@ def progress(msg: str) -> None:
     sys.stderr.flush()
 
 
+class InputError(ValueError):
+    """Bad input: one clear line, exit 2. Defined on this floor (every module of the package may import
+    ``report``) so that ``args`` and ``bridge`` both raise it without importing each other."""
+
+
 class Terminated(BaseException):
     """SIGTERM (a timeout): recorded as the failure of the running phase."""
 

@@ -257,3 +257,27 @@ def test_the_shipped_llama3_configs_are_the_public_shapes():
     assert (c8["num_hidden_layers"], c8["hidden_size"], c8["intermediate_size"]) == (32, 4096, 14336)
     assert (c70["num_hidden_layers"], c70["hidden_size"], c70["intermediate_size"]) == (80, 8192, 28672)
     assert c8["vocab_size"] == c70["vocab_size"] == 128256 and c8["num_key_value_heads"] == 8
+
+
+def test_k_micro_batches_and_the_dispatcher_fallback_reach_the_engine(tmp_path):
+    base = ["--model-preset", "qwen3-moe-16l", "--world-size", "8", "--perf", "--out", tmp_path / "r", "--dry-run"]
+    out = _cli(*base, "--perf-micro-batches", "--moe-dispatcher", "alltoall")
+    assert out.returncode == 0, out.stderr
+    line = [ln for ln in out.stdout.splitlines() if not ln.startswith("#")][0]
+    assert "--perf-micro-batches 4" in line and "--moe-dispatcher alltoall" in line  # 4: the stated default
+    out = _cli(*base, "--perf-micro-batches", "2")
+    assert "--perf-micro-batches 2" in out.stdout
+    bad = _cli("--model-preset", "tiny", "--world-size", "8", "--perf-micro-batches", "2", "--dry-run")
+    assert bad.returncode == 2 and "applies to --perf" in bad.stderr
+
+
+def test_a_missing_dispatcher_package_is_one_line_and_exit_2(tmp_path):
+    why = (
+        "the config's MoE dispatcher (model.moe_token_dispatcher_type=flex, model.moe_flex_dispatcher_backend="
+        "hybridep) needs HybridEP (deep_ep.HybridEPBuffer), which is not installed here; install it, or rehearse "
+        "with --moe-dispatcher alltoall (a labelled deviation)"
+    )
+    stub = _stub(tmp_path, refuse=why)
+    out = _cli("--model-preset", "llama-1b", "--world-size", "8", "--perf", "--python", stub, "--out", tmp_path / "r")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == f"mfsdp.py rehearse: error: {why}"

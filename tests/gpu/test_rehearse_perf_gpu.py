@@ -106,6 +106,9 @@ def test_perf_counts_the_distributed_optimizers_volumes_exactly():
     assert p["available"], p
     step = p["compute"]["step_s"]
     assert step["n"] == 3 and 0 < step["min"] <= step["median"] <= step["max"]
+    # every timed step's loss recorded and finite; the model's total beside this rank's partition (no TP/EP: equal)
+    assert p["losses_checked"] and p["nonfinite_timed_steps"] == 0 and len(p["timed_losses"]) == 3
+    assert p["params"] == p["local_params"] and p["params_scope"] == "the whole model"
     assert p["tokens_per_s_per_gpu"] > 0 and p["model_tflops_per_gpu"] > 0
     assert "all_gather_into_tensor" in p["recorder"]["patched"] and not p["recorder"]["errors"]
     comm = p["communication"]
@@ -143,6 +146,7 @@ def test_compare_runs_both_strategies_and_fsdp_gathers_every_layer_twice():
     assert [r["strategy"] for r in rows] == ["distopt", "optim_grads_params"]
     assert all(r["result"] == "passed" and r["step_time_s"]["low"] <= r["step_time_s"]["high"] for r in rows)
     fsdp = data["ranks"][1]["perf"]
+    assert fsdp["nonfinite_timed_steps"] == 0  # the mirror fills every gathered buffer: bf16 FSDP stays finite
     gathered = fsdp["communication"]["bytes_per_step"]["all_gather"].get("dp", 0)
     layers = fsdp["params_in_layers"]
     assert layers and gathered >= 2 * fsdp["micro_batches"] * layers * 2 * 7 / 8 * (1 - PADDING)

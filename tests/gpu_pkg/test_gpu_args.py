@@ -129,3 +129,13 @@ def test_parse_overrides_rejects_malformed_items():
         args.parse_overrides(["a..b=1"])
     with pytest.raises(args.InputError, match="dotted attribute"):
         args.parse_overrides(["a.b-c=1"])
+
+
+def test_perf_micro_batches_needs_perf():
+    p = args.rehearse_parser()
+    a = p.parse_intermixed_args(["--model-preset", "tiny", "--perf-micro-batches", "4", "--out", "o"])
+    with pytest.raises(args.InputError, match="needs --perf"):
+        args.check_args(a)
+    a = p.parse_intermixed_args(["--model-preset", "tiny", "--perf", "--perf-micro-batches", "4", "--out", "o"])
+    args.check_args(a)
+    assert a.perf_micro_batches == 4

@@ -220,9 +220,9 @@ def test_which_models_have_mamba_layers():
 
 def test_presets_prepare_mamba_only_when_they_can_have_it():
     parse = args.rehearse_parser().parse_intermixed_args
-    assert mamba.wants_mamba_ssm(parse(["--model-preset", "nemotronh-small", "--out", "o"]))
-    assert not mamba.wants_mamba_ssm(parse(["--model-preset", "llama-1b", "--out", "o"]))
-    assert mamba.wants_mamba_ssm(parse(["--yaml", "job.yaml", "--out", "o"]))  # known only after Bridge is imported
+    assert presets.wants_mamba_ssm(parse(["--model-preset", "nemotronh-small", "--out", "o"]))
+    assert not presets.wants_mamba_ssm(parse(["--model-preset", "llama-1b", "--out", "o"]))
+    assert presets.wants_mamba_ssm(parse(["--yaml", "job.yaml", "--out", "o"]))  # known only after Bridge is imported
 
 
 def test_the_preset_is_nemotron_h_4b_layer_shapes_as_bridge_builds_them():

@@ -82,3 +82,35 @@ def test_collectives_are_patched_in_one_place():
     assert "setattr(c10d, name, wrapper)" in text
     others = [p.name for p in PKG.glob("*.py") if p.name != "collectives.py" and "setattr(c10d" in p.read_text()]
     assert others == []
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (at module level or inside functions)."""
+    mods = set(_modules())
+    got: dict[str, set[str]] = {m: set() for m in mods}
+    for m in mods:
+        for node in ast.walk(ast.parse((PKG / f"{m}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    got[m].add(node.module.split(".")[0])
+                else:
+                    got[m].update(a.name for a in node.names)
+    return {m: {d for d in deps if d in mods and d != m} for m, deps in got.items()}
+
+
+def test_package_imports_are_one_way():
+    # a cycle (even through a function-level import) means two modules share a name that belongs a floor down
+    deps = _package_imports()
+    assert deps["bridge"] and deps["presets"], deps  # the walk sees imports at all
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        for d in sorted(deps[m]):
+            if d in path:
+                cycles.append(path[path.index(d) :] + [d])
+            elif len(path) < len(deps):
+                visit(d, path + [d])
+
+    for m in sorted(deps):
+        visit(m, [m])
+    assert not cycles, sorted({" -> ".join(c) for c in cycles})

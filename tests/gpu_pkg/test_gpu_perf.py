@@ -189,3 +189,83 @@ def test_gradient_finalisation_after_the_last_backward_counts_as_backward():
     assert rec.phase() == "optimizer"
     rec.region = "other"
     assert rec.phase() == "other"
+
+
+def test_timed_numerics_counts_nan_and_inf_among_the_timed_steps_only():
+    steps = [
+        {"iteration": 1, "loss": float("nan"), "grad_norm": 1.0},  # warm-up: not timed, not counted
+        {"iteration": 2, "loss": 10.0, "grad_norm": 1.0},
+        {"iteration": 3, "loss": float("nan"), "grad_norm": 1.0},
+        {"iteration": 4, "loss": 9.9, "grad_norm": float("inf")},
+        {"iteration": 5, "loss": None, "grad_norm": None},  # a pipeline stage without the loss: unknown
+    ]
+    got = perf.timed_numerics(steps, [2, 3, 4, 5])
+    assert got["nonfinite_timed_steps"] == 2 and got["nonfinite_steps"] == [3, 4]
+    assert got["timed_losses"][0] == 10.0 and got["timed_losses"][3] is None
+
+
+def test_flops_of_k_micro_batches_scale_to_the_step():
+    assert perf.scaled_flops(1e15, {"micro_batches_run": 4, "micro_batches_full": 32}) == pytest.approx(8e15)
+    assert perf.scaled_flops(1e15, None) == 1e15
+    assert perf.scaled_flops(None, {"micro_batches_run": 4, "micro_batches_full": 32}) is None
+
+
+class P:
+    """STAND-IN for a parameter: what count_params reads."""
+
+    def __init__(self, n, tp=False, expert=False):
+        self._n, self.tensor_model_parallel, self.requires_grad = n, tp, True
+        self.dtype = "torch.bfloat16"
+        if expert:
+            self.allreduce = False
+
+    def numel(self):
+        return self._n
+
+
+class Chunk:
+    def __init__(self, named):
+        self._named = named
+
+    def named_parameters(self):
+        return iter(self._named)
+
+
+def test_params_is_the_model_total_and_the_partition_goes_beside_it():
+    from mfsdp_gpu import measure
+
+    model = [
+        Chunk(
+            [
+                ("embedding.word_embeddings.weight", P(1000, tp=True)),
+                ("decoder.layers.0.input_layernorm.weight", P(10)),
+                ("decoder.layers.0.mlp.experts.linear_fc1.weight0", P(400, tp=True, expert=True)),
+            ]
+        )
+    ]
+    got = measure.count_params(model, tp=2, ep=8, etp=1)
+    assert got["global_numel"] == 1410  # this rank's model-parallel partition
+    assert got["model_total_numel"] == 1000 * 2 + 10 + 400 * 8 * 1  # TP x2, experts over EP 8 (ETP 1)
+    assert got["model_total_scope"] == "the whole model"
+    assert measure.count_params(model, tp=2, ep=8, pp=4)["model_total_scope"].startswith("this pipeline stage")
+
+
+def test_a_revision_pinned_by_the_recipe_is_served_from_the_same_config(tmp_path, monkeypatch):
+    # Bridge's Qwen3 MoE recipes call AutoBridge.from_hf_pretrained(id, revision=<commit>): huggingface_hub
+    # then reads snapshots/<commit>/config.json (a branch or tag name: refs/<name>), not refs/main
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 128}))
+    model = "Qwen/Qwen3-30B-A3B"
+    state = hfhub.prepare([f"{model}={cfg}"], str(tmp_path / "run"))
+    folder = tmp_path / "run" / "hf_hub" / "models--Qwen--Qwen3-30B-A3B"
+    commit = "ad44e777bcd18fa416d9da3bd8f70d33ebb85d39"
+    got = hfhub.pin_revision(model, commit, state)
+    assert got == str(folder / "snapshots" / commit / "config.json")
+    assert json.loads((folder / "snapshots" / commit / "config.json").read_text())["num_experts"] == 128
+    tag = hfhub.pin_revision(model, "v1.0", state)
+    rev = (folder / "refs" / "v1.0").read_text()
+    assert tag == str(folder / "snapshots" / rev / "config.json")
+    assert hfhub.pin_revision(model, None, state) is None
+    assert hfhub.pin_revision("other/model", commit, state) is None  # no config given for it

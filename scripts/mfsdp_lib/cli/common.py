@@ -7,7 +7,9 @@ line and exit code 2, so no user ever sees a traceback for bad input:
 * ``InputError`` raised anywhere below ``run``;
 * argparse's own usage errors (already exit 2);
 * a closed stdout (``mfsdp.py check | head``) - quiet exit;
-* Ctrl-C - exit 130.
+* Ctrl-C - exit 130; SIGTERM (a scheduler, ``timeout``) and SIGHUP (a closed terminal) are raised
+  the same way (``runs.engine.Stopped``), so that a command that started an engine stops its whole
+  process group first; exit 128 + the signal's number.
 
 An unexpected exception is a bug in the skill, not the user's fault: it is
 reported in one line that says so, with the full traceback only when
@@ -26,6 +28,7 @@ import os
 import sys
 
 from ..findings import EXIT_INPUT, InputError
+from ..runs import engine
 
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
@@ -120,7 +123,8 @@ def run_command(prog: str, name: str, spec: tuple[str, str], argv: list[str]) ->
         module, parser = build_parser(prog, name, spec)
         args = parser.parse_args(argv)
         as_json = getattr(args, "format", None) == JSON_OUTPUT
-        return int(module.run(args) or 0)
+        with engine.stop_signals_raise():
+            return int(module.run(args) or 0)
     except InputError as exc:
         _flush_quietly()
         line = f"{prog} {name}: error: {exc}"
@@ -128,9 +132,10 @@ def run_command(prog: str, name: str, spec: tuple[str, str], argv: list[str]) ->
         if as_json:
             json_error(line, EXIT_INPUT)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{prog} {name}: interrupted\n")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        how = f"stopped by signal {exc.signum}" if isinstance(exc, engine.Stopped) else "interrupted"
+        sys.stderr.write(f"{prog} {name}: {how}\n")
+        return engine.exit_code_of(exc)
     except BrokenPipeError:
         # The reader went away (e.g. `| head`); silence the flush at exit too.
         try:

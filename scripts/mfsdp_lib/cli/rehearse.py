@@ -23,6 +23,7 @@ from .. import config_io
 from ..findings import InputError
 from ..perf import predict as perf_predict
 from ..perf import report as perf_report
+from ..runs import engine
 from ..runs import rehearse as rh
 from .check import allow_intermixed
 
@@ -30,6 +31,15 @@ PRESETS = ("tiny", "llama-1b", "llama3-8b", "llama3-70b", "qwen3-moe-16l", "nemo
 STRATEGIES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")  # the engine's choices
 DEFAULT_ITERS = 3  # step 1 allocates the optimizer state; steps 2+ show the steady state
 DEFAULT_PERF_ITERS = 5  # --perf: timed steps after warm-up (median and spread need a few)
+# --perf-micro-batches alone: micro-batches run per step, the rest scaled. The first micro-batch of a
+# step also gathers the weights outside the layers and the last one reduces the gradients; 4 keeps
+# two plain ones between them, and 2 warm-up + 5 timed steps of 4 keep a 32-micro-batch step of a
+# 30 B MoE recipe (about 3.6 s per micro-batch on one H100) inside one 10-minute GPU call.
+DEFAULT_PERF_MICRO_BATCHES = 4
+# --moe-dispatcher: megatron-core's token dispatchers that need no package beyond megatron-core
+# (transformer_config.py :: moe_token_dispatcher_type "allgather" | "alltoall" | "flex"; flex needs DeepEP,
+# HybridEP or TE's ep module, moe/fused_a2a.py).
+MOE_FALLBACK_DISPATCHERS = ("alltoall", "allgather")
 DEFAULT_WARMUP = 2  # --perf: step 1 allocates the optimizer state and initialises kernels; step 2 settles
 # --compare: every strategy the engine can apply, cheapest communication first
 COMPARE_STRATEGIES = ("ddp", "distopt", "optim", "optim_grads", "optim_grads_params")
@@ -157,7 +167,8 @@ def configure(parser) -> None:
     parser.add_argument(
         "--no-mirror-collectives",
         action="store_true",
-        help="MoE: plain fake collectives (token counts are then read from memory nobody wrote)",
+        help="plain fake collectives where the rehearsal mirrors them (MoE, --perf): token counts and gathered "
+        "weights are then read from memory nobody wrote",
     )
     parser.add_argument("--save-load", action="store_true", help="also save a checkpoint and load it into a new model")
     parser.add_argument(
@@ -171,6 +182,25 @@ def configure(parser) -> None:
         default=DEFAULT_WARMUP,
         metavar="W",
         help=f"--perf: untimed steps first (default {DEFAULT_WARMUP})",
+    )
+    perf.add_argument(
+        "--perf-micro-batches",
+        nargs="?",
+        type=int,
+        const=DEFAULT_PERF_MICRO_BATCHES,
+        default=None,
+        metavar="K",
+        help="--perf on a step of many micro-batches: run K of them per step (the flag alone: "
+        f"{DEFAULT_PERF_MICRO_BATCHES}) and scale the forward/backward time to the step's M "
+        "(step = optimizer + forward/backward x M/K; stated in the report)",
+    )
+    perf.add_argument(
+        "--moe-dispatcher",
+        choices=MOE_FALLBACK_DISPATCHERS,
+        default=None,
+        help="MoE: rehearse with this token dispatcher in place of the config's flex (DeepEP/HybridEP) one when "
+        "that package is not installed here; labelled a deviation in the report (memory and time of the "
+        "dispatch differ from the production run's)",
     )
     perf.add_argument(
         "--intra-node-gbps",
@@ -367,6 +397,14 @@ def plan(args) -> dict:
     if perf:
         # always the fake backend, N = 1 included: compute is measured the same way at every world size
         extra += ["--perf", "--warmup", str(args.warmup), "--fake-pg"]
+    if args.perf_micro_batches is not None:
+        if not perf:
+            raise InputError("--perf-micro-batches applies to --perf and --compare")
+        if args.perf_micro_batches < 1:
+            raise InputError("--perf-micro-batches must be at least 1")
+        extra += ["--perf-micro-batches", str(args.perf_micro_batches)]
+    if args.moe_dispatcher:
+        extra += ["--moe-dispatcher", args.moe_dispatcher]
     for h in hf_configs(args.hf_config):
         extra += ["--hf-config", h]
     out = _out_dir(args)
@@ -456,9 +494,7 @@ def _run_one(cmd: list[str], run_dir: str, timeout_s: int, label: str) -> int:
     sys.stderr.write(f"[rehearse] {label}: starting (log: {log_path})\n")
     sys.stderr.flush()
     with open(log_path, "w", encoding="utf-8", errors="replace") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True
-        )
+        proc = engine.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
 
         def pump() -> None:
             assert proc.stdout is not None
@@ -474,28 +510,14 @@ def _run_one(cmd: list[str], run_dir: str, timeout_s: int, label: str) -> int:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             sys.stderr.write(f"[rehearse] {label}: no result after {timeout_s} s; stopping it\n")
-            _kill(proc)
+            engine.stop_group(proc)
             rc = 124
-        except KeyboardInterrupt:
-            _kill(proc)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (engine.Stopped): the whole group goes first
+            sys.stderr.write(f"[rehearse] {label}: stopping the engine's process group\n")
+            engine.stop_group(proc)
             raise
         t.join(timeout=10)
     return rc
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    import signal
-
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def run(args) -> int:

@@ -12,6 +12,14 @@ what a user reads:
   (tokens/s/GPU, model TFLOP/s/GPU, MFU);
 * counted communication per step, per kind and group;
 * the predicted step-time range and throughput range (:mod:`.predict`).
+
+Non-finite steps: a timed step whose loss or gradient norm is NaN or infinite (under the fake
+backend a weight nobody wrote can hold NaN; such a step skips work and runs faster) is left out of
+every figure; ``nonfinite_timed_steps`` counts them and :func:`warning` is the line a report puts
+first. When every timed step is non-finite, there is no figure.
+
+``--perf-micro-batches K`` (the record's ``scaling``): the engine ran K of the step's M
+micro-batches; each timed step becomes optimizer + (step - optimizer) x M/K (:func:`scale_step`).
 """
 
 from __future__ import annotations
@@ -47,12 +55,34 @@ def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
             "why": "no perf record (the run stopped before its timed steps, or ran without --perf)",
         }
     links = links or predict.Links()
-    step = _stats(perf.get("step_times_s") or [])
+    numerics = timed_numerics(perf)
+    keep = numerics["finite_mask"]
+    scaling = perf.get("scaling") if isinstance(perf.get("scaling"), Mapping) else None
+    raw_steps = _kept(perf.get("step_times_s") or [], keep)
+    raw_opt = _kept(perf.get("optimizer_times_s") or [], keep)
+    step_times = [scale_step(t, o, scaling) for t, o in zip(raw_steps, _pad(raw_opt, len(raw_steps)), strict=True)]
+    step = _stats(step_times)
     if step is None:
-        return {"available": False, "why": perf.get("error") or "no timed step finished"}
+        why = perf.get("error") or "no timed step finished"
+        out_na: dict = {"available": False, "why": why, **_numerics_out(numerics)}
+        if numerics["nonfinite_timed_steps"] and not any(keep):
+            out_na["why"] = (
+                f"every timed step had a non-finite loss or gradient norm ({numerics['nonfinite_timed_steps']})"
+            )
+            # what was counted does not depend on the values: the collective log still holds
+            log = perf.get("collectives")
+            if isinstance(log, Mapping):
+                try:
+                    out_na["communication"] = {
+                        "available": True,
+                        **collectives.aggregate(log, int(perf.get("world_size") or 1)),
+                    }
+                except collectives.LogError as exc:
+                    out_na["communication"] = {"available": False, "why": str(exc)}
+        return out_na
     m = int(perf.get("micro_batches") or 1)
-    fb = _stats(perf.get("fwd_bwd_times_s") or [])
-    opt = _stats(perf.get("optimizer_times_s") or [])
+    fb = _stats([scale_step(t, 0.0, scaling) for t in _kept(perf.get("fwd_bwd_times_s") or [], keep)])
+    opt = _stats(raw_opt)
     world = int(perf.get("world_size") or 1)
     gbs = perf.get("global_batch_size")
     seq = perf.get("seq_length")
@@ -72,6 +102,8 @@ def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
         "seq_length": seq,
         "warmup_steps": perf.get("warmup_steps"),
         "timed_steps": perf.get("timed_steps"),
+        **_numerics_out(numerics),
+        "scaling": dict(scaling) if scaling else None,
         "compute": {
             "step_s": step,
             "micro_batch_s": {k: (v / m if k in ("median", "min", "max") else v) for k, v in step.items()},
@@ -89,7 +121,14 @@ def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
         "recorder": perf.get("recorder"),
     }
     # what the analytic volumes need (mfsdp_lib.perf.volumes.Job), passed through as recorded
-    for key in ("params", "local_params", "params_in_layers", "param_gather_bytes", "grad_reduce_bytes"):
+    for key in (
+        "params",
+        "params_scope",
+        "local_params",
+        "params_in_layers",
+        "param_gather_bytes",
+        "grad_reduce_bytes",
+    ):
         out[key] = perf.get(key)
     log = perf.get("collectives")
     if isinstance(log, Mapping):
@@ -112,6 +151,88 @@ def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
             flops_per_step_per_gpu=f_gpu,
         )
     return out
+
+
+def timed_numerics(perf: Mapping) -> dict:
+    """Which timed steps count: ``finite_mask`` (one per timed step), the losses, the count left out.
+
+    Read from the record's ``timed_losses`` / ``timed_grad_norms``; a record written before they
+    existed has none, and then nothing is known (``checked`` False) and every step counts."""
+    n = len(perf.get("step_times_s") or [])
+    got = perf.get("timed_losses")
+    norms = perf.get("timed_grad_norms")
+    checked = isinstance(got, list) and len(got) == n
+    losses: list = list(got) if checked and isinstance(got, list) else []
+    flagged = set(perf.get("nonfinite_steps") or [])  # the engine's own verdict, by iteration
+    timed = list(perf.get("timed_steps") or [])
+    mask = []
+    for i in range(n):
+        x = losses[i] if checked else None
+        g = norms[i] if isinstance(norms, list) and i < len(norms) else None
+        it = timed[i] if i < len(timed) else None
+        mask.append(not (_nonfinite(x) or _nonfinite(g) or it in flagged))
+    return {
+        "checked": checked,
+        "timed_losses": losses if checked else None,
+        "finite_mask": mask,
+        "nonfinite_timed_steps": sum(1 for ok in mask if not ok),
+        "excluded_steps": [s for s, ok in zip(perf.get("timed_steps") or [], mask, strict=False) if not ok],
+    }
+
+
+def _nonfinite(v) -> bool:
+    """NaN or infinite, as a number or as the text a JSON report holds it in ("nan", "inf", "-inf":
+    JSON has no such numbers, so the engine's report writes them as strings)."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            return False
+    return isinstance(v, (int, float)) and not math.isfinite(v)
+
+
+def _kept(values: Sequence, keep: Sequence[bool]) -> list:
+    return [v for v, ok in zip(values, list(keep) + [True] * len(values), strict=False) if ok]
+
+
+def _pad(values: Sequence, n: int) -> list:
+    return list(values[:n]) + [None] * (n - len(values))
+
+
+def _numerics_out(numerics: Mapping) -> dict:
+    return {
+        "timed_losses": numerics["timed_losses"],
+        "losses_checked": numerics["checked"],
+        "nonfinite_timed_steps": numerics["nonfinite_timed_steps"],
+        "excluded_steps": numerics["excluded_steps"],
+    }
+
+
+def scale_step(step_s, optimizer_s, scaling: Mapping | None):
+    """One timed step scaled to the whole step: optimizer + (step - optimizer) x M/K (unchanged without
+    ``scaling``, or when its optimizer time is unknown and the step is not a forward/backward time)."""
+    if not isinstance(step_s, (int, float)):
+        return step_s
+    if not scaling:
+        return step_s
+    k, m = scaling.get("micro_batches_run"), scaling.get("micro_batches_full")
+    if not k or not m:
+        return step_s
+    opt = optimizer_s if isinstance(optimizer_s, (int, float)) else 0.0
+    return opt + (step_s - opt) * m / k
+
+
+def warning(p: Mapping) -> str | None:
+    """The line a report puts first when timed steps were left out for non-finite numerics."""
+    n = p.get("nonfinite_timed_steps") or 0
+    if not n:
+        return None
+    ex = p.get("excluded_steps") or []
+    return (
+        f"WARNING: {n} timed step(s) had a non-finite loss or gradient norm (steps {', '.join(map(str, ex))}): "
+        "left out of every figure below (a NaN step skips work and runs faster)"
+        + ("; no finite timed step is left" if not p.get("available") else "")
+    )
 
 
 # --------------------------------------------------------------------------- text
@@ -143,7 +264,15 @@ def render(p: Mapping, indent: str = "  ") -> list[str]:
         return [f"{indent}perf: not available ({p.get('why')})"]
     c = p["compute"]
     st = c["step_s"]
-    lines = [
+    sc = p.get("scaling")
+    lines = [f"{indent}{warning(p)}"] if warning(p) else []
+    if sc:
+        lines.append(
+            f"{indent}scaled: {sc.get('micro_batches_run')} of the step's {sc.get('micro_batches_full')} "
+            "micro-batches ran per timed step; step = optimizer + (step - optimizer) x M/K "
+            "(communication counted over the micro-batches run)"
+        )
+    lines += [
         f"{indent}perf on {p.get('device')} ({p.get('precision')}), {p.get('micro_batches')} micro-batches/step, "
         f"{st['n']} timed steps after {p.get('warmup_steps')} warm-up:",
         f"{indent}  compute per step {_s(st['median'])} (min {_s(st['min'])}, max {_s(st['max'])}, spread "
@@ -199,6 +328,8 @@ def compare_row(label: str, strategy: str, variant: str | None, rank_summary: Ma
         row.update(result="failed", why="no report")
         return row
     row["result"] = rank_summary.get("result")
+    pp = rank_summary.get("perf") or {}
+    row["nonfinite_timed_steps"] = pp.get("nonfinite_timed_steps")
     f = rank_summary.get("failure")
     if f:
         row["why"] = f"{f.get('phase')}: {f.get('type')}: {str(f.get('message'))[:160]}"
@@ -231,6 +362,13 @@ def render_compare(rows: Sequence[Mapping]) -> list[str]:
         f"{'step time (overlap..none)':>26} {'tokens/s/GPU predicted':>24} {'compute-only':>12}"
     )
     lines = [head, "-" * len(head)]
+    bad = [r for r in rows if r.get("nonfinite_timed_steps")]
+    if bad:
+        lines.insert(
+            0,
+            "WARNING: non-finite timed steps left out of the figures in "
+            + ", ".join(f"{r['label']} ({r['nonfinite_timed_steps']})" for r in bad),
+        )
     for r in rows:
         label = r["label"][:34]
         if r.get("result") != "passed":

@@ -385,7 +385,7 @@ def summarize_run(report: Mapping, run_dir: str | None = None, role: str | None 
             "balanced_routing": bool(req.get("balanced_routing")),
         }
     deviations = [
-        {k: d.get(k) for k in ("id", "what", "why", "memory_effect", "extra_activation_bytes") if k in d}
+        {k: d.get(k) for k in ("id", "what", "why", "memory_effect", "time_effect", "extra_activation_bytes") if k in d}
         for d in report.get("deviations") or []
         if isinstance(d, Mapping)
     ]
@@ -514,6 +514,12 @@ def _loss(x) -> str:
 
 def render_text(summary: Mapping) -> str:
     lines: list[str] = []
+    from ..perf import report as perf_report
+
+    for r in summary.get("ranks") or []:  # non-finite timed steps: said before anything else
+        warn = perf_report.warning(r.get("perf") or {})
+        if warn:
+            lines.append(f"rank {r.get('rank')}: {warn}")
     for r in summary.get("ranks") or []:
         head = f"rank {r.get('rank')} of {r.get('world_size')}"
         if r.get("role"):

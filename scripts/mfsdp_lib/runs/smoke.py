@@ -35,6 +35,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from . import engine
+
 SCRIPTS_DIR = Path(__file__).resolve().parents[2]  # scripts/mfsdp_lib/runs -> scripts
 TRAIN_ENTRY = SCRIPTS_DIR / "smoke_train.py"
 MFSDP = SCRIPTS_DIR / "mfsdp.py"
@@ -210,7 +212,9 @@ def launch(cmd: list[str], log_path: Path, env: dict | None = None) -> int:
     real, _ = config_io.writable_target(str(log_path), follow_links=False)
     fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
     with os.fdopen(fd, "w") as log:
-        proc = subprocess.Popen(
+        # a group of its own, stopped whole on Ctrl-C, SIGTERM or SIGHUP (runs.engine): torchrun's workers
+        # hold the GPU, and a signal to the CLI alone would leave them running
+        proc = engine.start(
             list(cmd),  # an argument list, never a shell: see the module docstring
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -218,11 +222,16 @@ def launch(cmd: list[str], log_path: Path, env: dict | None = None) -> int:
             env=env,
             bufsize=1,
         )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stderr.write(line)
-            log.write(line)
-        return proc.wait()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stderr.write(line)
+                log.write(line)
+            return proc.wait()
+        except KeyboardInterrupt:
+            sys.stderr.write("smoke: stopping the launcher's process group\n")
+            engine.stop_group(proc)
+            raise
 
 
 def summarise(out: Path, exit_code: int, cmd: list[str], save_resume: bool) -> dict:

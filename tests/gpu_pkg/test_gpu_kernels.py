@@ -1,0 +1,77 @@
+"""``mfsdp_gpu.kernels``: a config's MoE dispatcher or Mamba package, looked for before the model is built."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from mfsdp_gpu import kernels  # noqa: E402
+
+
+def _importer(present: dict):
+    """Imports only the modules in ``present`` (name -> attributes it has)."""
+
+    def imp(name):
+        if name not in present:
+            raise ImportError(f"No module named {name!r}")
+        return SimpleNamespace(**dict.fromkeys(present[name], object()))
+
+    return imp
+
+
+def _moe(dispatcher="flex", backend="hybridep", deepep=False, experts=128):
+    return SimpleNamespace(
+        num_moe_experts=experts,
+        moe_token_dispatcher_type=dispatcher,
+        moe_flex_dispatcher_backend=backend,
+        moe_enable_deepep=deepep,
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "present", "package"),
+    [
+        (_moe(backend="hybridep"), {}, "HybridEP"),
+        (_moe(backend="hybridep"), {"deep_ep": ["Buffer"]}, "HybridEP"),  # DeepEP without its HybridEP part
+        (_moe(backend="deepep"), {}, "DeepEP"),
+        (_moe(backend="hybridep", deepep=True), {"deep_ep": ["HybridEPBuffer"]}, "DeepEP"),  # the deprecated flag
+        (_moe(backend="ncclep"), {}, "Transformer Engine's ep module"),
+    ],
+)
+def test_a_missing_flex_backend_is_refused_in_one_line(model, present, package):
+    got = kernels.missing_for(model, False, True, _importer(present))
+    assert [m["package"] for m in got] == [package]
+    line = got[0]["refusal"]
+    assert "\n" not in line and "--moe-dispatcher alltoall" in line and "moe_token_dispatcher_type=flex" in line
+
+
+@pytest.mark.parametrize(
+    ("model", "present"),
+    [
+        (_moe(backend="hybridep"), {"deep_ep": ["Buffer", "HybridEPBuffer"]}),
+        (_moe(dispatcher="alltoall"), {}),
+        (_moe(experts=None), {}),  # no experts: the dispatcher is never built
+    ],
+)
+def test_what_is_installed_or_not_needed_passes(model, present):
+    assert kernels.missing_for(model, False, True, _importer(present)) == []
+
+
+def test_mamba_layers_without_mamba_ssm_are_refused():
+    got = kernels.missing_for(SimpleNamespace(), True, False, _importer({}))
+    assert [m["package"] for m in got] == ["mamba-ssm"] and "build_mamba_wheel.sh" in got[0]["refusal"]
+    assert kernels.missing_for(SimpleNamespace(), True, True, _importer({})) == []
+
+
+def test_the_fallback_is_labelled_with_its_memory_and_time_effect():
+    d = kernels.dispatcher_fallback("hybridep", "alltoall")
+    assert d["id"] == "moe-dispatcher-fallback" and d["what"].endswith("flex (hybridep) -> alltoall")
+    assert "too low" in d["memory_effect"] and "HybridEP" in d["memory_effect"]
+    assert "all-to-all" in d["time_effect"]
+    assert kernels.flex_backend("alltoall", "hybridep", False) is None
+    assert kernels.flex_backend("flex", None, False) == "deepep"  # megatron-core's default backend
