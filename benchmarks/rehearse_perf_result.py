@@ -173,6 +173,8 @@ def perf_row(name: str, job: str, rank: dict | None, strategy: str | None = None
         row["nonfinite_timed_steps"] = perf.get("nonfinite_timed_steps")
         row["timed_losses"] = perf.get("timed_losses")
         row["comm_bytes_per_step"] = (perf.get("communication") or {}).get("bytes_per_step")
+        # what was communicated does not depend on the values: the volumes are still checked against the formulas
+        row["analytic_check"] = analytic_check(perf, strategy)
         rec = rank.get("perf_record") or {}
         if rec.get("params_scope"):  # the counts do not depend on the values: kept beside a withdrawn figure
             row.update(params=rec.get("params"), local_params=rec.get("local_params"), params_scope=rec["params_scope"])

@@ -47,6 +47,19 @@ def _stats(values: Sequence[float]) -> dict | None:
     }
 
 
+# What a rank's perf record counts rather than times (sizes and byte widths): still true of a run whose values
+# went non-finite, so a withdrawn figure keeps them beside its communication log.
+_COUNT_KEYS = (
+    "world_size",
+    "micro_batches",
+    "params",
+    "local_params",
+    "params_in_layers",
+    "param_gather_bytes",
+    "grad_reduce_bytes",
+)
+
+
 def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
     """The perf summary of one rank (see the module docstring); ``available`` False with why."""
     if not isinstance(perf, Mapping) or perf.get("schema") != PERF_SCHEMA:
@@ -79,6 +92,9 @@ def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
                     }
                 except collectives.LogError as exc:
                     out_na["communication"] = {"available": False, "why": str(exc)}
+                # the sizes the counted volumes are checked against: counts too, independent of the values
+                out_na.update({k: perf.get(k) for k in _COUNT_KEYS})
+                out_na["parallel"] = {k: perf.get(k) for k in ("data_parallel_size", "tp", "cp", "pp", "ep")}
         return out_na
     m = int(perf.get("micro_batches") or 1)
     fb = _stats([scale_step(t, 0.0, scaling) for t in _kept(perf.get("fwd_bwd_times_s") or [], keep)])
