@@ -118,7 +118,7 @@ def test_calibration_constants_cover_the_evidence(assembled):
     _, result, _ = assembled
     runs = []
     for r in _included(result):
-        cfg = yaml.safe_load((ROOT / r["path"] / "run_config.yaml").read_text())
+        cfg = yaml.safe_load((raw_store.resolve(ROOT / r["path"]) / "run_config.yaml").read_text())
         est = memory.estimate(cfg, dp=r["dp"], strategies=(r["strategy"],))
         runs.append((est, r["strategy"], r["peak_measured_bytes"]))
     needed = calibration.fit(runs)
