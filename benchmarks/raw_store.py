@@ -303,13 +303,49 @@ def add(sources: list[Path], replace: bool = False, archive: Path = ARCHIVE, loo
     return changed, write(merged, archive)
 
 
-def _git(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+def _git(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
+def _untrack_packed(archive: Path, loose: Path, root: Path = ROOT) -> int:
+    """Files git still tracks under a loose folder that is gone from disk (a deletion not yet staged): when every
+    one is stored in the archive with the same bytes, stop tracking them; else refuse, naming them."""
+    if _git("rev-parse", "--is-inside-work-tree", root=root).returncode != 0:
+        return 0
+    rel = os.path.relpath(loose, root)
+    tracked = _git("ls-files", "-z", "--", rel, root=root).stdout.split("\0")
+    tracked = [t for t in tracked if t]
+    if not tracked:
+        return 0
+    stored = members(archive) if archive.exists() else {}
+    blobs = subprocess.run(
+        ["git", "-C", str(root), "cat-file", "--batch"],
+        input="".join(f":{t}\n" for t in tracked).encode(),
+        capture_output=True,
+    ).stdout
+    differ, pos = [], 0
+    for t in tracked:
+        header_end = blobs.index(b"\n", pos)
+        size = int(blobs[pos:header_end].split()[2])
+        data = blobs[header_end + 1 : header_end + 1 + size]
+        pos = header_end + 1 + size + 1
+        if stored.get(PurePosixPath(t).relative_to(rel).as_posix(), (None,))[0] != data:
+            differ.append(t)
+    if differ:
+        raise StoreError(
+            f"git tracks {len(differ)} file(s) under {rel}/ that {archive.name} does not hold as they are "
+            f"(e.g. {differ[0]}): `git checkout -- {rel}` brings them back, then pack again"
+        )
+    _git("rm", "-r", "-q", "--cached", "--", rel, root=root)
+    return len(tracked)
 
 
 def pack(replace: bool = False, archive: Path = ARCHIVE, loose: Path = LOOSE, use_git: bool = True) -> str:
     """Fold the loose folder into the archive and remove it (see the module docstring)."""
     if not loose.exists():
+        untracked = _untrack_packed(archive, loose) if use_git else 0
+        if untracked:
+            return f"no {LOGICAL}/ folder; {untracked} file(s) git still tracked there are in {archive.name}: untracked"
         return f"nothing to pack: no {LOGICAL}/ folder; {archive.name} unchanged"
     old = members(archive) if archive.exists() else {}
     new = collect([loose], loose)

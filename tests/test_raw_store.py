@@ -14,6 +14,7 @@ import fnmatch
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -197,6 +198,25 @@ def test_pack_folds_the_loose_folder_in_removes_it_and_is_idempotent(tmp_path):
     with pytest.raises(rs.Conflict):
         rs.pack(archive=archive, loose=loose, use_git=False)
     assert loose.exists() and archive.read_bytes() == before
+
+
+def test_pack_untracks_files_git_still_lists_only_when_the_archive_holds_them(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    loose, archive = _tree(tmp_path / "raw", {"run_a/log.txt": "one"}), tmp_path / "raw.tar.xz"
+    git("add", "raw")
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "raw")
+    rs.add([loose], archive=archive, loose=loose)
+    shutil.rmtree(loose)  # deleted by hand, the deletion not staged
+    rs.write({"run_a/log.txt": (b"changed", 0o644)}, archive)
+    with pytest.raises(rs.StoreError, match="does not hold"):
+        rs._untrack_packed(archive, loose, tmp_path)
+    rs.write({"run_a/log.txt": (b"one", 0o644)}, archive)
+    assert rs._untrack_packed(archive, loose, tmp_path) == 1
+    tracked = subprocess.run(["git", "-C", str(tmp_path), "ls-files"], capture_output=True, text=True).stdout
+    assert "raw/" not in tracked
 
 
 def test_cli_exit_codes(tmp_path):
