@@ -406,6 +406,9 @@ def main(argv=None) -> int:
     except StoreError as e:
         print(f"raw_store: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # an unwritable cache or archive folder
+        print(f"raw_store: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 
