@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
 from mfsdp_lib import memory  # noqa: E402
 
 GIB = 2**30
@@ -354,6 +355,9 @@ def assemble(raws: Path | list[Path], machine: str, command: str) -> tuple[dict,
 
 
 def _rel(p: Path) -> str:
+    named = raw_store.logical(p)  # a folder of the raw-results archive keeps the name it was recorded under
+    if named:
+        return named
     try:
         return str(p.resolve().relative_to(ROOT))
     except ValueError:
@@ -385,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 when a run misses a target")
     p.add_argument("--print", action="store_true", help="print the table instead of writing --out")
     a = p.parse_args(argv)
+    a.raw_dir = [raw_store.resolve(r) for r in a.raw_dir]
     for raw in a.raw_dir:
         if not raw.is_dir():
             sys.stderr.write(f"bench_memory.py: error: --raw-dir {raw} is not a folder\n")

@@ -49,6 +49,7 @@ SCRIPTS = ROOT / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
 
 PLAN_PATH = ROOT / "benchmarks" / "recommended_overrides_plan.json"
 RESULTS_PATH = ROOT / "benchmarks" / "results" / "recommended_overrides_1xh200.json"
@@ -508,7 +509,7 @@ def main(argv=None) -> int:
             ap.error("--collect needs --out")
         out = Path(a.out)
         existing = json.loads(out.read_text()) if out.exists() else None
-        res = collect([Path(d) for d in a.collect], plan, existing)
+        res = collect([raw_store.resolve(d) for d in a.collect], plan, existing)
         if not res["rows"]:
             print("bench_recommended_overrides: nothing measured; nothing written", file=sys.stderr)
             return 1

@@ -51,6 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
+
 ENGINE = ROOT / "scripts" / "rehearse_train.py"
 GIB = 2**30
 
@@ -801,7 +804,7 @@ def summarize_raw(raw: Path) -> dict:
     reps = [_read(d / "report.json") or {} for d in sorted(raw.iterdir()) if d.is_dir()]
     versions = next((r.get("versions") for r in reps if r.get("versions")), None) or {}
     started = sorted(str(r.get("started_utc")) for r in reps if r.get("started_utc"))
-    rel = str(raw.relative_to(ROOT)) if raw.is_relative_to(ROOT) else str(raw)
+    rel = raw_store.logical(raw) or (str(raw.relative_to(ROOT)) if raw.is_relative_to(ROOT) else str(raw))
     machine = "1x " + (next((r.get("device") for r in reps if r.get("device")), None) or "GPU")
     if versions:
         machine += " (" + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ")"
@@ -991,7 +994,7 @@ def summarize_cli(raw: Path) -> dict:
     sys.path.insert(0, str(ROOT / "scripts"))
     from mfsdp_lib.runs import rehearse as rh
 
-    rel = str(raw.relative_to(ROOT)) if raw.is_relative_to(ROOT) else str(raw)
+    rel = raw_store.logical(raw) or (str(raw.relative_to(ROOT)) if raw.is_relative_to(ROOT) else str(raw))
     columns = [
         "case",
         "command",
@@ -1068,7 +1071,7 @@ def summarize_cli(raw: Path) -> dict:
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.summarize or a.summarize_cli:
-        raw = Path(a.summarize or a.summarize_cli).resolve()
+        raw = raw_store.resolve(a.summarize or a.summarize_cli).resolve()
         if not raw.is_dir():
             print(f"bench_rehearse: {a.summarize or a.summarize_cli}: no such folder", file=sys.stderr)
             return 2

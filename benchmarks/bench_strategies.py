@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+import raw_store
 from repo_paths import option_value, repo_relative
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,9 +235,7 @@ def assemble(a, raw: Path) -> Path:
                     ].get("0")
         notes.append(
             "repeat runs of the same benchmark on the same kind of machine: "
-            + "; ".join(
-                f"{os.path.relpath(Path(d).resolve(), ROOT)} ({_run_command(Path(d), a)})" for d in a.repeat_raw_dir
-            )
+            + "; ".join(f"{_name(d)} ({_run_command(Path(d), a)})" for d in a.repeat_raw_dir)
             + f". The median step time of one strategy differed by up to {spread:.0%} between runs, "
             + ("while peak memory was identical to the byte" if same_mem else "and peak memory differed")
             + ": compare step times within one run only"
@@ -268,8 +267,8 @@ def assemble(a, raw: Path) -> Path:
         "raw": {
             "per_strategy": raw_out,
             "job_command_example": command,
-            "raw_dir": os.path.relpath(raw, ROOT),
-            "repeat_raw_dirs": [os.path.relpath(Path(d).resolve(), ROOT) for d in a.repeat_raw_dir],
+            "raw_dir": _name(raw),
+            "repeat_raw_dirs": [_name(d) for d in a.repeat_raw_dir],
         },
     }
     result = repo_relative(result, _output_folders(raw, a))
@@ -309,6 +308,11 @@ def _run_date(raw: Path) -> str:
     ).isoformat(timespec="seconds")
 
 
+def _name(folder) -> str:
+    """A raw folder as the result names it: its recorded name in the raw-results archive, else repository-relative."""
+    return raw_store.logical(folder) or os.path.relpath(Path(folder).resolve(), ROOT)
+
+
 def _output_folders(raw: Path, a) -> dict[str, str]:
     """Output folders of the measuring runs on the GPU machine -> where their files are in this repository."""
     out = {}
@@ -316,7 +320,7 @@ def _output_folders(raw: Path, a) -> dict[str, str]:
         cmd = _run_command(d, a)
         raw_dir, results_dir = option_value(cmd, "--raw-dir"), option_value(cmd, "--results-dir")
         if raw_dir and raw_dir.startswith("/"):
-            out[raw_dir] = os.path.relpath(d.resolve(), ROOT)
+            out[raw_dir] = _name(d)
         if results_dir and results_dir.startswith("/"):
             out[results_dir] = "benchmarks/results"
     return out
@@ -337,7 +341,13 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_args(argv)
     a.argv = argv
-    raw = Path(a.raw_dir or ROOT / "benchmarks" / "results" / "raw" / f"gpu_strategies_{a.tag}").resolve()
+    # A new run writes a loose folder (`raw_store.py pack` folds it into the archive); assembling alone reads the
+    # recorded one, loose or archived.
+    raw = Path(a.raw_dir) if a.raw_dir else raw_store.LOOSE / f"gpu_strategies_{a.tag}"
+    if not a.run and a.assemble:
+        raw = raw_store.resolve(raw)
+        a.repeat_raw_dir = [str(raw_store.resolve(d)) for d in a.repeat_raw_dir]
+    raw = raw.resolve()
     if not a.assemble:
         run_jobs(a, raw, argv)
     if not a.run:

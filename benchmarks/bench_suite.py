@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import host  # noqa: E402  (beside this script: how the result names the machine)
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
 from mfsdp_lib import config_io  # noqa: E402  (the atomic write)
 
 RESULT = ROOT / "benchmarks" / "results" / "suite_speed.json"
@@ -695,7 +696,7 @@ def cmd_summarize(a) -> int:
     recorded = cmd_file.read_text().split("\n") if cmd_file.is_file() else []
     command = " && ".join([ln for ln in recorded if ln.strip()] or ["python3 benchmarks/bench_suite.py run"])
     try:
-        raw_rel = str(raw.resolve().relative_to(ROOT))
+        raw_rel = raw_store.logical(raw) or str(raw.resolve().relative_to(ROOT))
     except ValueError:
         raw_rel = str(raw)
     doc = summarize(runs, covs, command, raw_rel)

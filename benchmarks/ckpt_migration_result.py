@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
+
 # The rows the driver runs (bench_ckpt_migration.WORKERS): dense (a)-(d), MoE (a)-(b).
 EXPECTED_ROWS = {
     "dense_a_torch_dist_to_fsdp_dtensor": ("dense", "torch_dist", "fsdp_dtensor"),
@@ -128,7 +130,10 @@ def build(raw: Path, command: str) -> dict:
         "columns": COLUMNS,
         "rows": rows,
         "notes": notes,
-        "raw": {"dir": os.path.relpath(raw, ROOT) if raw.is_absolute() else str(raw), "workers": extra["workers"]},
+        "raw": {
+            "dir": raw_store.logical(raw) or (os.path.relpath(raw, ROOT) if raw.is_absolute() else str(raw)),
+            "workers": extra["workers"],
+        },
     }
 
 
@@ -159,7 +164,7 @@ def main(argv=None) -> int:
     from mfsdp_lib import config_io
     from mfsdp_lib.runs import migration
 
-    doc = build(Path(a.raw).resolve(), a.command)
+    doc = build(raw_store.resolve(a.raw).resolve(), a.command)
     config_io.write_atomic(a.out, json.dumps(doc, indent=1, ensure_ascii=False, default=str) + "\n")
     table = migration.build_table(doc["rows"], source=f"benchmarks/results/{Path(a.out).name}")
     config_io.write_atomic(a.table, json.dumps(table, indent=1) + "\n")

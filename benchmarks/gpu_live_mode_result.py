@@ -27,6 +27,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
+
 COLUMNS = [
     "run",
     "invocation",
@@ -128,7 +131,7 @@ def write_result(doc: dict, results_dir: str) -> None:
 
 def main(argv=None) -> int:
     a = parse_args(argv, __doc__)
-    raw = Path(a.raw_dir)
+    raw = raw_store.resolve(a.raw_dir)
     stages = _stages(raw)
     runs = [n for n in ("A0", "A", "B", "C", "D", "F", "E0", "E", "G") if n in stages]
     rows = [_row(n, stages[n], raw) for n in runs]
@@ -186,7 +189,7 @@ def main(argv=None) -> int:
             "digest.",
         ],
         "raw": {
-            "dir": os.path.relpath(raw, ROOT),
+            "dir": raw_store.logical(raw) or os.path.relpath(raw, ROOT),
             "runs": {n: [f"{n}.out", f"{n}.err", f"{n}.rc"] for n in runs},
             "stages": "stages.txt",
             "setup": "setup.log",

@@ -21,6 +21,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
+
 RUNS = ("W1", "W2", "W3", "W4", "W40", "W5", "W6")
 OLD_COPY = "/tmp/old_scripts/"  # where live_world.sh kept live mode as it was before live_world()
 
@@ -38,7 +41,7 @@ def _live_mode_result():
 def main(argv=None) -> int:
     glr = _live_mode_result()
     a = glr.parse_args(argv, __doc__)
-    raw = Path(a.raw_dir)
+    raw = raw_store.resolve(a.raw_dir)
     stages = glr._stages(raw)
     missing = [n for n in RUNS if n not in stages]
     if missing:
@@ -78,7 +81,7 @@ def main(argv=None) -> int:
             f"(streak total {total.group(1) if total else '?'} s).",
         ],
         "raw": {
-            "dir": os.path.relpath(raw, ROOT),
+            "dir": raw_store.logical(raw) or os.path.relpath(raw, ROOT),
             "runs": {n: [f"{n}.out", f"{n}.err", f"{n}.rc"] for n in RUNS},
             "stages": "stages.txt",
             "setup": "setup.log",

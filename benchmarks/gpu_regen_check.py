@@ -30,8 +30,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORDED_REHEARSE = ROOT / "benchmarks" / "results" / "raw" / "rehearse_1xh200"
-RECORDED_SMOKE = ROOT / "benchmarks" / "results" / "raw" / "gpu_smoke_1xh200" / "smoke_rank0.json"
+
+import raw_store  # noqa: E402  (beside this script: the recorded runs are read from the raw-results archive)
+
+# The recorded runs, by their names in the raw-results archive (extracted on first use, not at import).
+RECORDED_REHEARSE = ("rehearse_1xh200",)
+RECORDED_SMOKE = ("gpu_smoke_1xh200", "smoke_rank0.json")
 REL_TOL = 0.01  # allocator rounding and library patch versions stay well inside 1 %
 # Per-phase memory figures of the early phases move by whole allocator blocks between runs of one config:
 # the tokenizer phase's peak (before any model exists; CUDA context and NCCL warm-up of concurrent runs)
@@ -229,14 +233,16 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     fresh = Path(a.fresh)
     if a.kind == "smoke":
-        rec, new = _load(Path(a.recorded or RECORDED_SMOKE)), _load(fresh)
+        rec, new = _load(Path(a.recorded) if a.recorded else raw_store.path(*RECORDED_SMOKE)), _load(fresh)
         if rec is None or new is None:
             sys.stderr.write(f"gpu_regen_check.py: cannot read {'the recorded record' if rec is None else fresh}\n")
             return 2
         diffs = compare_smoke(rec, new, a.rel_tol)
         print("smoke: agrees" if not diffs else "\n".join(["smoke: DIFFERS"] + [f"  {d}" for d in diffs]))
         return 1 if diffs else 0
-    compared, lines = check_rehearsals(fresh, Path(a.recorded or RECORDED_REHEARSE), a.rel_tol)
+    compared, lines = check_rehearsals(
+        fresh, Path(a.recorded) if a.recorded else raw_store.path(*RECORDED_REHEARSE), a.rel_tol
+    )
     print("\n".join(lines))
     if not compared:
         sys.stderr.write(f"gpu_regen_check.py: no run under {fresh} has a recorded counterpart\n")

@@ -25,6 +25,7 @@ import re
 import sys
 from pathlib import Path
 
+import raw_store
 from repo_paths import repo_relative
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--machine", required=True)
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     a = p.parse_args(argv)
-    raw = Path(a.raw_dir)
+    raw = raw_store.resolve(a.raw_dir)
     pyrec = json.loads((raw / "pytest_rank0.json").read_text())
     smrec = json.loads((raw / "smoke_rank0.json").read_text())
     summary = json.loads((raw / "cli_smoke.json").read_text())
@@ -129,8 +130,8 @@ def main(argv=None) -> int:
         "rows": rows,
         "notes": notes,
         "raw": {
-            "files": sorted(os.path.relpath(x, ROOT) for x in raw.iterdir())
-            + [os.path.relpath(Path(a.pytest_log).resolve(), ROOT)],
+            "files": sorted(raw_store.logical(x) or os.path.relpath(x, ROOT) for x in raw.iterdir())
+            + [raw_store.logical(a.pytest_log) or os.path.relpath(Path(a.pytest_log).resolve(), ROOT)],
             "pytest_command": "python -m torch.distributed.run --nproc_per_node=1 -m pytest "
             "tests/gpu/test_smoke_gpu.py -v -s -p no:cacheprovider",
             "smoke_command": summary.get("command"),
@@ -148,8 +149,9 @@ def main(argv=None) -> int:
 
     out_dir = re.search(r"run_device\.sh\s+(\S+)", a.command)
     if out_dir and out_dir.group(1).startswith("/"):
-        result = repo_relative(result, {out_dir.group(1): os.path.relpath(raw.resolve(), ROOT)})
-        result["command"] = a.command.replace(out_dir.group(1), os.path.relpath(raw.resolve(), ROOT))
+        named = raw_store.logical(raw) or os.path.relpath(raw.resolve(), ROOT)
+        result = repo_relative(result, {out_dir.group(1): named})
+        result["command"] = a.command.replace(out_dir.group(1), named)
     else:
         result = repo_relative(result, {})
     config_io.write_atomic(str(dest), json.dumps(result, indent=1) + "\n")

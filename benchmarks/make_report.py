@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import raw_store  # beside this script: the raw results are kept as one archive
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 OUTPUT = ROOT / "BENCHMARK.md"
@@ -44,7 +46,8 @@ REGENERATE = "bash scripts/dev.sh benchmark-md"
 # The eval grader's first measurement on labelled items it had never seen (tests/fixtures/adversarial/batch2.json,
 # written without reading the grader), taken before any grader change. It stays in the report next to the current
 # rates, so a later fix cannot hide what the grader did on answers its authors had not foreseen.
-FIRST_UNSEEN = Path("raw") / "adversarial_batch2_unseen.json"
+FIRST_UNSEEN = "adversarial_batch2_unseen.json"  # its name in the raw results (benchmarks/raw_store.py)
+FIRST_UNSEEN_SHOWN = f"{raw_store.LOGICAL}/{FIRST_UNSEEN}"
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,8 @@ def load_results(results_dir: Path) -> list[tuple[str, dict]]:
 
 def load_first_unseen(results_dir: Path) -> dict | None:
     """The grader's first measurement on unseen adversarial items (``FIRST_UNSEEN``), or None when absent."""
-    path = results_dir / FIRST_UNSEEN
-    return _load_one(path, str(FIRST_UNSEEN)) if path.is_file() else None
+    path = raw_store.locate(FIRST_UNSEEN, results_dir)
+    return _load_one(path, FIRST_UNSEEN_SHOWN) if path is not None and path.is_file() else None
 
 
 def _load_one(path: Path, rel: str) -> dict:
@@ -243,7 +246,7 @@ def render_first_unseen(data: dict) -> list[str]:
     raw = data.get("raw") or {}
     both = next((row for row in data["rows"] if row and row[0] == "both formats"), None)
     if both is None or "false_pass_rate" not in raw or "false_fail_rate" not in raw:
-        raise ReportError(f"{FIRST_UNSEEN}: no 'both formats' row or no rates in raw")
+        raise ReportError(f"{FIRST_UNSEEN_SHOWN}: no 'both formats' row or no rates in raw")
     cols = data["columns"]
     fp, ff = both[cols.index("False passes")], both[cols.index("False fails")]
     sets = ", ".join(f"`{s}`" for s in raw.get("sets", [])) or "an adversarial set"
@@ -251,7 +254,7 @@ def render_first_unseen(data: dict) -> list[str]:
         "",
         "## Eval grader on adversarial items it had never seen: first measurement, before any grader change",
         "",
-        *_provenance(data, f"- Raw result: `benchmarks/results/{FIRST_UNSEEN.as_posix()}`"),
+        *_provenance(data, f"- Raw result: `{FIRST_UNSEEN_SHOWN}`"),
         f"On {fmt(raw.get('items'))} labelled items ({sets}, written without reading the grader) rendered as "
         f"{fmt(raw.get('transcripts'))} transcripts, the grader as it then stood gave false passes {fmt(fp)} and "
         f"false fails {fmt(ff)} (limit {_percent(raw.get('max_rate'))}). The section above gives the current rates "

@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
 from mfsdp_lib.perf import report as perf_report  # noqa: E402
 from mfsdp_lib.perf import volumes  # noqa: E402
 
@@ -518,6 +519,9 @@ def n1_pairs(raw: Path) -> dict | None:
 
 
 def _rel(path: Path) -> str:
+    named = raw_store.logical(path)  # a folder of the raw-results archive keeps the name it was recorded under
+    if named:
+        return named
     try:
         return str(Path(path).resolve().relative_to(ROOT))
     except ValueError:
@@ -981,6 +985,7 @@ def main(argv=None) -> int:
         help="also write each run's recorded collective log as DIR/recorded_<row>_<run>.json (test fixtures)",
     )
     a = p.parse_args(argv)
+    a.raw = raw_store.resolve(a.raw)
     if not a.raw.is_dir():
         sys.stderr.write(f"rehearse_perf_result.py: error: {a.raw} is not a folder\n")
         return 2

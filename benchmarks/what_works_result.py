@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import raw_store  # noqa: E402  (beside this script: the raw results are read from their archive)
 from mfsdp_lib import what_works  # noqa: E402
 
 PLAN = ROOT / "benchmarks" / "what_works_plan.json"
@@ -164,7 +165,11 @@ def memory_check(mem: dict) -> dict | None:
 
 
 def repo_path(path: Path) -> str:
-    """A folder as the results file names it: relative to the repository root when it is inside it."""
+    """A folder as the results file names it: its recorded name in the raw-results archive, else relative to the
+    repository root when it is inside it."""
+    named = raw_store.logical(path)
+    if named:
+        return named
     try:
         return Path(path).resolve().relative_to(ROOT).as_posix()
     except ValueError:
@@ -348,7 +353,7 @@ def main(argv=None) -> int:
     if not isinstance(plan, dict) or "rows" not in plan:
         print(f"what_works_result: {a.plan} is not a what-works plan", file=sys.stderr)
         return 2
-    dirs = [Path(b) for b in a.batches]
+    dirs = [raw_store.resolve(b) for b in a.batches]
     missing = [str(d) for d in dirs if not (d / "rows").is_dir()]
     if missing:
         print(f"what_works_result: not a raw batch (no rows/): {', '.join(missing)}", file=sys.stderr)

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-RAW = RESULTS / "raw"
+RAW = raw_store.folder()
 SHAPE = {"benchmark", "title", "date", "machine", "command", "columns", "rows", "notes", "raw"}
 
 

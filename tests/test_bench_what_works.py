@@ -11,12 +11,13 @@ import time
 import pytest
 
 import bench_what_works as bw
+import raw_store
 import what_works_result as wr
 from conftest import ROOT
 from mfsdp_lib import what_works
 
 PLAN = json.loads((ROOT / "benchmarks" / "what_works_plan.json").read_text())
-RAW = ROOT / "benchmarks" / "results" / "raw"
+RAW = raw_store.folder()
 PP2_REPORT = RAW / "gpu_pkg_reverify_1xh200" / "rehearse" / "B_pp2_llama1b_n8_optim_grads_params" / "report.json"
 PERF_REPORT = RAW / "rehearse_perf_1xh200" / "llama70b_n64.rank_0.report.json"
 DONE_WHEN_KEYS = {
@@ -385,7 +386,7 @@ def test_no_results_committed_without_raw_files():
     res = ROOT / "benchmarks" / "results" / "what_works_1xh200.json"
     if res.exists():
         for row in json.loads(res.read_text())["rows"]:
-            raw = ROOT / row["measured"]["raw"]
+            raw = raw_store.resolve(ROOT / row["measured"]["raw"])
             assert (raw / "row.json").is_file(), row["id"]
     else:
         assert not (ROOT / "references" / "what-works.md").exists()

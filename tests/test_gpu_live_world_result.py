@@ -6,8 +6,10 @@ import importlib.util
 import json
 from pathlib import Path
 
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
+
 ROOT = Path(__file__).resolve().parent.parent
-RAW = ROOT / "benchmarks" / "results" / "raw" / "gpu_live_world_1xh200"
+RAW = raw_store.path("gpu_live_world_1xh200")
 RESULT = ROOT / "benchmarks" / "results" / "gpu_live_world_1xh200.json"
 _spec = importlib.util.spec_from_file_location(
     "gpu_live_world_result", ROOT / "benchmarks" / "gpu_live_world_result.py"

@@ -10,11 +10,11 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from pathlib import Path
 
 import gpu_regen_check as grc
+import raw_store
 
-RAW = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "raw"
+RAW = raw_store.folder()  # the recorded runs, extracted from benchmarks/results/raw.tar.xz
 RUNS = (
     "A_llama1b_n8_optim_grads_params",
     "B_pp2_llama1b_n8_optim_grads_params",

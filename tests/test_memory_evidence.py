@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
 from mfsdp_lib import memory
 from mfsdp_lib.memory import calibration
 
 ROOT = Path(__file__).resolve().parent.parent
-RAWS = [ROOT / "benchmarks" / "results" / "raw" / d for d in ("rehearse_1xh200", "memory_rehearsal_1xh200")]
+RAWS = [raw_store.path(d) for d in ("rehearse_1xh200", "memory_rehearsal_1xh200")]
 RESULT = ROOT / "benchmarks" / "results" / "memory_vs_measured.json"
 COUNTS = ROOT / "tests" / "fixtures" / "memory" / "param_counts"
 
@@ -117,7 +118,7 @@ def test_calibration_constants_cover_the_evidence(assembled):
     _, result, _ = assembled
     runs = []
     for r in _included(result):
-        cfg = yaml.safe_load((ROOT / r["path"] / "run_config.yaml").read_text())
+        cfg = yaml.safe_load((raw_store.resolve(ROOT / r["path"]) / "run_config.yaml").read_text())
         est = memory.estimate(cfg, dp=r["dp"], strategies=(r["strategy"],))
         runs.append((est, r["strategy"], r["peak_measured_bytes"]))
     needed = calibration.fit(runs)

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
+
 RUN_CONFIG = "fixtures/real-h200-run/checkpoint_metadata_only/iter_0000010/run_config.yaml"
 RECIPES = "fixtures/bridge-0.6.2-recipes"
 CLEAN_ENV = ["--env", "PATH=/usr/bin"]  # judge against a known environment, not this shell's
@@ -224,7 +226,7 @@ def test_check_and_enable_agree_on_a_partial_file(cli, tmp_path):
 def _trained_run_configs(root):
     """run_config.yaml files that real Bridge jobs trained with (the recorded H200 runs)."""
     return sorted(
-        list((root / "benchmarks" / "results" / "raw").glob("**/run_config.yaml"))
+        list(raw_store.folder().glob("**/run_config.yaml"))
         + list((root / "tests" / "fixtures" / "gpu-run").glob("**/run_config.yaml"))
     )
 

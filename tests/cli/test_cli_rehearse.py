@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 MFSDP = ROOT / "scripts" / "mfsdp.py"
-RAW = ROOT / "benchmarks" / "results" / "raw" / "rehearse_1xh200"
+RAW = raw_store.path("rehearse_1xh200")
 
 
 def _cli(*args, cwd=None):

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import pytest
 
 import bench_rehearse as br
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
 from mfsdp_gpu import args, mamba, presets, report
 from mfsdp_lib import config_io
 from mfsdp_lib.runs import rehearse as rh
@@ -34,7 +35,7 @@ from mfsdp_lib.runs import rehearse as rh
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCRIPTS = ROOT / "scripts"
 RECIPES = ROOT / "tests" / "fixtures" / "recipes"
-RAW = ROOT / "benchmarks" / "results" / "raw" / "rehearse_1xh200"
+RAW = raw_store.path("rehearse_1xh200")
 
 # --------------------------------------------------------------------------- a package laid out like mamba-ssm
 

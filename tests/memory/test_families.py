@@ -433,9 +433,10 @@ def test_muon_keeps_one_buffer_per_matrix():
     # The H200 rehearsal of this preset with Muon under the distributed optimizer, rank 0 of 8, counted its
     # optimizer state: momentum for the matrices and two Adam moments for the rest, on every rank, unsharded.
     import json
-    from pathlib import Path
 
-    rep = Path(__file__).resolve().parents[2] / "benchmarks/results/raw/muon_fsdp_1xh200/distopt/rank_0.report.json"
+    import raw_store
+
+    rep = raw_store.path("muon_fsdp_1xh200", "distopt", "rank_0.report.json")
     measured = json.loads(rep.read_text())["optimizer_state"]
     assert measured["state_numel"] == matrix + 2 * other
     assert measured["updated_param_numel"] == c.gpu_total

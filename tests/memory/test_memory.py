@@ -761,9 +761,9 @@ def test_model_construction_peak():
     assert meta["init_peak_gib"] == 0 and meta["total_gib"] < row["total_gib"]
 
 
-def benchmark_runs(results: Path):
-    """(strategy, run_config.yaml, rank records) of every recorded GPU strategy run."""
-    for run_config in sorted(results.glob("raw/gpu_strategies_*/*/run_config.yaml")):
+def benchmark_runs(raw: Path):
+    """(strategy, run_config.yaml, rank records) of every recorded GPU strategy run under RAW."""
+    for run_config in sorted(raw.glob("gpu_strategies_*/*/run_config.yaml")):
         ranks = [json.loads(p.read_text()) for p in sorted(run_config.parent.glob("rank*.json"))]
         ranks = [r for r in ranks if r.get("model_state_bytes") and not r.get("error")]
         if ranks:
@@ -773,9 +773,10 @@ def benchmark_runs(results: Path):
 def test_estimate_matches_gpu_benchmark(root):
     """The goal the memory model is held to: the model-state estimate within 10% of the measured model
     state (allocated between steps, so after_step_gib), on the real H200 runs in benchmarks/results."""
+    import raw_store
     from mfsdp_lib import config_io
 
-    runs = list(benchmark_runs(root / "benchmarks" / "results"))
+    runs = list(benchmark_runs(raw_store.folder()))
     assert runs, "no GPU benchmark runs under benchmarks/results/raw: the evidence for this test is missing"
     for strategy, run_config, ranks in runs:
         cfg = config_io.load_effective(str(run_config))

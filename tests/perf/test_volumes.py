@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
 from _helpers_skill import read
 from conftest import FIXTURES
 from mfsdp_lib.perf import collectives as co
@@ -123,7 +124,7 @@ def test_fp8_gathers_count_the_parameters_outside_the_layers_in_bf16():
 
 # --------------------------------------------------------------------------- the recorded H200 runs
 
-RAW = FIXTURES.parent.parent / "benchmarks" / "results" / "raw" / "rehearse_perf_1xh200"
+RAW = raw_store.path("rehearse_perf_1xh200")
 RESULT = json.loads((FIXTURES.parent.parent / "benchmarks" / "results" / "rehearse_perf_1xh200.json").read_text())
 RECORDED = sorted((FIXTURES / "perf").glob("recorded_*.json"))
 

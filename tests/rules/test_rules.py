@@ -504,9 +504,10 @@ def test_muon_under_fsdp_names_the_measured_failure_and_other_optimizers_stay_un
 
 def test_muon_evidence_shows_the_failure_under_fsdp_and_a_pass_under_the_distributed_optimizer():
     import json
-    from pathlib import Path
 
-    raw = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "raw" / "muon_fsdp_1xh200"
+    import raw_store
+
+    raw = raw_store.path("muon_fsdp_1xh200")
     fsdp = json.loads((raw / "optim_grads_params" / "rank_0.report.json").read_text())
     dist = json.loads((raw / "distopt" / "rank_0.report.json").read_text())
     fail = fsdp["first_failure"]

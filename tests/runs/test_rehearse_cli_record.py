@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
 from mfsdp_lib.runs import rehearse as rh
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-RAW = ROOT / "benchmarks" / "results" / "raw" / "rehearse_cli_1xh200"
+RAW = raw_store.path("rehearse_cli_1xh200")
 PASSED = RAW / "llama1b_n8_optim_grads_params"
 PP2 = RAW / "llama1b_n8_pp2"
 MACHINE_PATH = re.compile(r"/(?:root|work|tmp|home)/")
@@ -142,7 +143,7 @@ def test_the_stated_command_prints_the_recorded_engine_commands(case, tmp_path):
     )
     assert p.returncode == 0, p.stderr
     printed = [
-        x.replace(str(ROOT / "scripts") + "/", "scripts/").replace(str(out), f"{RAW.relative_to(ROOT)}/{case.name}")
+        x.replace(str(ROOT / "scripts") + "/", "scripts/").replace(str(out), f"{raw_store.logical(RAW)}/{case.name}")
         for x in p.stdout.splitlines()
         if not x.startswith("#")
     ]

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
 from mfsdp_lib.runs import rehearse as rh
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-RAW = ROOT / "benchmarks" / "results" / "raw" / "rehearse_1xh200"
+RAW = raw_store.path("rehearse_1xh200")
 
 
 def _run(name: str) -> Path:
