@@ -152,6 +152,9 @@ def main(argv=None) -> int:
     p.add_argument("raw", type=Path)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"{BENCHMARK}.json")
     a = p.parse_args(argv)
+    import raw_store  # beside this script: a packed raw folder is read from the archive
+
+    a.raw = raw_store.resolve(a.raw)
     if not (a.raw / "stop").is_dir():
         sys.stderr.write(f"dtype_stop_result.py: error: {a.raw} has no stop/ folder\n")
         return 2

@@ -19,6 +19,7 @@ import pytest
 
 import bench_rehearse_perf as drv
 import make_report as mr
+import raw_store
 import rehearse_perf_result as res
 from mfsdp_lib.perf import predict
 from mfsdp_lib.perf import report as perf_report
@@ -267,7 +268,7 @@ def test_no_committed_figure_comes_from_a_non_finite_step(name):
 
 def test_old_reports_get_their_timed_losses_from_the_step_records(tmp_path):
     # the committed H200 FSDP anchor: finite losses, but NaN and inf gradient norms on both timed steps
-    raw = RESULTS / "raw" / "rehearse_perf_1xh200"
+    raw = raw_store.path("rehearse_perf_1xh200")
     rec = res.refresh_numerics(json.loads((raw / "anchor_fsdp_n8.json").read_text()), raw)
     perf = rec["result"]["ranks"][0]["perf"]
     assert perf["nonfinite_timed_steps"] == 2 and perf["available"] is False

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import dtype_stop_result as res
+import raw_store
 
 ROOT = Path(__file__).resolve().parent.parent
-RAW = ROOT / "benchmarks" / "results" / "raw" / res.BENCHMARK
+RAW = raw_store.path(res.BENCHMARK)
 
 
 def test_the_string_override_fails_at_wrap_and_the_yaml_form_passes():
