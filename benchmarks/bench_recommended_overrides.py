@@ -41,6 +41,7 @@ import glob
 import inspect
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -67,7 +68,10 @@ from mfsdp_lib import rules  # noqa: E402
 from mfsdp_lib.schema import CONTAINER_KEYS  # noqa: E402
 
 SECTIONS = tuple(k for k in CONTAINER_KEYS if k != "optimizer_config_override_provider")
-_LIST_KV = re.compile(r"(?<![\w.$/-])((?:{})(?:\.[A-Za-z_][A-Za-z0-9_]*)+)=(\[[^\]\s]*\])".format("|".join(SECTIONS)))
+# A bracketed list or a braced Hydra dict ({_target_:torch.float32,_call_:false}) is one value: taken whole.
+_LIST_KV = re.compile(
+    r"(?<![\w.$/-])((?:{})(?:\.[A-Za-z_][A-Za-z0-9_]*)+)=(\[[^\]\s]*\]|\{{[^}}\s]*\}})".format("|".join(SECTIONS))
+)
 _KV = re.compile(
     r"(?<![\w.$/-])((?:{})(?:\.[A-Za-z_][A-Za-z0-9_]*)+)\s?=\s?([^\s`'\",;)\]]+)".format("|".join(SECTIONS))
 )
@@ -143,7 +147,7 @@ def _placeholder(value: str) -> bool:
 
 
 def _pairs(text: str, patterns) -> list[tuple[str, str]]:
-    """(key, value) of each KEY=VALUE in ``text``; a bracketed list value is taken whole."""
+    """(key, value) of each KEY=VALUE in ``text``; a bracketed list or braced dict value is taken whole."""
     lists = {m.start(): (m.group(1), m.group(2)) for m in _LIST_KV.finditer(text)}
     out = list(lists.values())
     for pat in patterns:
@@ -263,7 +267,7 @@ def job_for(key: str, value: str, topics: list[str] | None = None) -> dict:
     topics = topics or []
     if (key, value) in NOT_RECOMMENDED:
         return {"kind": None, "why": NOT_RECOMMENDED[(key, value)]}
-    if _placeholder(value) or "{" in value:
+    if _placeholder(value) or ("{" in value and not value.startswith("{_")):  # {N} templates; {_target_:...} is a value
         return {"kind": None, "why": "a value the user supplies (a path, a count computed from the job)"}
     if any(b in low for b in BLACKWELL_ONLY):
         return {"kind": None, "why": "MXFP8/FP4 need a Blackwell GPU; the H100/H200 cannot run them"}
@@ -309,8 +313,9 @@ def engine_command(kind: str, overrides: list[str], out_dir: str, python: str = 
 
 
 def _plan_command(cmd: list[str]) -> str:
-    """The command as the plan states it: from the repository root, machine paths dropped."""
-    return " ".join(cmd).replace(str(ROOT) + "/", "")
+    """The command as the plan states it: from the repository root, machine paths dropped, quoted for a shell (a
+    braced value such as {_target_:torch.float32,_call_:false} would otherwise be brace-expanded)."""
+    return shlex.join(cmd).replace(str(ROOT) + "/", "")
 
 
 def _slug(key: str, value: str) -> str:

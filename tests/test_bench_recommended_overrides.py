@@ -23,8 +23,10 @@ def test_extraction_finds_the_known_sources():
     # a rule's literal fix, and a fix computed from the config (read from its source)
     assert ("dist.use_tp_pp_dp_mapping", "false") in found
     assert ("ddp.reuse_grad_buf_for_mxfp8_param_ag", "false") in found
-    # the text: the dtype override known to crash at wrap, a list value taken whole, the Python form
-    assert ("ddp.megatron_fsdp_main_grads_dtype", "fp32") in found
+    # the text: the dtype given as Bridge's dtype form, taken whole (the string form, which crashes at wrap, is
+    # no longer recommended anywhere), a list value taken whole, the Python form
+    assert ("ddp.megatron_fsdp_main_grads_dtype", "{_target_:torch.float32,_call_:false}") in found
+    assert ("ddp.megatron_fsdp_main_grads_dtype", "fp32") not in found
     assert ("model.offload_modules", "[core_attn,attn_proj]") in found
     assert ("checkpoint.ckpt_format", "fsdp_dtensor") in found
     assert not [v for _k, v in found if v.endswith((")", ";", "'", '"'))]  # prose punctuation stripped
@@ -79,7 +81,8 @@ def test_kinds_and_known_outcomes():
     assert "--peft lora" in by[("model.init_model_with_meta_device", "false")]["command"]
     assert by[("ddp.keep_fp8_transpose_cache", "false")]["job"] == "fp8"
     assert by[("ddp.reuse_grad_buf_for_mxfp8_param_ag", "false")]["job"] is None  # MXFP8: Blackwell only
-    assert by[("ddp.megatron_fsdp_main_grads_dtype", "fp32")]["expected"].startswith("fails at model_wrap")
+    dtype = by[("ddp.megatron_fsdp_main_grads_dtype", "{_target_:torch.float32,_call_:false}")]
+    assert dtype["job"] and dtype["expected"] == "passes wrap and two steps"
     assert by[("checkpoint.save", "/path/to/checkpoints")]["job"] is None
     seq = by[("model.sequence_parallel", "true")]
     assert seq["overrides"] == ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]

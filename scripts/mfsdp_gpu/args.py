@@ -11,13 +11,27 @@ import argparse
 import json
 import math
 import os
+import re
 
 from .report import InputError  # noqa: F401  (re-exported: the entry points and tests name args.InputError)
+from .targets import TorchTarget
+
+# A flat Hydra dict naming a torch attribute, uncalled: {_target_:torch.float32,_call_:false}, spaces allowed,
+# keys in either order. Field-scoped: only these two keys, only a torch.NAME target.
+_TORCH_TARGET = re.compile(
+    r"^\{\s*(?:_target_\s*:\s*torch\.(?P<a>[A-Za-z_][A-Za-z0-9_]*)\s*,\s*_call_\s*:\s*false"
+    r"|_call_\s*:\s*false\s*,\s*_target_\s*:\s*torch\.(?P<b>[A-Za-z_][A-Za-z0-9_]*))\s*\}$",
+    re.IGNORECASE,
+)
 
 
 def parse_value(text: str):
-    """A KEY=VALUE value: JSON/YAML-like scalars and lists; anything else is a string."""
+    """A KEY=VALUE value: JSON/YAML-like scalars and lists, the ``{_target_: torch.X, _call_: false}`` form
+    (a :class:`TorchTarget`); anything else is a string."""
     t = text.strip()
+    m = _TORCH_TARGET.match(t)
+    if m:
+        return TorchTarget(m.group("a") or m.group("b"))
     low = t.lower()
     if low in ("true", "false"):
         return low == "true"

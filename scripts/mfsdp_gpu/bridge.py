@@ -359,8 +359,35 @@ def set_dotted(obj, path: str, value):
     if not hasattr(target, last):
         raise InputError(f"{path}: {type(target).__name__} has no attribute '{last}'")
     old = getattr(target, last)
-    setattr(target, last, value)
+    setattr(target, last, _as_bridge_sets_it(path, old, value))
     return old
+
+
+def _as_bridge_sets_it(path: str, old, value):
+    """The value Bridge's override path would store (megatron/bridge/training/utils/omegaconf_utils.py ::
+    _apply_overrides): ``{_target_: torch.X, _call_: false}`` becomes ``torch.X``; a string on a field that
+    holds a dtype becomes that dtype (str_to_dtype). A string on a dtype field whose default is None stays a
+    string, as in Bridge, and fails at the wrap: ``check`` says so first (MFSDP-DTYPE-STRING)."""
+    import sys
+
+    from .targets import TorchTarget
+
+    if isinstance(value, TorchTarget):
+        import torch
+
+        obj = getattr(torch, value.name, None)
+        if not isinstance(obj, torch.dtype):
+            raise InputError(f"{path}: torch.{value.name} is not a torch dtype")
+        return obj
+    torch = sys.modules.get("torch")  # a field can hold a dtype only once torch is loaded
+    if isinstance(value, str) and torch is not None and isinstance(old, torch.dtype):
+        from megatron.bridge.utils.activation_map import str_to_dtype
+
+        try:
+            return str_to_dtype(value)
+        except ValueError as exc:
+            raise InputError(f"{path}: {exc}") from None
+    return value
 
 
 def get_dotted(obj, path: str, default=None):

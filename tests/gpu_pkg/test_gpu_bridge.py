@@ -76,3 +76,42 @@ def test_setup_forgets_the_singletons_a_previous_run_left(monkeypatch):
     monkeypatch.setitem(sys.modules, "megatron.core.num_microbatches_calculator", micro)
     bridge.reset_process_globals()
     assert calls == ["rerun", "micro"]
+
+
+def test_the_hydra_dtype_form_is_parsed_field_scoped():
+    """``{_target_: torch.X, _call_: false}`` (Bridge's own YAML form of a dtype) is a TorchTarget, in either key
+    order and with spaces; a plain string, JSON, or a dict with other keys stays what it was."""
+    assert args.parse_value("{_target_:torch.float32,_call_:false}") == args.TorchTarget("float32")
+    assert args.parse_value("{ _call_: false, _target_: torch.bfloat16 }") == args.TorchTarget("bfloat16")
+    assert args.parse_overrides(["ddp.megatron_fsdp_main_grads_dtype={_target_:torch.float32,_call_:false}"]) == {
+        "ddp.megatron_fsdp_main_grads_dtype": args.TorchTarget("float32")
+    }
+    assert args.parse_value("fp32") == "fp32"
+    assert args.parse_value("{_target_:torch.float32}") == "{_target_:torch.float32}"  # called: not a dtype
+    assert args.parse_value("{_target_:os.system,_call_:false}") == "{_target_:os.system,_call_:false}"
+    assert args.parse_value('{"a": 1}') == {"a": 1}
+
+
+class _Dtype:  # stand-in for torch.dtype: this machine has no torch (labelled; the GPU tests use the real one)
+    def __init__(self, name):
+        self.name = name
+
+
+def test_set_dotted_turns_the_dtype_form_into_the_torch_dtype(monkeypatch):
+    import sys
+    import types
+
+    fake = types.ModuleType("torch")
+    fake.dtype = _Dtype
+    fake.float32 = _Dtype("float32")
+    fake.nn = object()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    cfg = SimpleNamespace(ddp=SimpleNamespace(megatron_fsdp_main_grads_dtype=None))
+    bridge.set_dotted(cfg, "ddp.megatron_fsdp_main_grads_dtype", args.TorchTarget("float32"))
+    assert cfg.ddp.megatron_fsdp_main_grads_dtype is fake.float32
+    with pytest.raises(args.InputError, match="torch.nn is not a torch dtype"):
+        bridge.set_dotted(cfg, "ddp.megatron_fsdp_main_grads_dtype", args.TorchTarget("nn"))
+    # a string on a field whose default is None stays a string, as Bridge's override path leaves it
+    cfg.ddp.megatron_fsdp_grad_comm_dtype = None
+    bridge.set_dotted(cfg, "ddp.megatron_fsdp_grad_comm_dtype", "fp32")
+    assert cfg.ddp.megatron_fsdp_grad_comm_dtype == "fp32"
