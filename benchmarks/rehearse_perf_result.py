@@ -149,7 +149,10 @@ def analytic_check(perf: dict, strategy: str | None) -> dict | None:
         micro_batches=int(perf.get("micro_batches") or 1),
         param_bytes=int(perf.get("param_gather_bytes") or 2),
         grad_bytes=volumes.gradient_comm_bytes(
-            strategy, grad_reduce_in_fp32=int(perf.get("grad_reduce_bytes") or 4) == 4
+            strategy,
+            grad_reduce_in_fp32=int(perf.get("grad_reduce_bytes") or 4) == 4,
+            main_grads_bytes=perf.get("fsdp_main_grads_bytes"),  # None in records made before it was recorded
+            grad_comm_bytes=perf.get("fsdp_grad_comm_bytes"),
         ),
         unit_params=perf.get("params_in_layers"),
         other_param_bytes=volumes.FP8_OTHER_PARAM_BYTES if int(perf.get("param_gather_bytes") or 2) == 1 else None,

@@ -284,3 +284,28 @@ def test_params_are_the_model_total_beside_the_partition():
     assert total is None and local == 10  # an old EP record: the total is not known, never guessed
     got = res._params({"params": 300, "local_params": 20, "params_scope": "the whole model"}, {})
     assert got == (300, 20, "the whole model")
+
+
+def test_analytic_check_reads_the_fsdp_gradient_dtypes_the_engine_recorded():
+    """Megatron FSDP reduces in its grad-comm dtype, else its main-grads dtype, else bf16: a recorded fp32
+    main-grads run is checked at 4 bytes a gradient, fp32 main grads with bf16 communication (Bridge's
+    Nemotron 3 Nano recipe) at 2, whatever grad_reduce_in_fp32 says."""
+    log = {"bytes_per_step": {"reduce_scatter": {"dp": 1}}}
+    base = {
+        "communication": {"available": True, **log},
+        "params": 1000,
+        "local_params": 1000,
+        "world_size": 8,
+        "micro_batches": 1,
+        "param_gather_bytes": 2,
+        "grad_reduce_bytes": 4,
+        "params_in_layers": 800,
+    }
+
+    def bg(**extra):
+        return res.analytic_check({**base, **extra}, "optim_grads_params")["job"]["grad_bytes"]
+
+    assert bg() == 2  # nothing recorded (older records): the parameter dtype
+    assert bg(fsdp_main_grads_bytes=4) == 4
+    assert bg(fsdp_main_grads_bytes=4, fsdp_grad_comm_bytes=2) == 2
+    assert res.analytic_check({**base, "fsdp_main_grads_bytes": 4}, "distopt")["job"]["grad_bytes"] == 4

@@ -58,6 +58,12 @@ def _get(cfg, path: str, default=None):
     return target
 
 
+def _itemsize(dtype) -> int | None:
+    """Bytes of one element of a torch dtype; None when the field is unset (or not a dtype)."""
+    size = getattr(dtype, "itemsize", None)
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def model_flops(cfg) -> tuple[float | None, str | None]:
     """(Bridge's model FLOPs per step for the whole job, None) or (None, why not)."""
     try:
@@ -197,6 +203,9 @@ def record(
         "param_gather_bytes": 1 if _get(cfg, "ddp.fp8_param_gather") or _get(cfg, "model.fp8_param") else 2,
         # what the flag asks; the result applies volumes.gradient_comm_bytes (Megatron FSDP ignores it)
         "grad_reduce_bytes": 4 if _get(cfg, "ddp.grad_reduce_in_fp32") else 2,
+        # what Megatron FSDP reduces in instead: its grad-comm dtype, else its main-grads dtype (None: unset)
+        "fsdp_main_grads_bytes": _itemsize(_get(cfg, "ddp.megatron_fsdp_main_grads_dtype")),
+        "fsdp_grad_comm_bytes": _itemsize(_get(cfg, "ddp.megatron_fsdp_grad_comm_dtype")),
         "recorder": {
             "mode": "on the timed steps only",
             "patched": list(recorder.patched),

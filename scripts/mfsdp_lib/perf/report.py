@@ -57,6 +57,8 @@ _COUNT_KEYS = (
     "params_in_layers",
     "param_gather_bytes",
     "grad_reduce_bytes",
+    "fsdp_main_grads_bytes",
+    "fsdp_grad_comm_bytes",
 )
 
 
@@ -144,6 +146,8 @@ def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
         "params_in_layers",
         "param_gather_bytes",
         "grad_reduce_bytes",
+        "fsdp_main_grads_bytes",
+        "fsdp_grad_comm_bytes",
     ):
         out[key] = perf.get(key)
     log = perf.get("collectives")
