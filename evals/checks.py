@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from . import settings as st
-from .outcomes import CKPT, COMMAND, CONFIG, JSON, OVERRIDES, TEXT, Artefact, Key, Outcome
+from .outcomes import CKPT, COMMAND, CONFIG, ESTIMATE, JSON, OVERRIDES, TEXT, Artefact, Key, Outcome
 from .security import Policy
 
 SKILL = "nemo-mbridge-perf-megatron-fsdp"
@@ -1270,6 +1270,42 @@ NOT_EMPTY = Key("checkpoint.load", forbidden=(None, ""))
 PP_1 = Key("model.pipeline_model_parallel_size", allowed=(1, None))
 LOG_HEALTHY = "log_verdict.json"
 CKPT_VERDICT = "ckpt_verdict.json"
+MEM_80 = ("--gpu-mem-gib", "80")  # the cases' H100 80GB cards
+# Options of `mfsdp.py smoke` / `rehearse` that take a value (to tell a value from a positional); see their --help.
+SMOKE_VALUE_OPTIONS = (
+    "--nproc-per-node",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--launcher",
+    "--strategy",
+    "--model",
+    "--iters",
+    "--seq-length",
+    "--global-batch-size",
+    "--micro-batch-size",
+    "--out",
+    "--format",
+)
+REHEARSE_VALUE_OPTIONS = (
+    "--recipe",
+    "--model-preset",
+    "--world-size",
+    "--rank-position",
+    "--iters",
+    "--strategy",
+    "--warmup",
+    "--intra-node-gbps",
+    "--inter-node-gbps",
+    "--gpus-per-node",
+    "--strategies",
+    "--hf-config",
+    "--out",
+    "--timeout-s",
+    "--python",
+    "--format",
+)
 OUTCOMES: dict[str, Outcome] = {
     "mfsdp-enable-llama3-recipe": Outcome(
         (Artefact("fsdp_overrides.txt", OVERRIDES, gpus=8, keys=(NOT_EMPTY,)),),
@@ -1421,6 +1457,82 @@ OUTCOMES: dict[str, Outcome] = {
         unchanged=("checkpoints",),
         sealed=("checkpoints",),
         what="the conversion command in convert_cmd.txt, ./checkpoints untouched",
+    ),
+    "mfsdp-log-oom": Outcome(
+        (Artefact(LOG_HEALTHY, JSON, fields=(("healthy", False), ("cause", "oom"))),),
+        unchanged=("logs",),
+        what=LOG_HEALTHY,
+    ),
+    "mfsdp-check-recipe-yaml-defaults": Outcome(
+        (Artefact("fsdp_overrides.txt", OVERRIDES, keys=(NOT_EMPTY,)),), what="the overrides in fsdp_overrides.txt"
+    ),
+    "mfsdp-fsdp-dtensor-into-ddp": Outcome(
+        (Artefact(CKPT_VERDICT, JSON, fields=(("format", "fsdp_dtensor"), ("loadable_with_ddp", False))),),
+        unchanged=("checkpoints",),
+        what=CKPT_VERDICT,
+    ),
+    # The memory answers: the figure is the tool's on the user's job, run by the check itself (never copied here).
+    "mfsdp-memory-70b-fit": Outcome(
+        (Artefact("fit.json", ESTIMATE, estimate=("--model", "llama3-70b", "--dp", "4", "--tp", "4", *MEM_80)),),
+        what="fit.json with the tool's per-GPU figure and verdict",
+    ),
+    "mfsdp-memory-moe": Outcome(
+        (Artefact("mem.json", ESTIMATE, estimate=("configs/mixtral.yaml", "--dp", "64", *MEM_80)),),
+        unchanged=("configs",),
+        what="mem.json with the tool's per-GPU figure and verdict",
+    ),
+    "mfsdp-oom-after-enable": Outcome(
+        (
+            Artefact(
+                "mem.json",
+                ESTIMATE,
+                # the config has no model shape: the 70B it names is the built-in llama3-70b
+                estimate=("configs/llama3_70b_fsdp.yaml", "--model", "llama3-70b", "--dp", "16", *MEM_80),
+            ),
+        ),
+        unchanged=("configs",),
+        what="mem.json with the tool's per-GPU figure and verdict",
+    ),
+    "mfsdp-rehearse-before-cluster": Outcome(
+        (
+            Artefact(
+                "rehearse_cmd.txt",
+                COMMAND,
+                command="rehearse",
+                sources=("configs/big_run.yaml",),
+                options=(("--world-size", "256"),),
+                value_options=REHEARSE_VALUE_OPTIONS,
+                positionals=1,
+            ),
+        ),
+        unchanged=("configs",),
+        what="the rehearse command in rehearse_cmd.txt",
+    ),
+    "mfsdp-smoke-dry-run": Outcome(
+        (
+            Artefact(
+                "smoke_cmd.txt",
+                COMMAND,
+                command="smoke",
+                options=(("--nproc-per-node", "8"),),
+                value_options=SMOKE_VALUE_OPTIONS,
+                positionals=0,
+            ),
+        ),
+        what="the smoke command in smoke_cmd.txt",
+    ),
+    "mfsdp-smoke-verify": Outcome(
+        (
+            Artefact(
+                "smoke_cmd.txt",
+                COMMAND,
+                command="smoke",
+                options=(("--nproc-per-node", "2"), ("--save-resume", "")),
+                value_options=SMOKE_VALUE_OPTIONS,
+                positionals=0,
+            ),
+        ),
+        what="the smoke command in smoke_cmd.txt",
     ),
     "mfsdp-ckpt-resume-missing-iter": Outcome(
         (

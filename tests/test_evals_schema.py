@@ -116,6 +116,24 @@ def test_checks_cover_exactly_the_cases_and_compile():
         assert 2 not in cc.exit_codes or cid in ("mfsdp-sharding-strategy-typo", "mfsdp-anchors-after-upgrade")
 
 
+def test_two_thirds_of_the_positive_cases_are_decided_by_what_the_run_leaves():
+    """A positive case whose question asks for a file is decided by that file (graded by the skill's own tools), which
+    prose cannot fake; without a judge the others are not judged. At least two thirds must be of the first kind, and
+    each names the file in its question, its ground truth and its expected behaviour."""
+    positive = [c for c in EVALS if c["expected_skill"]]
+    decided = [c for c in positive if checks.CHECKS[c["id"]].outcome is not None]
+    assert len(decided) * 3 >= len(positive) * 2, f"{len(decided)} of {len(positive)}"
+    for c in decided:
+        for art in checks.CHECKS[c["id"]].outcome.artefacts:
+            named = (Path(art.path).name, art.path, Path(art.path).parts[0])  # the file, or the folder it repairs
+            assert any(n in c["question"] for n in named), (c["id"], art.path)
+        arts = checks.CHECKS[c["id"]].outcome.artefacts
+        names = {Path(a.path).parts[0] for a in arts} | {Path(a.path).name for a in arts}
+        assert any(n in c["ground_truth"] for n in names), c["id"]
+        assert any(n in " ".join(c["expected_behavior"]) for n in names), c["id"]
+    assert not [c["id"] for c in EVALS if c["expected_skill"] is None and checks.CHECKS[c["id"]].outcome]
+
+
 @pytest.mark.parametrize("case", EVALS, ids=lambda c: c["id"])
 def test_ground_truth_passes_its_own_checks_and_a_non_answer_fails(case):
     assert checks.evaluate(case["id"], case["ground_truth"])["passed"], case["id"]
