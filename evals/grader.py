@@ -500,16 +500,20 @@ def own_tool_contradictions(
     if not runs or not answer.strip():
         return []
     problems: list[str] = []
-    on_input = [r for r in runs if _on_case_input(r, cc, case)]
-    # 1. a failed last run called fine
-    last = (on_input or runs)[-1]
-    if last.sub not in verified_subs and _failed(last):
-        for m in FINE_CLAIM.finditer(answer):
-            if _asserted(answer, m):
-                problems.append(
-                    f"calls it fine ({m.group(0)!r}) but the last {last.sub} run on it failed: {last.describe()}"
-                )
-                break
+    # 1. a failed last run called fine: the claim is held to the last run of the subcommand it names ("passes
+    # check"), else to the last run of any (on the case's input where there is one)
+    for m in FINE_CLAIM.finditer(answer):
+        if not _asserted(answer, m):
+            continue
+        about = _claimed_subcommand(answer[max(0, m.start() - 160) : m.end()])
+        of_sub = [r for r in runs if r.sub == about] if about in VERDICT_SUBS else runs
+        if not of_sub:
+            continue
+        last = ([r for r in of_sub if _on_case_input(r, cc, case)] or of_sub)[-1]
+        if last.sub in verified_subs or not _failed(last):
+            continue
+        problems.append(f"calls it fine ({m.group(0)!r}) but the last {last.sub} run on it failed: {last.describe()}")
+        break
     # 2. a value the tool rejected called valid
     rejected = dict.fromkeys(
         v for r in runs for v in (m.group("value") for m in REJECTED_VALUE.finditer(r.call.output))
