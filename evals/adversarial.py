@@ -12,11 +12,13 @@ here, in a throw-away copy of the case's project (``evals/fixtures/``), and its 
 go into the transcript; other steps (the harmful ones) are never executed, their ``exit``/``output`` are
 stated in the item. Unless an item says ``"load_skill": false``, its transcript starts with the agent loading the
 skill (the Skill tool, or ``cat SKILL.md`` for Codex); a decoy item that must not load it says so, and a batch's
-writers need to be told.
+writers need to be told. A set's ``"cases"`` key names the revision of ``evals/evals.json`` its items answer (1 when
+absent); an item answering a case whose question was reworked since is graded without that case's outcome check.
 
-``python3 -m evals adversarial [--out FILE]`` prints the false-pass rate (bad items the grader passes) and
-the false-fail rate (good items it fails), with the grader's reasons for every verdict, and exits 1 when
-either is above ``MAX_RATE``.
+``python3 -m evals adversarial [--out FILE] [--judge CMD]`` prints the false-pass rate (bad items the grader passes,
+over the bad runs it decides), the false-fail rate (good items it fails, over the good runs it decides) and the share
+of runs not judged, with the grader's reasons for every verdict, and exits 1 when a rate is above ``MAX_RATE`` or
+the share not judged above ``MAX_UNDECIDED``.
 """
 
 from __future__ import annotations

@@ -110,6 +110,8 @@ DRY_RUN_SUBS = ("rehearse", "smoke")
 PREDICTION = re.compile(
     r"\b(?:predict\w*|estimat\w*|memory model|mfsdp\.py memory|expected|projected)\b", re.IGNORECASE
 )
+# A result verb followed by what denies it: "measured nothing", "showed no figures".
+NOTHING_AFTER = re.compile(r"\s+(?:nothing|none|no\b|zero\b)", re.IGNORECASE)
 RESULT_CLAIM = {
     "rehearse": re.compile(
         r"\b(?:I|I've|I have|we)\s+(?:rehearsed|ran (?:the|a|your|this) rehearsal)\b|"
@@ -617,6 +619,8 @@ def _result_claims(case: dict, answer: str, runs: list[Run]) -> list[str]:
             if CONDITIONAL.search(clause) or st.negated_at(answer, m.start(), m.end(), statement=True):
                 continue
             if PREDICTION.search(clause + m.group(0)):  # memory's prediction quoted, not a measurement claimed
+                continue
+            if NOTHING_AFTER.match(answer, m.end()):  # "the rehearsal exited 2 and measured nothing"
                 continue
             seen = "; ".join(r.describe() for r in tried) or "none"
             return [
