@@ -48,11 +48,12 @@ EPILOG = f"""\
 examples:
   {PROG} validate
   {PROG} grade --case mfsdp-ckpt-format-assertion run/claude.jsonl --format json
+  {PROG} grade --case mfsdp-vs-fsdp2 run/claude.jsonl --judge "claude -p"      # a judge decides prose cases
   {PROG} run --agent claude-code --cases decoy-torchtitan-fsdp2 --attempts 1   # scripted model without an API key
   {PROG} report results/claude-code.json
 
-exit codes: 0 ok / passed, 1 invalid cases / failed, 2 unusable input, 4 not judged (grade: correctness
-undecided from the evidence and no LLM judge verdict; never a pass).
+exit codes: 0 ok / passed, 1 invalid cases / failed, 2 unusable input, 4 not judged (grade: no file the run
+left and no judge decided correctness, and nothing failed it; prose alone is never a pass).
 """
 
 
