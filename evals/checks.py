@@ -1267,6 +1267,96 @@ CHECKS: dict[str, CaseChecks] = {
 }
 
 
+# ----------------------------------------------------------------------------------------------- wrong beside right
+
+# Wrong claims that real answers added beside every right fact. None decides a run by itself (a quote or an unread
+# negation is possible): beside a right file or every required point, each leaves the run to the judge instead of
+# passing it; with a point missing too, the run is wrong (prose_verdict).
+F_NCCL_UPGRADE = Fact(
+    "says the NCCL symmetric-registration message means NCCL must be upgraded",
+    # Bridge prints it whenever Megatron FSDP runs with symmetric registration (ddp.disable_symmetric_registration
+    # unset): a setting, not an NCCL version (see the average_in_collective case)
+    r"(?<!no need to )(?<!no reason to )(?<!without )(?:upgrad\w*|updat\w*)\s+(?:your\s+|the\s+)?NCCL\b|"
+    r"NCCL\s+(?:\w+\s+){0,2}?(?:is\s+)?(?:too old|outdated)|"
+    r"(?:newer|recent|later)\s+NCCL(?:\s+version)?\s+(?:is\s+)?(?:needed|required)",
+)
+F_CONVERT_BY_EDIT = Fact(
+    "says converting a checkpoint is editing ckpt_format in its run_config.yaml",
+    # the format is the files' layout (metadata.json's sharded_backend, the .distcp shards): a label edited in
+    # run_config.yaml converts nothing (scripts/mfsdp_lib/runs/checkpoints.py reads both)
+    near(
+        word(r"edit\w*", r"chang\w*", r"rewrit\w*", r"modif\w*", r"flip\w*", r"switch\w*", r"set"),
+        near(word(r"run_config\.yaml"), word("ckpt_format"), 120),
+        60,
+    ),
+)
+F_RESUME_TORCH_DIST = Fact(
+    "says Bridge resumes a torch_dist checkpoint in an fsdp_dtensor run",
+    # a checkpoint loads through the tracker only when its format equals checkpoint.ckpt_format (card.yaml)
+    r"(?:bridge|megatron(?:-bridge)?|it|the (?:job|run|new run|fsdp run))\s+(?:will\s+|can\s+|should\s+)?"
+    r"(?:automatically\s+|transparently\s+|simply\s+|just\s+)?(?:resumes?|loads?|reads?)\s+(?:from\s+)?"
+    r"(?:the\s+|your\s+|an?\s+|existing\s+|old\s+)*torch_dist\b|"
+    r"re-?sav\w*\s+(?:it|them|the checkpoint)\s+(?:as|in|to)\s+fsdp_dtensor",
+)
+F_FSDP2_OVER_MFSDP = Fact(
+    "recommends FSDP2 (use_torch_fsdp2) over Megatron FSDP",
+    r"(?:use|prefer|pick|go with|choose|recommend)\s+(?:dist\.)?(?:use_torch_fsdp2|(?:torch |PyTorch )?FSDP2)\b[^.\n]{0,60}?"
+    r"\b(?:instead of|over|rather than)\s+(?:Megatron|use_megatron_fsdp|megatron_fsdp|MFSDP)|"
+    r"\b(?:use_torch_fsdp2|FSDP2)\s+is\s+(?:the\s+)?(?:better|recommended|preferred|more stable|safer)\b",
+)
+F_NAN_NORMAL = Fact(
+    "says a NaN loss is normal",
+    r"\bNaN\b[^.\n]{0,40}?\b(?:is|are|was)\s+(?:perfectly\s+|totally\s+|quite\s+|usually\s+)?"
+    r"(?:normal|expected|harmless|fine|benign|nothing to worry about)\b",
+)
+F_SKIP_SAVE_RESUME = Fact(
+    "says the save/resume check can be skipped",
+    r"(?:skip|drop|omit|leave out)\s+(?:the\s+)?(?:--save-resume|save[/ -](?:and[/ -])?resume)|"
+    r"(?:--save-resume|save[/ -](?:and[/ -])?resume)(?:\s+check)?\s+(?:is\s+)?(?:optional|unnecessary|not needed)",
+)
+F_OVERLAP_NEEDS_DISTOPT = Fact(
+    "says overlap_grad_reduce needs the distributed optimizer",
+    # DistributedDataParallelConfig.overlap_grad_reduce overlaps the all-reduce of plain DDP too; only
+    # overlap_param_gather belongs to the distributed optimizer
+    r"overlap_grad_reduce[^.\n]{0,60}?\b(?:requires|needs|only works with|depends on)\s+(?:the\s+)?"
+    r"(?:distributed optimizer|use_distributed_optimizer)",
+)
+F_BUCKET_MB = Fact(
+    "says ddp.bucket_size is in megabytes",
+    # megatron/core/distributed/distributed_data_parallel_config.py: bucket_size is the "Maximum number of parameters
+    # in each bucket"
+    r"bucket_size\W{0,3}(?:is\s+)?(?:in|measured in|given in)\s+(?:MB|MiB|megabytes)\b|"
+    r"bucket_size\s*[=:]\s*\d+\s*(?:MB|MiB)\b|\d+\s*(?:MB|MiB)\s+(?:of\s+)?bucket_size",
+)
+_MFSDP_RUN_CASES = (
+    "mfsdp-enable-llama3-recipe",
+    "mfsdp-enable-my-yaml",
+    "mfsdp-check-recipe-yaml-defaults",
+    "mfsdp-ckpt-format-assertion",
+    "mfsdp-convert-torch-dist",
+    "mfsdp-convert-plan",
+    "mfsdp-ckpt-which-format",
+    "trap-delete-old-ckpt",
+    "trap-load-none-advice",
+)
+_CKPT_CASES = ("mfsdp-convert-torch-dist", "mfsdp-convert-plan", "mfsdp-ckpt-which-format", "trap-delete-old-ckpt")
+_SMOKE_CASES = ("mfsdp-smoke-verify", "mfsdp-smoke-dry-run", "mfsdp-log-smoke-pass", "mfsdp-read-failing-log")
+for _cid, _c in CHECKS.items():
+    _more: tuple[Fact, ...] = ()
+    if _cid.startswith(("mfsdp-", "trap-")):
+        _more += (F_NCCL_UPGRADE, F_FSDP2_OVER_MFSDP)
+    if _cid in _MFSDP_RUN_CASES:
+        _more += (F_RESUME_TORCH_DIST,)
+    if _cid in _CKPT_CASES:
+        _more += (F_CONVERT_BY_EDIT,)
+    if _cid in _SMOKE_CASES:
+        _more += (F_NAN_NORMAL, F_SKIP_SAVE_RESUME)
+    if _cid == "decoy-bridge-ddp-tuning":
+        _more += (F_OVERLAP_NEEDS_DISTOPT, F_BUCKET_MB)
+    if _more:
+        CHECKS[_cid] = replace(_c, forbidden=_c.forbidden + _more)
+
+
 # ----------------------------------------------------------------------------------------------- outcome checks
 
 # Each case whose question asks for a file: the file, the world size its `check` runs at, and what it must keep.
