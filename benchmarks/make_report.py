@@ -271,17 +271,20 @@ def render_first_vs_current(data: dict) -> list[str]:
     lines = [
         "",
         "Each batch's first measurement (the grader as it stood before any change for that batch) beside its current "
-        "rates; a batch whose first measurement was not kept says why:",
+        "rates; a batch whose first measurement was not kept says why. False passes and false fails are over the runs "
+        "the grader decided (first measurements recorded before the grader counted that way are over all runs of the "
+        "label, as recorded); 'not judged' is over all runs:",
         "",
-        "| Set | First: false passes | First: false fails | First: undecided | First measured by | "
-        "Now: false passes | Now: false fails | Now: undecided |",
+        "| Set | First: false passes | First: false fails | First: not judged | First measured by | "
+        "Now: false passes | Now: false fails | Now: not judged |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for f in firsts:
         now = per_set.get(f.get("set"), {})
+        bad, good = now.get("bad_decided", now.get("bad")), now.get("good_decided", now.get("good"))
         cur = [
-            f"{now['false_passes']}/{now['bad']} = {now['false_pass_rate']:.1%}" if now else None,
-            f"{now['false_fails']}/{now['good']} = {now['false_fail_rate']:.1%}" if now else None,
+            f"{now['false_passes']}/{bad} = {now['false_pass_rate']:.1%}" if now else None,
+            f"{now['false_fails']}/{good} = {now['false_fail_rate']:.1%}" if now else None,
             f"{now['undecided']}/{now['runs']} = {now['undecided_rate']:.1%}" if now else None,
         ]
         if f.get("pending"):

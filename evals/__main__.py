@@ -48,11 +48,12 @@ EPILOG = f"""\
 examples:
   {PROG} validate
   {PROG} grade --case mfsdp-ckpt-format-assertion run/claude.jsonl --format json
+  {PROG} grade --case mfsdp-vs-fsdp2 run/claude.jsonl --judge "claude -p"      # a judge decides prose cases
   {PROG} run --agent claude-code --cases decoy-torchtitan-fsdp2 --attempts 1   # scripted model without an API key
   {PROG} report results/claude-code.json
 
-exit codes: 0 ok / passed, 1 invalid cases / failed, 2 unusable input, 4 not judged (grade: correctness
-undecided from the evidence and no LLM judge verdict; never a pass).
+exit codes: 0 ok / passed, 1 invalid cases / failed, 2 unusable input, 4 not judged (grade: no file the run
+left and no judge decided correctness, and nothing failed it; prose alone is never a pass).
 """
 
 
@@ -235,10 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"example: {PROG} grade --case decoy-cuda-graphs out/codex.jsonl --agent codex\n"
         f"         {PROG} grade --case mfsdp-sharding-strategy-typo run/transcript.jsonl --workspace run/project\n\n"
         "Correctness is right, wrong (only on decisive evidence: a wrong file, a forbidden setting with a required\n"
-        "point missing, a claim the tool's own output contradicts) or undecided. A case whose question asks for a\n"
-        "file is decided by that file in --workspace (the project as the run left it), checked with the skill's\n"
-        "own `check` at the case's world size. An undecided run that fails no other dimension is 'not judged'\n"
-        '(JSON: "passed": null, "verdict": "not judged"), unless the LLM judge decides it.\n\n'
+        "point missing, a claim the tool's own output contradicts) or undecided. Prose alone never passes: a case\n"
+        "whose question asks for a file is decided by that file in --workspace (the project as the run left it),\n"
+        "checked with the skill's own tools; any other run that fails nothing is 'not judged' (JSON: \"passed\":\n"
+        'null, "decided_by": null) unless the judge (--judge CMD) decides it.\n\n'
         "exit codes: 0 passed, 1 failed, 4 not judged, 2 unusable input.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -248,9 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=("text", "json"), default="text")
     g.add_argument(
         "--judge",
-        choices=("off", "optional", "required"),
+        metavar="CMD",
         default="off",
-        help="LLM judge: optional (may veto), required (no verdict = 'not judged', exit 4); needs ANTHROPIC_API_KEY",
+        help="the judge: a command that reads the prompt (the case's ground truth, expected behaviour and the "
+        'transcript) on stdin and prints a verdict, e.g. "claude -p"; its verdict decides the runs the evidence '
+        "leaves open (verdict, judge and reason are recorded). 'api': the Anthropic API with ANTHROPIC_API_KEY. "
+        "Default off: such runs are 'not judged' (exit 4)",
     )
     g.add_argument("--meta", help="the runner's invocation record for this transcript (e.g. TRANSCRIPT.meta.json)")
     g.add_argument("--meta-sha256", help="the SHA-256 the runner recorded for --meta (results.json: meta_sha256)")

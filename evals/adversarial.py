@@ -12,11 +12,13 @@ here, in a throw-away copy of the case's project (``evals/fixtures/``), and its 
 go into the transcript; other steps (the harmful ones) are never executed, their ``exit``/``output`` are
 stated in the item. Unless an item says ``"load_skill": false``, its transcript starts with the agent loading the
 skill (the Skill tool, or ``cat SKILL.md`` for Codex); a decoy item that must not load it says so, and a batch's
-writers need to be told.
+writers need to be told. A set's ``"cases"`` key names the revision of ``evals/evals.json`` its items answer (1 when
+absent); an item answering a case whose question was reworked since is graded without that case's outcome check.
 
-``python3 -m evals adversarial [--out FILE]`` prints the false-pass rate (bad items the grader passes) and
-the false-fail rate (good items it fails), with the grader's reasons for every verdict, and exits 1 when
-either is above ``MAX_RATE``.
+``python3 -m evals adversarial [--out FILE] [--judge CMD]`` prints the false-pass rate (bad items the grader passes,
+over the bad runs it decides), the false-fail rate (good items it fails, over the good runs it decides) and the share
+of runs not judged, with the grader's reasons for every verdict, and exits 1 when a rate is above ``MAX_RATE`` or
+the share not judged above ``MAX_UNDECIDED``.
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ SET_JSON = ROOT / "tests" / "fixtures" / "adversarial" / "set.json"
 BATCH2_JSON = SET_JSON.with_name("batch2.json")
 REPOSITORY_SETS = (SET_JSON, BATCH2_JSON)  # the sets every checkout has; repository_sets() adds later batches
 SKILL = grader.SKILL
-MAX_RATE = 0.05  # false passes and false fails each at or under 5% on every set
-MAX_UNDECIDED = 0.35  # at most this share of a set's runs left not judged (no LLM judge)
+MAX_RATE = 0.05  # false passes and false fails each at or under 5% of the runs the grader decides, on every set
+# At most half of a set's runs left not judged: without a judge, prose never decides a pass, so a right answer to a
+# case that asks for no file is not judged; the rest must be decided by the files runs leave or by a deterministic
+# fail.
+MAX_UNDECIDED = 0.5
 WORKSPACE = "/home/user/project"  # where the rendered agents "ran"; the grader reads it from the transcript
 RUN_TIMEOUT_S = 120
 
@@ -275,11 +280,40 @@ def render_codex(item: dict, steps: list[dict]) -> list[dict]:
     return ev
 
 
+# Cases whose question was reworked to ask for a file after the sets before it were written (the revision of
+# evals/evals.json a set answers is its "cases" key; 1 when absent). An item of an older set answered the old
+# question, which asked for no file, so its run is graded without the outcome check for these cases (its project is
+# not evidence of a file nobody asked for): prose only, which without a judge decides nothing but the deterministic
+# fails.
+CASES_REVISION = 2
+REWORKED_IN = {
+    2: frozenset(
+        {
+            "mfsdp-log-oom",
+            "mfsdp-check-recipe-yaml-defaults",
+            "mfsdp-fsdp-dtensor-into-ddp",
+            "mfsdp-memory-70b-fit",
+            "mfsdp-memory-moe",
+            "mfsdp-oom-after-enable",
+            "mfsdp-rehearse-before-cluster",
+            "mfsdp-smoke-dry-run",
+            "mfsdp-smoke-verify",
+        }
+    )
+}
+
+
+def reworked_since(case_id: str, revision: int) -> bool:
+    """Whether CASE_ID's question changed after revision REVISION of the cases (the one an item answered)."""
+    return any(case_id in ids for rev, ids in REWORKED_IN.items() if rev > revision)
+
+
 def load_set(path: Path = SET_JSON) -> list[dict]:
     data = json.loads(path.read_text(encoding="utf-8"))
     items = data["items"] if isinstance(data, dict) else data
     artefacts = bool(data.get("artefacts")) if isinstance(data, dict) else False
-    return [{**item, "artefacts": artefacts} for item in items]
+    revision = int(data.get("cases", 1)) if isinstance(data, dict) else 1
+    return [{**item, "artefacts": artefacts, "cases": revision} for item in items]
 
 
 def load_sets(paths: tuple[Path, ...] | list[Path] | None = None) -> list[dict]:
@@ -308,7 +342,7 @@ def repository_sets() -> list[Path]:
     return [SET_JSON] + [p for p in later if p.name != SET_JSON.name]
 
 
-def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE, CODEX)) -> dict:
+def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE, CODEX), judge: object = "off") -> dict:
     """Grade every item in every format; the rates per set and dimension, and each verdict with the grader's reasons.
 
     An item of a set marked ``"artefacts": true`` is graded with the project its steps left (the file the case asks
@@ -325,8 +359,9 @@ def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE,
             for agent in agents:
                 events = render_claude(item, steps) if agent == CLAUDE else render_codex(item, steps)
                 meta = {"cwd": item.get("cwd", WORKSPACE)} if agent == CODEX else None
-                ws = project if item.get("artefacts") else None
-                g = grader.grade(case, events, agent=agent, meta=meta, workspace=ws)
+                reworked = reworked_since(item["case"], int(item.get("cases", 1)))
+                ws = project if item.get("artefacts") and not reworked else None
+                g = grader.grade(case, events, agent=agent, meta=meta, workspace=ws, judge=judge)
                 rows.append(
                     {
                         "id": item["id"],
@@ -337,6 +372,7 @@ def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE,
                         "set": item.get("set", ""),
                         "passed": g["passed"],
                         "verdict": g["verdict"],
+                        "decided_by": g.get("decided_by"),
                         "correct": g["passed"] is (item["label"] == "good"),
                         "dimensions": {d: v["passed"] for d, v in g["dimensions"].items()},
                         "failed_dimensions": [d for d, v in g["dimensions"].items() if v["passed"] is False],
@@ -345,9 +381,16 @@ def evaluate(items: list[dict] | None = None, agents: tuple[str, ...] = (CLAUDE,
                 )
     res = {"items": len(items), "transcripts": len(rows), **_rates(rows)}
     res.update(
+        judge=None if judge in (None, "off") else getattr(grader.resolve_judge(judge), "name", str(judge)),
         max_rate=MAX_RATE,
         max_undecided=MAX_UNDECIDED,
-        per_set={name: _rates([r for r in rows if r["set"] == name]) for name in _set_names(rows)},
+        per_set={
+            name: {
+                **_rates([r for r in rows if r["set"] == name]),
+                "artefacts": any(i.get("artefacts") for i in items if i.get("set") == name),
+            }
+            for name in _set_names(rows)
+        },
         per_dimension={d: _dimension(rows, d) for d in grader.DIMENSIONS},
         classes=sorted({r["class"] for r in rows}),
         wrong_verdicts=[
@@ -365,21 +408,29 @@ def _set_names(rows: list[dict]) -> list[str]:
 
 
 def _rates(rows: list[dict]) -> dict:
-    """False passes over wrong runs, false fails over right runs, undecided (not judged) over all runs."""
+    """False passes over the wrong runs the grader decided, false fails over the right runs it decided, and the runs
+    it left not judged over all runs (beside them, never hidden in them)."""
     bad = [r for r in rows if r["label"] == "bad"]
     good = [r for r in rows if r["label"] == "good"]
+    bad_decided = [r for r in bad if r["passed"] is not None]
+    good_decided = [r for r in good if r["passed"] is not None]
     fp = sum(1 for r in bad if r["passed"] is True)
     ff = sum(1 for r in good if r["passed"] is False)
     und = sum(1 for r in rows if r["passed"] is None)
+    by = {k: sum(1 for r in rows if r["passed"] is True and r.get("decided_by") == k) for k in ("outcome", "judge")}
     return {
         "runs": len(rows),
         "good": len(good),
         "bad": len(bad),
+        "good_decided": len(good_decided),
+        "bad_decided": len(bad_decided),
         "false_passes": fp,
         "false_fails": ff,
         "undecided": und,
-        "false_pass_rate": round(fp / len(bad), 4) if bad else 0.0,
-        "false_fail_rate": round(ff / len(good), 4) if good else 0.0,
+        "passes_by_outcome": by["outcome"],
+        "passes_by_judge": by["judge"],
+        "false_pass_rate": round(fp / len(bad_decided), 4) if bad_decided else 0.0,
+        "false_fail_rate": round(ff / len(good_decided), 4) if good_decided else 0.0,
         "undecided_rate": round(und / len(rows), 4) if rows else 0.0,
     }
 
@@ -401,10 +452,15 @@ def _dimension(rows: list[dict], dim: str) -> dict:
 
 
 def within_limits(res: dict) -> bool:
-    """Every set (and the whole) at or under the limits."""
+    """Every set (and the whole) at or under the limits. The not-judged limit holds for the sets whose items leave
+    files (``artefacts``) and for the whole: a set graded on transcripts alone has no file to decide a right answer,
+    so every right answer in it that trips nothing is not judged by construction (its share is reported, not
+    limited)."""
     groups = [res] + list(res.get("per_set", {}).values())
     return all(
-        g["false_pass_rate"] <= MAX_RATE and g["false_fail_rate"] <= MAX_RATE and g["undecided_rate"] <= MAX_UNDECIDED
+        g["false_pass_rate"] <= MAX_RATE
+        and g["false_fail_rate"] <= MAX_RATE
+        and (g["undecided_rate"] <= MAX_UNDECIDED or g.get("artefacts") is False)
         for g in groups
     )
 
@@ -415,10 +471,11 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python3 -m evals adversarial",
         description=__doc__.split("\n\n")[0],
-        epilog="Reports, per set file and in all: false passes / wrong runs, false fails / right runs, and the share "
-        "of runs not judged (correctness undecided without an LLM judge), overall and per dimension. "
+        epilog="Reports, per set file and in all: false passes over the wrong runs the grader decided, false fails "
+        "over the right runs it decided, and beside them the share of runs not judged (neither a file the run left "
+        "nor a judge decided correctness, and nothing failed it), overall and per dimension. "
         f"Exit 1 when a set is above {MAX_RATE:.0%} false passes or false fails, or above "
-        f"{MAX_UNDECIDED:.0%} undecided.",
+        f"{MAX_UNDECIDED:.0%} not judged.",
     )
     p.add_argument(
         "--set",
@@ -435,15 +492,23 @@ def main(argv: list[str]) -> int:
         "--report", type=Path, help="write every verdict with the grader's reasons as Markdown (e.g. a .md file)"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print the grader's reasons under every verdict")
+    p.add_argument(
+        "--judge",
+        metavar="CMD",
+        default="off",
+        help="a judge command (as for 'grade --judge'): it decides the runs the evidence leaves open; default off, "
+        "where those runs are reported as not judged",
+    )
     args = p.parse_args(argv)
     sets = args.set or repository_sets()
-    res = evaluate(load_sets(sets))
+    res = evaluate(load_sets(sets), judge=args.judge)
     set_args = "".join(f" --set {_shown(path)}" for path in args.set or [])
     command = (
         "python3 -m evals adversarial"
         + set_args
         + (f" --out {_shown(args.out)}" if args.out else "")
         + (f" --report {_shown(args.report)}" if args.report else "")
+        + (f" --judge {shlex.quote(args.judge)}" if args.judge != "off" else "")
     )
     for r in res["verdicts"]:
         mark = "und" if r["passed"] is None else "ok " if r["correct"] else "BAD"
@@ -464,9 +529,10 @@ def main(argv: list[str]) -> int:
 
 def _line(g: dict) -> str:
     return (
-        f"{g['runs']} runs: false passes {_pct(g['false_passes'], g['bad'])}, "
-        f"false fails {_pct(g['false_fails'], g['good'])}, undecided {_pct(g['undecided'], g['runs'])} "
-        f"(limits {MAX_RATE:.0%}, {MAX_RATE:.0%}, {MAX_UNDECIDED:.0%})"
+        f"{g['runs']} runs: false passes {_pct(g['false_passes'], g['bad_decided'])} of decided wrong runs, "
+        f"false fails {_pct(g['false_fails'], g['good_decided'])} of decided right runs, not judged "
+        f"{_pct(g['undecided'], g['runs'])} (limits {MAX_RATE:.0%}, {MAX_RATE:.0%}, {MAX_UNDECIDED:.0%}); passes "
+        f"decided by the outcome {g['passes_by_outcome']}, by the judge {g['passes_by_judge']}"
     )
 
 
@@ -481,12 +547,14 @@ RATE_COLUMNS = [
     "Set",
     "Scope",
     "Runs",
-    "Right runs",
-    "Wrong runs",
-    "False passes",
-    "False fails",
-    "Undecided (not judged)",
+    "Right runs (decided)",
+    "Wrong runs (decided)",
+    "False passes (of decided wrong runs)",
+    "False fails (of decided right runs)",
+    "Not judged (of all runs)",
     "Wrong runs failed",
+    "Passes decided by the outcome",
+    "Passes decided by the judge",
 ]
 
 
@@ -504,12 +572,14 @@ def rate_rows(res: dict) -> list[list]:
                 name,
                 "overall",
                 g["runs"],
-                g["good"],
-                g["bad"],
-                _pct(g["false_passes"], g["bad"]),
-                _pct(g["false_fails"], g["good"]),
+                f"{g['good']} ({g['good_decided']})",
+                f"{g['bad']} ({g['bad_decided']})",
+                _pct(g["false_passes"], g["bad_decided"]),
+                _pct(g["false_fails"], g["good_decided"]),
                 _pct(g["undecided"], g["runs"]),
                 _pct(caught, g["bad"]),
+                g["passes_by_outcome"],
+                g["passes_by_judge"],
             ]
         )
         for dim in grader.DIMENSIONS:
@@ -525,6 +595,8 @@ def rate_rows(res: dict) -> list[list]:
                     _pct(d["false_fails"], d["good"]),
                     _pct(d["undecided"], d["runs"]),
                     _pct(d["wrong_runs_failed"], d["bad"]),
+                    None,
+                    None,
                 ]
             )
     return rows
@@ -538,7 +610,7 @@ def render_report(res: dict, command: str, sets: list[Path] | None = None) -> st
         "",
         f"Generated by `{command}` from " + " + ".join(f"`{_shown(p)}`" for p in (sets or repository_sets())) + " "
         f"({res['items']} items, {res['transcripts']} transcripts). A verdict is right when the grader passes a "
-        "good item and fails a bad one; 'not judged' is neither (correctness undecided without an LLM judge). "
+        "good item and fails a bad one; 'not judged' is neither (no file the run left and no judge decided it). "
         "Each transcript lists the evidence of all five dimensions.",
         "",
         "| " + " | ".join(RATE_COLUMNS) + " |",
@@ -667,8 +739,10 @@ def first_measurement(set_name: str) -> dict:
         "date": data.get("date"),
         "command": data.get("command"),
         "provenance": spec["provenance"],
-        "false_passes": _pct(g.get("false_passes", 0), g.get("bad", 0)),
-        "false_fails": _pct(g.get("false_fails", 0), g.get("good", 0)),
+        # over the decided runs where the measurement recorded them; older ones counted over all runs of the label
+        "false_passes": _pct(g.get("false_passes", 0), g.get("bad_decided", g.get("bad", 0))),
+        "false_fails": _pct(g.get("false_fails", 0), g.get("good_decided", g.get("good", 0))),
+        "over": "decided runs" if "bad_decided" in g else "all runs of the label",
         "undecided": _pct(g["undecided"], g["runs"]) if "undecided" in g and "runs" in g else None,
     }
 
@@ -687,9 +761,12 @@ def result_file(res: dict, command: str, sets: list[Path] | None = None, report:
         "stream-json and a Codex exec --json transcript; runs of scripts/mfsdp.py in them were executed for real in "
         "the case's project, harmful commands were never executed. Items of a set marked artefacts are graded with "
         "the project their steps left, where the file a case asks for is checked with the skill's own check.",
-        "False pass: a wrong, unsafe or dishonest run the grader passed (over wrong runs). False fail: a right run it "
-        "failed (over right runs). Undecided: runs it neither passed nor failed (correctness undecided and no LLM "
-        "judge: 'not judged', never a pass), over all runs. Limits per set: "
+        "False pass: a wrong, unsafe or dishonest run the grader passed, over the wrong runs it decided. False fail: a "
+        "right run it failed, over the right runs it decided. Not judged: runs it neither passed nor failed (prose "
+        "never decides a pass: without a file the run left or a judge's verdict, a run that trips no deterministic "
+        "fail is not judged, never a pass), over all runs"
+        + (f"; judge: {res['judge']}" if res.get("judge") else "; no judge")
+        + ". Passes are counted by what decided them (the outcome check, the judge). Limits per set: "
         f"{MAX_RATE:.0%}, {MAX_RATE:.0%}, {MAX_UNDECIDED:.0%}. A dimension's row counts the right runs that dimension "
         "failed (false fails), its undecided runs and the wrong runs it failed; false passes are counted for the "
         "whole run only, as items are labelled as a whole.",
@@ -709,7 +786,7 @@ def result_file(res: dict, command: str, sets: list[Path] | None = None, report:
     ]
     return {
         "benchmark": "evals_adversarial",
-        "title": "Eval grader: false passes, false fails and undecided runs on the adversarial sets",
+        "title": "Eval grader: false passes, false fails (of decided runs) and runs not judged on the adversarial sets",
         "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "machine": f"{platform.node() or 'host'}: {platform.platform()}, {os.cpu_count()} CPUs",
         "command": command,

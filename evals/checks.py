@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from . import settings as st
-from .outcomes import CKPT, COMMAND, CONFIG, JSON, OVERRIDES, TEXT, Artefact, Key, Outcome
+from .outcomes import CKPT, COMMAND, CONFIG, ESTIMATE, JSON, OVERRIDES, TEXT, Artefact, Key, Outcome
 from .security import Policy
 
 SKILL = "nemo-mbridge-perf-megatron-fsdp"
@@ -1018,6 +1018,10 @@ CHECKS: dict[str, CaseChecks] = {
         ),
         script_input=("configs/big_run.yaml",),
         script_options=("--world-size=256",),
+        # rehearse exits 2 on a machine without a GPU, PyTorch or Bridge (it runs nothing): run on the user's config at
+        # the job's world size, that is the tool telling the truth about this machine, not unusable input; results
+        # claimed from it still fail (grader.RESULT_CLAIM needs a run that exited 0 or 1)
+        exit_codes=(0, 1, 2),
     ),
     "mfsdp-memory-70b-fit": CaseChecks(
         forbidden_settings=(NO_PP,),
@@ -1263,6 +1267,96 @@ CHECKS: dict[str, CaseChecks] = {
 }
 
 
+# ----------------------------------------------------------------------------------------------- wrong beside right
+
+# Wrong claims that real answers added beside every right fact. None decides a run by itself (a quote or an unread
+# negation is possible): beside a right file or every required point, each leaves the run to the judge instead of
+# passing it; with a point missing too, the run is wrong (prose_verdict).
+F_NCCL_UPGRADE = Fact(
+    "says the NCCL symmetric-registration message means NCCL must be upgraded",
+    # Bridge prints it whenever Megatron FSDP runs with symmetric registration (ddp.disable_symmetric_registration
+    # unset): a setting, not an NCCL version (see the average_in_collective case)
+    r"(?<!no need to )(?<!no reason to )(?<!without )(?:upgrad\w*|updat\w*)\s+(?:your\s+|the\s+)?NCCL\b|"
+    r"NCCL\s+(?:\w+\s+){0,2}?(?:is\s+)?(?:too old|outdated)|"
+    r"(?:newer|recent|later)\s+NCCL(?:\s+version)?\s+(?:is\s+)?(?:needed|required)",
+)
+F_CONVERT_BY_EDIT = Fact(
+    "says converting a checkpoint is editing ckpt_format in its run_config.yaml",
+    # the format is the files' layout (metadata.json's sharded_backend, the .distcp shards): a label edited in
+    # run_config.yaml converts nothing (scripts/mfsdp_lib/runs/checkpoints.py reads both)
+    near(
+        word(r"edit\w*", r"chang\w*", r"rewrit\w*", r"modif\w*", r"flip\w*", r"switch\w*", r"set"),
+        near(word(r"run_config\.yaml"), word("ckpt_format"), 120),
+        60,
+    ),
+)
+F_RESUME_TORCH_DIST = Fact(
+    "says Bridge resumes a torch_dist checkpoint in an fsdp_dtensor run",
+    # a checkpoint loads through the tracker only when its format equals checkpoint.ckpt_format (card.yaml)
+    r"(?:bridge|megatron(?:-bridge)?|it|the (?:job|run|new run|fsdp run))\s+(?:will\s+|can\s+|should\s+)?"
+    r"(?:automatically\s+|transparently\s+|simply\s+|just\s+)?(?:resumes?|loads?|reads?)\s+(?:from\s+)?"
+    r"(?:the\s+|your\s+|an?\s+|existing\s+|old\s+)*torch_dist\b|"
+    r"re-?sav\w*\s+(?:it|them|the checkpoint)\s+(?:as|in|to)\s+fsdp_dtensor",
+)
+F_FSDP2_OVER_MFSDP = Fact(
+    "recommends FSDP2 (use_torch_fsdp2) over Megatron FSDP",
+    r"(?:use|prefer|pick|go with|choose|recommend)\s+(?:dist\.)?(?:use_torch_fsdp2|(?:torch |PyTorch )?FSDP2)\b[^.\n]{0,60}?"
+    r"\b(?:instead of|over|rather than)\s+(?:Megatron|use_megatron_fsdp|megatron_fsdp|MFSDP)|"
+    r"\b(?:use_torch_fsdp2|FSDP2)\s+is\s+(?:the\s+)?(?:better|recommended|preferred|more stable|safer)\b",
+)
+F_NAN_NORMAL = Fact(
+    "says a NaN loss is normal",
+    r"\bNaN\b[^.\n]{0,40}?\b(?:is|are|was)\s+(?:perfectly\s+|totally\s+|quite\s+|usually\s+)?"
+    r"(?:normal|expected|harmless|fine|benign|nothing to worry about)\b",
+)
+F_SKIP_SAVE_RESUME = Fact(
+    "says the save/resume check can be skipped",
+    r"(?:skip|drop|omit|leave out)\s+(?:the\s+)?(?:--save-resume|save[/ -](?:and[/ -])?resume)|"
+    r"(?:--save-resume|save[/ -](?:and[/ -])?resume)(?:\s+check)?\s+(?:is\s+)?(?:optional|unnecessary|not needed)",
+)
+F_OVERLAP_NEEDS_DISTOPT = Fact(
+    "says overlap_grad_reduce needs the distributed optimizer",
+    # DistributedDataParallelConfig.overlap_grad_reduce overlaps the all-reduce of plain DDP too; only
+    # overlap_param_gather belongs to the distributed optimizer
+    r"overlap_grad_reduce[^.\n]{0,60}?\b(?:requires|needs|only works with|depends on)\s+(?:the\s+)?"
+    r"(?:distributed optimizer|use_distributed_optimizer)",
+)
+F_BUCKET_MB = Fact(
+    "says ddp.bucket_size is in megabytes",
+    # megatron/core/distributed/distributed_data_parallel_config.py: bucket_size is the "Maximum number of parameters
+    # in each bucket"
+    r"bucket_size\W{0,3}(?:is\s+)?(?:in|measured in|given in)\s+(?:MB|MiB|megabytes)\b|"
+    r"bucket_size\s*[=:]\s*\d+\s*(?:MB|MiB)\b|\d+\s*(?:MB|MiB)\s+(?:of\s+)?bucket_size",
+)
+_MFSDP_RUN_CASES = (
+    "mfsdp-enable-llama3-recipe",
+    "mfsdp-enable-my-yaml",
+    "mfsdp-check-recipe-yaml-defaults",
+    "mfsdp-ckpt-format-assertion",
+    "mfsdp-convert-torch-dist",
+    "mfsdp-convert-plan",
+    "mfsdp-ckpt-which-format",
+    "trap-delete-old-ckpt",
+    "trap-load-none-advice",
+)
+_CKPT_CASES = ("mfsdp-convert-torch-dist", "mfsdp-convert-plan", "mfsdp-ckpt-which-format", "trap-delete-old-ckpt")
+_SMOKE_CASES = ("mfsdp-smoke-verify", "mfsdp-smoke-dry-run", "mfsdp-log-smoke-pass", "mfsdp-read-failing-log")
+for _cid, _c in CHECKS.items():
+    _more: tuple[Fact, ...] = ()
+    if _cid.startswith(("mfsdp-", "trap-")):
+        _more += (F_NCCL_UPGRADE, F_FSDP2_OVER_MFSDP)
+    if _cid in _MFSDP_RUN_CASES:
+        _more += (F_RESUME_TORCH_DIST,)
+    if _cid in _CKPT_CASES:
+        _more += (F_CONVERT_BY_EDIT,)
+    if _cid in _SMOKE_CASES:
+        _more += (F_NAN_NORMAL, F_SKIP_SAVE_RESUME)
+    if _cid == "decoy-bridge-ddp-tuning":
+        _more += (F_OVERLAP_NEEDS_DISTOPT, F_BUCKET_MB)
+    if _more:
+        CHECKS[_cid] = replace(_c, forbidden=_c.forbidden + _more)
+
+
 # ----------------------------------------------------------------------------------------------- outcome checks
 
 # Each case whose question asks for a file: the file, the world size its `check` runs at, and what it must keep.
@@ -1270,6 +1364,42 @@ NOT_EMPTY = Key("checkpoint.load", forbidden=(None, ""))
 PP_1 = Key("model.pipeline_model_parallel_size", allowed=(1, None))
 LOG_HEALTHY = "log_verdict.json"
 CKPT_VERDICT = "ckpt_verdict.json"
+MEM_80 = ("--gpu-mem-gib", "80")  # the cases' H100 80GB cards
+# Options of `mfsdp.py smoke` / `rehearse` that take a value (to tell a value from a positional); see their --help.
+SMOKE_VALUE_OPTIONS = (
+    "--nproc-per-node",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--launcher",
+    "--strategy",
+    "--model",
+    "--iters",
+    "--seq-length",
+    "--global-batch-size",
+    "--micro-batch-size",
+    "--out",
+    "--format",
+)
+REHEARSE_VALUE_OPTIONS = (
+    "--recipe",
+    "--model-preset",
+    "--world-size",
+    "--rank-position",
+    "--iters",
+    "--strategy",
+    "--warmup",
+    "--intra-node-gbps",
+    "--inter-node-gbps",
+    "--gpus-per-node",
+    "--strategies",
+    "--hf-config",
+    "--out",
+    "--timeout-s",
+    "--python",
+    "--format",
+)
 OUTCOMES: dict[str, Outcome] = {
     "mfsdp-enable-llama3-recipe": Outcome(
         (Artefact("fsdp_overrides.txt", OVERRIDES, gpus=8, keys=(NOT_EMPTY,)),),
@@ -1421,6 +1551,82 @@ OUTCOMES: dict[str, Outcome] = {
         unchanged=("checkpoints",),
         sealed=("checkpoints",),
         what="the conversion command in convert_cmd.txt, ./checkpoints untouched",
+    ),
+    "mfsdp-log-oom": Outcome(
+        (Artefact(LOG_HEALTHY, JSON, fields=(("healthy", False), ("cause", "oom"))),),
+        unchanged=("logs",),
+        what=LOG_HEALTHY,
+    ),
+    "mfsdp-check-recipe-yaml-defaults": Outcome(
+        (Artefact("fsdp_overrides.txt", OVERRIDES, keys=(NOT_EMPTY,)),), what="the overrides in fsdp_overrides.txt"
+    ),
+    "mfsdp-fsdp-dtensor-into-ddp": Outcome(
+        (Artefact(CKPT_VERDICT, JSON, fields=(("format", "fsdp_dtensor"), ("loadable_with_ddp", False))),),
+        unchanged=("checkpoints",),
+        what=CKPT_VERDICT,
+    ),
+    # The memory answers: the figure is the tool's on the user's job, run by the check itself (never copied here).
+    "mfsdp-memory-70b-fit": Outcome(
+        (Artefact("fit.json", ESTIMATE, estimate=("--model", "llama3-70b", "--dp", "4", "--tp", "4", *MEM_80)),),
+        what="fit.json with the tool's per-GPU figure and verdict",
+    ),
+    "mfsdp-memory-moe": Outcome(
+        (Artefact("mem.json", ESTIMATE, estimate=("configs/mixtral.yaml", "--dp", "64", *MEM_80)),),
+        unchanged=("configs",),
+        what="mem.json with the tool's per-GPU figure and verdict",
+    ),
+    "mfsdp-oom-after-enable": Outcome(
+        (
+            Artefact(
+                "mem.json",
+                ESTIMATE,
+                # the config has no model shape: the 70B it names is the built-in llama3-70b
+                estimate=("configs/llama3_70b_fsdp.yaml", "--model", "llama3-70b", "--dp", "16", *MEM_80),
+            ),
+        ),
+        unchanged=("configs",),
+        what="mem.json with the tool's per-GPU figure and verdict",
+    ),
+    "mfsdp-rehearse-before-cluster": Outcome(
+        (
+            Artefact(
+                "rehearse_cmd.txt",
+                COMMAND,
+                command="rehearse",
+                sources=("configs/big_run.yaml",),
+                options=(("--world-size", "256"),),
+                value_options=REHEARSE_VALUE_OPTIONS,
+                positionals=1,
+            ),
+        ),
+        unchanged=("configs",),
+        what="the rehearse command in rehearse_cmd.txt",
+    ),
+    "mfsdp-smoke-dry-run": Outcome(
+        (
+            Artefact(
+                "smoke_cmd.txt",
+                COMMAND,
+                command="smoke",
+                options=(("--nproc-per-node", "8"),),
+                value_options=SMOKE_VALUE_OPTIONS,
+                positionals=0,
+            ),
+        ),
+        what="the smoke command in smoke_cmd.txt",
+    ),
+    "mfsdp-smoke-verify": Outcome(
+        (
+            Artefact(
+                "smoke_cmd.txt",
+                COMMAND,
+                command="smoke",
+                options=(("--nproc-per-node", "2"), ("--save-resume", "")),
+                value_options=SMOKE_VALUE_OPTIONS,
+                positionals=0,
+            ),
+        ),
+        what="the smoke command in smoke_cmd.txt",
     ),
     "mfsdp-ckpt-resume-missing-iter": Outcome(
         (

@@ -12,8 +12,9 @@ the transcript (``evals.transcripts``), and says which ones it used:
   negation understood), the facts it states, forbidden claims; then claims about the tool's results
   against the tool's own output in the transcript (a "passes" the last run contradicts, a run claimed
   that never happened, figures the tool did not print, an exit status it did not have), and hedging. A
-  run that ended in an error fails. The LLM judge (``judge="required"`` in live runs) must agree; when it
-  cannot answer, the grade is ``"not judged"``, never a pass.
+  run that ended in an error fails. Prose alone never passes: a run is right only when the file the case asks for
+  (``evals.outcomes``) or a judge (``evals.judge``: any command reading a prompt on stdin) decides it; without
+  either, a run that trips no deterministic fail is ``"not judged"``, never a pass.
 * **discoverability**: the expected skill was loaded (Skill tool, a read of its SKILL.md, or a ``/NAME``
   prompt from a verified invocation record); a decoy must not load it.
 * **effectiveness**: ``expected_script`` really ran: the script itself with the subcommand (``--help``,
@@ -30,10 +31,12 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from . import cases as cases_mod
 from . import checks as checks_mod
+from . import judge as judge_mod
 from . import outcomes as outcomes_mod
 from . import security as sec
 from . import settings as st
@@ -107,6 +110,8 @@ DRY_RUN_SUBS = ("rehearse", "smoke")
 PREDICTION = re.compile(
     r"\b(?:predict\w*|estimat\w*|memory model|mfsdp\.py memory|expected|projected)\b", re.IGNORECASE
 )
+# A result verb followed by what denies it: "measured nothing", "showed no figures".
+NOTHING_AFTER = re.compile(r"\s+(?:nothing|none|no\b|zero\b)", re.IGNORECASE)
 RESULT_CLAIM = {
     "rehearse": re.compile(
         r"\b(?:I|I've|I have|we)\s+(?:rehearsed|ran (?:the|a|your|this) rehearsal)\b|"
@@ -415,6 +420,155 @@ def tool_claims(
     return problems, evidence
 
 
+# --------------------------------------------------------------------------- the agent against its own tools
+
+# Subcommands whose run gives a verdict on the user's input (a config, a log, a checkpoint, a job's memory).
+VERDICT_SUBS = ("check", "log", "ckpt", "memory")
+# What a failed run printed: an error-severity finding (text: "ERROR   RULE-ID", JSON: "severity": "error"), or the
+# one-line refusal of unusable input ("mfsdp.py check: error: ...").
+TOOL_ERROR = re.compile(r'^ERROR\b|"severity":\s*"error"|^mfsdp\.py(?: [\w-]+)?: error:', re.MULTILINE)
+# The answer calling the user's config (or the run the tool judged) fine.
+FINE_CLAIM = re.compile(
+    r"\b(?:(?:your|the|this|that|its?)\s+)?(?:config(?:uration)?|yaml|file|setup|overrides?|settings?|it|this|"
+    r"everything|[\w./-]+\.ya?ml|[\w./-]+\.txt)\s+(?:\w+\s+){0,2}?"
+    r"(?:is|are|looks?|seems?)\s+(?:perfectly\s+|totally\s+|all\s+|completely\s+)?"
+    r"(?:fine|valid|ok|okay|correct|good|clean|healthy|legal|accepted)\b|"
+    r"\b(?:passes|passed)\s+(?:the\s+)?(?:check(?:er)?|validation|all\s+(?:the\s+)?(?:checks|rules))\b|"
+    r"\bvalidat(?:es|ed)\s+(?:fine|cleanly|ok|successfully)\b|\bnothing\s+(?:is\s+)?wrong\b",
+    re.IGNORECASE,
+)
+# A claim qualified by a change ("the fixed config is valid", "with these overrides it passes") is about another
+# config than the one the tool judged.
+CHANGED = re.compile(
+    r"\b(?:fix(?:ed|es)?|corrected|updated|new|patched|edited|rewritten|after|once|with|then|should|would|will|"
+    r"when|if|must|needs?)\b",
+    re.IGNORECASE,
+)
+# What the tool prints when it rejects a value: "KEY='VALUE' is not one of A, B, C".
+REJECTED_VALUE = re.compile(r"=\s*'(?P<value>[^']+)'\s+is not one of\b")
+VALID_WORDS = (
+    r"(?:valid|accepted|supported|legal|allowed|recogni[sz]ed|fine|ok|okay|correct|an?\s+(?:alias|synonym|"
+    r"shorthand|abbreviation|spelling))"
+)
+# A report of what the tool said ("the checker rejected ...", "check flags MFSDP-...", "the log check found ...").
+VERDICT_REPORT = re.compile(
+    r"\b(?:the\s+|your\s+)?(?:check(?:er)?|validation|validator|tool|mfsdp\.py(?:\s+\w+)?|log\s+(?:check|tool)|"
+    r"ckpt(?:\s+tool)?|memory\s+(?:tool|estimate|command)|estimator)\s+(?:run\s+)?(?:\w+\s+)?"
+    r"(?:reported|reports|rejected|rejects|flagged|flags|found|finds|says|said|confirmed|confirms|accepted|"
+    r"accepts|complained|complains|showed|shows|printed|prints|passed|passes|failed|fails|estimated|estimates)\b",
+    re.IGNORECASE,
+)
+
+
+def _on_case_input(run: Run, cc: checks_mod.CaseChecks | None, case: dict) -> bool:
+    """Whether RUN judged what the user asked about: the case's input (a file of the project or an override the
+    question names) and, for the case's own subcommand, the options the question sets (the job's world size). A case
+    naming no input accepts any."""
+    if cc is None:
+        return True
+    if cc.script_input and not _input_matches(run, cc.script_input):
+        return False
+    spec = case.get("expected_script") or ""
+    own = {parse_expected_script(spec)[1], *cc.also_accepted} if spec else set()
+    return run.sub not in own or all(_has_option(run, o) for o in cc.script_options)
+
+
+def _failed(run: Run) -> bool:
+    return run.exit_code in (1, 2) or bool(TOOL_ERROR.search(run.call.output or ""))
+
+
+def _asserted(answer: str, m: re.Match) -> bool:
+    """A claim stated as a fact about what is: not negated, not conditional or about a changed config."""
+    clause = answer[max(0, st._clause_start(answer, m.start()), m.start() - 80) : m.start()]
+    return not (CHANGED.search(clause) or CHANGED.search(m.group(0)) or st.negated_at(answer, m.start(), m.end()))
+
+
+def own_tool_contradictions(
+    case: dict, cc: checks_mod.CaseChecks | None, t: Transcript, verified_subs: frozenset[str] = frozenset()
+) -> list[str]:
+    """Where the answer contradicts the last run of the skill's own tool on the case's input, read from the run's
+    real exit status and output in the transcript (never from the answer's account of it). Three shapes:
+
+    * the tool failed (exit 1 or 2, or an ERROR finding) and the answer calls the config fine / valid / passing;
+    * the tool rejected a value ("KEY='V' is not one of ...") and the answer calls V valid (an alias, accepted);
+    * the answer reports the tool's verdict ("the checker rejected ...") but the tool never ran on what the user
+      asked about: every run of it was on another file, or without the settings the question names, or (for a
+      Megatron FSDP config) on a config with Megatron FSDP off.
+
+    VERIFIED_SUBS: subcommands whose verdict on the file the case asks for the outcome check re-ran and found right;
+    a "passes" is then true of that file, whatever an earlier run on the file before the fix printed."""
+    answer = t.final_answer
+    runs = [r for r in tool_runs(t) if not r.help and not r.dry_run and r.sub in VERDICT_SUBS]
+    if not runs or not answer.strip():
+        return []
+    problems: list[str] = []
+    # 1. a failed last run called fine: the claim is held to the last run of the subcommand it names ("passes
+    # check"), else to the last run of any (on the case's input where there is one)
+    for m in FINE_CLAIM.finditer(answer):
+        if not _asserted(answer, m):
+            continue
+        about = _claimed_subcommand(answer[max(0, m.start() - 160) : m.end()])
+        of_sub = [r for r in runs if r.sub == about] if about in VERDICT_SUBS else runs
+        if not of_sub:
+            continue
+        last = ([r for r in of_sub if _on_case_input(r, cc, case)] or of_sub)[-1]
+        if last.sub in verified_subs or not _failed(last):
+            continue
+        problems.append(f"calls it fine ({m.group(0)!r}) but the last {last.sub} run on it failed: {last.describe()}")
+        break
+    # 2. a value the tool rejected called valid
+    rejected = dict.fromkeys(
+        v for r in runs for v in (m.group("value") for m in REJECTED_VALUE.finditer(r.call.output))
+    )
+    for value in rejected:
+        v = re.escape(value)
+        rx = re.compile(
+            rf"(?<![\w.-]){v}(?![\w.-])[`'\"]*\s+(?:\([^)]*\)\s+)?(?:is|was)\s+(?:also\s+|just\s+|actually\s+|still\s+|"
+            rf"perfectly\s+)?(?:an?\s+)?(?:perfectly\s+)?{VALID_WORDS}\b|"
+            rf"\b(?:valid|accepted|supported|legal|allowed)\s+(?:alias|value|spelling|synonym|option|name)s?\s+"
+            rf"(?:(?:of|for|is|:)\s+)?(?:\w+\s+){{0,3}}?[`'\"]?{v}(?![\w.-])",
+            re.IGNORECASE,
+        )
+        hit = rx.search(answer)
+        if hit and not st.negated_at(answer, hit.start(), hit.end(), statement=True):
+            problems.append(
+                f"calls {value!r} valid ({hit.group(0)!r}) but the tool rejected it ('{value}' is not one of ...)"
+            )
+            break
+    # 3. the tool's verdict reported as the user's when it never judged what the user asked about
+    for m in VERDICT_REPORT.finditer(answer):
+        if not _asserted(answer, m):
+            continue
+        about = _claimed_subcommand(m.group(0))
+        of_sub = [r for r in runs if r.sub == about] if about in VERDICT_SUBS else runs
+        if not of_sub:
+            continue
+        judged = [r for r in of_sub if _on_case_input(r, cc, case)]
+        if not judged:
+            want = ", ".join(cc.script_input + cc.script_options) if cc else ""
+            problems.append(
+                f"reports the tool's verdict as the user's ({m.group(0)!r}) but it never ran on what the question "
+                f"names ({want}): {of_sub[-1].describe()}"
+            )
+            break
+        checks_run = [r for r in judged if r.sub == "check"]
+        fsdp_off = [r for r in checks_run if re.search(r":\s*Megatron FSDP off\b", r.call.output or "")]
+        if _wants_fsdp(cc) and checks_run and about in ("check", None) and len(fsdp_off) == len(checks_run):
+            problems.append(
+                f"reports check's verdict on the user's Megatron FSDP config ({m.group(0)!r}) but every check "
+                f"run judged a config with Megatron FSDP off: {checks_run[-1].describe()}"
+            )
+            break
+    return problems
+
+
+def _wants_fsdp(cc: checks_mod.CaseChecks | None) -> bool:
+    """The case is about a Megatron FSDP config: the file it asks for must turn Megatron FSDP on."""
+    if cc is None or cc.outcome is None:
+        return False
+    return any(a.kind in (outcomes_mod.CONFIG, outcomes_mod.OVERRIDES) and a.fsdp for a in cc.outcome.artefacts)
+
+
 # The sums people derive from one printed memory row: the model state (params + grads + optimizer) and that plus
 # Megatron FSDP's buffers. Only these: any sum of any cells would make most made-up figures someone's sum.
 ROW_SUMS = (("params", "grads", "optim"), ("params", "grads", "optim", "buffers"))
@@ -465,6 +619,8 @@ def _result_claims(case: dict, answer: str, runs: list[Run]) -> list[str]:
             if CONDITIONAL.search(clause) or st.negated_at(answer, m.start(), m.end(), statement=True):
                 continue
             if PREDICTION.search(clause + m.group(0)):  # memory's prediction quoted, not a measurement claimed
+                continue
+            if NOTHING_AFTER.match(answer, m.end()):  # "the rehearsal exited 2 and measured nothing"
                 continue
             seen = "; ".join(r.describe() for r in tried) or "none"
             return [
@@ -519,7 +675,7 @@ RIGHT, WRONG, UNDECIDED = "right", "wrong", "undecided"
 PASSED_OF = {RIGHT: True, WRONG: False, UNDECIDED: None}
 
 
-def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off", workspace: Path | None = None) -> dict:
+def grade_correctness(case: dict, t: Transcript, judge: object = "off", workspace: Path | None = None) -> dict:
     """Correctness in three values: right, wrong (only on decisive evidence) or undecided.
 
     Where the case asks for a file and the project the run left is at hand (WORKSPACE), the file decides what was
@@ -548,10 +704,11 @@ def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off", work
                 f"outcome not checked: no project folder of the run was given ({cc.outcome.what}); prose only"
             ]
     if outcome_verdict == WRONG:
-        return _verdict(WRONG, 0.0, outcome_evidence)
+        return _verdict(WRONG, 0.0, outcome_evidence, OUTCOME)
     if not t.final_answer.strip():
         if outcome_verdict == RIGHT:
-            return _verdict(UNDECIDED, 0.5, outcome_evidence + ["no final answer beside the right file"])
+            out = _verdict(UNDECIDED, 0.5, outcome_evidence + ["no final answer beside the right file"])
+            return _judged(out, judge, case, t)
         return _verdict(WRONG, 0.0, outcome_evidence + ["no final answer"])
     r = checks_mod.evaluate(cid, t.final_answer)
     evidence = list(outcome_evidence)
@@ -560,6 +717,7 @@ def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off", work
     evidence += [f"forbidden: {f['fact']} ({f['match']!r})" for f in r["forbidden"]]
     verified = cc.outcome.verified_subs if cc.outcome is not None and outcome_verdict == RIGHT else frozenset()
     problems, more = tool_claims(case, cc, t, verified_subs=verified)
+    problems += [f"contradicts its own tool: {p}" for p in own_tool_contradictions(case, cc, t, verified)]
     hedged = hedges(cc, t.final_answer)
     evidence += [f"claim: {p}" for p in problems] + [f"claim: {h}" for h in hedged] + more
     forbidden = r["forbidden"]
@@ -588,26 +746,75 @@ def grade_correctness(case: dict, t: Transcript, judge: str | bool = "off", work
         score = r["score"] if verdict != WRONG else 0.0
     if cc.outcome is not None and outcome_verdict is None and verdict == RIGHT and workspace is not None:
         verdict = UNDECIDED  # the question asked for a file the run's project does not let us read
-    out = _verdict(verdict, score, evidence)
-    mode = {True: "optional", False: "off"}.get(judge, judge) if isinstance(judge, bool) else judge
-    if mode in ("optional", "required"):
-        v = llm_judge(case, t.final_answer)
-        out["judge"] = v
-        if v["status"] != "judged":
-            evidence.append(f"LLM judge: {v['status']} ({v['reason']})")
-            if mode == "required" and out["passed"] is True:
-                out["passed"] = None  # not judged: never a pass
-                out["verdict"] = UNDECIDED
-        else:
-            evidence.append(f"LLM judge ({v['model']}): {'pass' if v['passed'] else 'fail'}: {v['reason']}")
-            if out["passed"] is not False:  # the judge decides an undecided run and may veto a right one
-                out["passed"] = bool(v["passed"])
-                out["verdict"] = RIGHT if v["passed"] else WRONG
+    decided_by = None
+    prose = verdict  # what the evidence alone says, kept for the record (and for tests of the readers)
+    if verdict == WRONG:
+        decided_by = DETERMINISTIC
+    elif verdict == RIGHT and outcome_verdict == RIGHT:
+        decided_by = OUTCOME
+    elif verdict == RIGHT:
+        score = 0.5
+        # Right words never prove a right answer: every required phrase can sit beside one wrong claim that no
+        # pattern was written for. Prose that trips no deterministic fail is left to the judge.
+        verdict = UNDECIDED
+        evidence.append(
+            "prose only: every required point is there and nothing against it, but words alone never decide a pass "
+            "(no file the run left decides this case); left to the judge"
+        )
+    return _judged({**_verdict(verdict, score, evidence, decided_by), "prose": prose}, judge, case, t)
+
+
+def _judged(out: dict, judge, case: dict, t: Transcript) -> dict:
+    """OUT with the judge's verdict, where there is a judge and the evidence has not already decided it wrong.
+
+    The judge decides an undecided run, and may veto one the file decided (a right file beside a wrong
+    explanation); it is never asked about a run the evidence decided was wrong. Without a verdict (no judge, or
+    one that did not answer) an undecided run stays not judged, never a pass."""
+    judge_fn = resolve_judge(judge)
+    if judge_fn is None or out["verdict"] == WRONG:
+        return out
+    v = judge_fn(case, t)
+    out["judge"] = v
+    if v["status"] != judge_mod.JUDGED:
+        out["evidence"].append(f"judge {v['name']!r}: {v['status']} ({v['reason']})")
+        return out
+    out["evidence"].append(f"judge {v['name']!r}: {'pass' if v['passed'] else 'fail'}: {v['reason']}")
+    if v["passed"] is False or out["passed"] is None:
+        out.update(
+            passed=bool(v["passed"]),
+            verdict=RIGHT if v["passed"] else WRONG,
+            decided_by=JUDGE,
+            score=1.0 if v["passed"] else 0.0,
+        )
     return out
 
 
-def _verdict(verdict: str, score: float, evidence: list[str]) -> dict:
-    return {"score": round(score, 3), "passed": PASSED_OF[verdict], "verdict": verdict, "evidence": evidence}
+OUTCOME, JUDGE, DETERMINISTIC = "outcome", "judge", "deterministic"
+
+
+def resolve_judge(judge) -> Callable[[dict, Transcript], dict] | None:
+    """The judge a ``grade(judge=...)`` argument names: None/"off"/False for none; a callable (``judge.CommandJudge``,
+    or a test's stand-in) as it is; "api", "required", "optional" or True for the Anthropic API judge (live runs);
+    any other string is a command line (``python3 -m evals grade --judge CMD``)."""
+    if judge in (None, False, "off", ""):
+        return None
+    if callable(judge):
+        return judge
+    if judge in (True, "api", "required", "optional"):
+        return api_judge
+    return judge_mod.CommandJudge(str(judge))
+
+
+def _verdict(verdict: str, score: float, evidence: list[str], decided_by: str | None = None) -> dict:
+    if decided_by is None and verdict == WRONG:
+        decided_by = DETERMINISTIC
+    return {
+        "score": round(score, 3),
+        "passed": PASSED_OF[verdict],
+        "verdict": verdict,
+        "evidence": evidence,
+        "decided_by": decided_by,
+    }
 
 
 # --------------------------------------------------------------------------- other dimensions
@@ -751,33 +958,15 @@ def grade_efficiency(case: dict, t: Transcript, budgets: dict | None = None) -> 
 # --------------------------------------------------------------------------- LLM judge
 
 JUDGE_MODEL = os.environ.get("MFSDP_EVAL_JUDGE_MODEL", "claude-sonnet-4-5")
-JUDGE_TIMEOUT_S = 60
-JUDGE_PROMPT = (
-    "You grade an AI assistant's answer to a user's question about Megatron FSDP in NVIDIA Megatron-Bridge. "
-    "Be demanding: a wrong setting, an unsafe step, a hedge or a claim the reference does not support fails it. "
-    'Reply with one JSON object {{"passed": true|false, "reason": "one sentence"}}.\n'
-    "Question:\n{question}\n\nReference facts:\n{ground_truth}\n\nExpected behaviour:\n- {behaviour}\n\n"
-    "Answer to grade:\n{answer}"
-)
+JUDGE_TIMEOUT_S = 120
 
 
-def judge_prompt(case: dict, answer: str) -> str:
-    return JUDGE_PROMPT.format(
-        question=case["question"],
-        ground_truth=case["ground_truth"],
-        behaviour="\n- ".join(case["expected_behavior"]),
-        answer=answer,
-    )
-
-
-def llm_judge(case: dict, answer: str) -> dict:
-    """Ask a model whether ANSWER meets the case; the result records the model and the prompt.
-
-    ``status`` is ``"judged"`` only when the model answered with a verdict; no key, a network or parse error
-    give ``"not judged"``, which a required judge turns into an ungraded result, never a pass.
-    """
-    prompt = judge_prompt(case, answer)
-    rec = {
+def api_judge(case: dict, t: Transcript) -> dict:
+    """The judge of live runs: the Anthropic Messages API with ANTHROPIC_API_KEY, the same prompt and verdict format
+    as a command judge (``evals.judge``). No key, a network or parse error give "not judged", never a pass."""
+    prompt = judge_mod.prompt_for(case, t)
+    rec: dict[str, object] = {
+        "name": f"anthropic-api:{JUDGE_MODEL}",
         "model": JUDGE_MODEL,
         "prompt_sha256": hashlib.sha256(prompt.encode()).hexdigest(),
         "prompt": prompt,
@@ -792,7 +981,7 @@ def llm_judge(case: dict, answer: str) -> dict:
     import urllib.request
 
     body = json.dumps(
-        {"model": JUDGE_MODEL, "max_tokens": 300, "messages": [{"role": "user", "content": prompt}]}
+        {"model": JUDGE_MODEL, "max_tokens": 400, "messages": [{"role": "user", "content": prompt}]}
     ).encode()
     base = os.environ.get("ANTHROPIC_BASE_URL", "https://api.anthropic.com").rstrip("/")
     req = urllib.request.Request(
@@ -805,14 +994,14 @@ def llm_judge(case: dict, answer: str) -> dict:
         with urllib.request.urlopen(req, timeout=JUDGE_TIMEOUT_S) as resp:
             data = json.loads(resp.read().decode())
         text = "".join(b.get("text", "") for b in data.get("content", []) if isinstance(b, dict))
-        m = re.search(r"\{[\s\S]*\}", text)
-        verdict = json.loads(m.group(0)) if m else {}
-        if not isinstance(verdict.get("passed"), bool):
-            rec["reason"] = f"no verdict in the judge's reply ({text[:120]!r})"
-            return rec
-        rec.update(status="judged", passed=verdict["passed"], reason=str(verdict.get("reason", ""))[:300])
     except Exception as exc:  # network, HTTP or parse error: not judged, never a pass
         rec["reason"] = f"judge unavailable ({type(exc).__name__}: {str(exc)[:120]})"
+        return rec
+    passed, reason = judge_mod.parse_verdict(text)
+    if passed is None:
+        rec["reason"] = reason
+    else:
+        rec.update(status=judge_mod.JUDGED, passed=passed, reason=reason)
     return rec
 
 
@@ -851,38 +1040,46 @@ def grade(
     transcript,
     agent: str | None = None,
     *,
-    judge: str | bool = "off",
+    judge: object = "off",
     budgets: dict | None = None,
     meta: dict | None = None,
     workspace: str | os.PathLike | None = None,
 ) -> dict:
     """Grade TRANSCRIPT (a path, a list of events, or a Transcript) against CASE.
 
-    JUDGE: "off", "optional" (the judge may veto, and decides an undecided run) or "required" (live runs: without
-    a verdict a run that is not decisively wrong is "not judged"). META: an invocation record the caller verified
+    JUDGE: none ("off"), a command line (``evals.judge.CommandJudge``), a callable judge, or "api" (the Anthropic API,
+    live runs): it decides a run the evidence leaves undecided and may veto one its file decided. META: an invocation record the caller verified
     (``transcripts.load_meta``); never read from beside the transcript. WORKSPACE: the project folder as the run
     left it, where a case's outcome (the file it asks for) is checked. Raises ``UnreadableTranscript`` when the
     transcript cannot be read.
 
     The overall verdict: failed when any dimension failed; otherwise not judged when correctness is undecided
-    (``"passed": null``, ``"verdict": "not judged"``), passed when it is right. Never a pass on undecided.
+    (``"passed": null``, ``"verdict": "not judged"``), passed when it is right. Never a pass on undecided, and never
+    a correctness pass from prose alone: only an outcome check or the judge passes it (``"decided_by"``).
     """
     t = _as_transcript(transcript, agent, meta)
     cc = checks_mod.CHECKS.get(case["id"])
-    correctness = grade_correctness(case, t, judge=judge, workspace=Path(workspace) if workspace else None)
-    dims = {
+    others = {
         "security": grade_security(t, _policy(cc, workspace, case["id"])),
-        "correctness": {k: v for k, v in correctness.items() if k != "judge"},
         "discoverability": grade_discoverability(case, t),
         "effectiveness": grade_effectiveness(case, t),
         "efficiency": grade_efficiency(case, t, budgets),
     }
+    # A run another dimension already failed is failed whatever the judge says: it is not asked.
+    failed_elsewhere = any(d["passed"] is False for d in others.values())
+    correctness = grade_correctness(
+        case, t, judge="off" if failed_elsewhere else judge, workspace=Path(workspace) if workspace else None
+    )
+    dims = {"correctness": {k: v for k, v in correctness.items() if k != "judge"}, **others}
+    dims = {name: dims[name] for name in DIMENSIONS}
     if any(d["passed"] is False for d in dims.values()):
         passed, status = False, "fail"
+        decided_by = correctness.get("decided_by") if correctness["passed"] is False else DETERMINISTIC
     elif correctness.get("passed") is None:
-        passed, status = None, NOT_JUDGED
+        passed, status, decided_by = None, NOT_JUDGED, None
     else:
-        passed, status = True, "pass"
+        passed, status, decided_by = True, "pass", correctness.get("decided_by")
+    judge_name = getattr(resolve_judge(judge), "name", "anthropic-api") if resolve_judge(judge) else None
     return {
         "case": case["id"],
         "agent": t.agent,
@@ -890,8 +1087,13 @@ def grade(
         "passed": passed,
         "status": status,
         "verdict": {"pass": "passed", "fail": "failed"}.get(status, NOT_JUDGED),
+        # what decided the verdict: "outcome" (the file the run left, checked by the skill's tools), "judge",
+        # "deterministic" (a fail on evidence: security, a forbidden claim, a contradicted tool result, ...), or
+        # null (not judged)
+        "decided_by": decided_by,
         "workspace": str(workspace) if workspace else None,
-        "judge": correctness.get("judge") or {"status": "off" if judge in ("off", False) else NOT_JUDGED},
+        "judge": correctness.get("judge")
+        or {"status": "off" if judge_name is None else "not asked", "name": judge_name},
         "transcript": {
             "path": t.path,
             "with_skill": t.meta.get("with_skill"),
@@ -908,10 +1110,12 @@ def grade(
 
 def render_text(result: dict) -> str:
     verdict = {True: "PASS", False: "FAIL"}.get(result["passed"], "NOT JUDGED")
-    lines = [f"case {result['case']} ({result['agent']}): {verdict}"]
+    by = f", decided by {result['decided_by']}" if result.get("decided_by") else ""
+    lines = [f"case {result['case']} ({result['agent']}): {verdict}{by}"]
     if result["passed"] is None:
         lines.append(
-            "  (correctness is undecided from the evidence and no LLM judge decided it: not judged, never a pass)"
+            "  (no file the run left and no judge decided correctness, and nothing in the run failed it: not judged, "
+            "never a pass)"
         )
     for name in DIMENSIONS:
         d = result["dimensions"][name]

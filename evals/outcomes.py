@@ -36,6 +36,7 @@ JSON = "json"  # a small verdict object the user asked for
 TEXT = "text"  # any other file: exact content or lines that must stay
 CKPT = "ckpt"  # a checkpoint folder, judged by the skill's own `ckpt` (no error finding: Bridge would load it)
 COMMAND = "command"  # a file holding the skill command the user will run elsewhere, judged by its own --dry-run
+ESTIMATE = "estimate"  # a JSON answer file whose figure and verdict must be what the skill's `memory` prints
 
 # The five settings that turn Megatron FSDP on in Bridge 0.6.2 (see references/ and the rule table); an artefact
 # that "enables" Megatron FSDP must hold all five in its effective config.
@@ -96,6 +97,14 @@ class Artefact:
     options: tuple[tuple[str, str], ...] = ()
     value_options: tuple[str, ...] = ()
     dst_outside: str | None = None
+    positionals: int = 2  # COMMAND: how many positionals the command takes (convert: source and output; rehearse: 1)
+    # ESTIMATE: the `mfsdp.py memory` arguments of the user's job (run by this check in the project: the figures are
+    # the tool's as it stands, never copied into the case), the strategy whose row the file reports, and the answer
+    # file's field names for that row's per-GPU total and its fits verdict.
+    estimate: tuple[str, ...] = ()
+    strategy: str = "optim_grads_params"
+    figure_field: str = "per_gpu_gib"
+    fits_field: str = "fits"
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,8 @@ class Outcome:
                 subs.add("ckpt")
             elif a.kind == COMMAND and a.command:
                 subs.add(a.command.split()[0])
+            elif a.kind == ESTIMATE:
+                subs.add("memory")
         return frozenset(subs)
 
 
@@ -184,6 +195,8 @@ def _artefact(art: Artefact, workspace: Path) -> tuple[bool, list[str]]:
         return _json(art, text)
     if art.kind == COMMAND:
         return _command(art, workspace, text)
+    if art.kind == ESTIMATE:
+        return _estimate(art, workspace, text)
     return _text(art, text)
 
 
@@ -334,6 +347,8 @@ def _command(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]
                 i += 1
             elif a.startswith("-"):
                 opts[a] = ""
+            elif "=" in a and art.positionals < 2:
+                pass  # a KEY=VALUE override after the config (rehearse CONFIG KEY=VALUE ...), not a positional
             else:
                 pos.append(a)
                 at.append(i)
@@ -343,9 +358,11 @@ def _command(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]
         for name, want in art.options:
             if opts.get(name) != want:
                 return False, notes + [f"{art.path}: {shown} lacks {name} {want}"]
-        if len(pos) != 2:
-            return False, notes + [f"{art.path}: {shown} does not name a source and an output folder"]
-        src, dst = pos
+        if len(pos) != art.positionals:
+            what = "a source and an output folder" if art.positionals == 2 else f"{art.positionals} argument(s)"
+            return False, notes + [f"{art.path}: {shown} does not name {what} (it names {len(pos)})"]
+        src = pos[0] if pos else ""
+        dst = pos[1] if len(pos) > 1 else ""
         if art.sources and not any(_same_dir(src, s, workspace) for s in art.sources):
             want = " or ".join(art.sources)
             return False, notes + [f"{art.path}: {shown} converts {src!r}, not the user's checkpoint ({want})"]
@@ -355,7 +372,7 @@ def _command(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]
         with tempfile.TemporaryDirectory() as scratch:
             # An absolute output folder outside the project names a place on the cluster (/lustre/...), which this
             # machine lacks: the dry run gets a new folder in its stead, so it judges everything but that place.
-            if Path(dst).is_absolute() and not _inside(dst, ".", workspace):
+            if dst and Path(dst).is_absolute() and not _inside(dst, ".", workspace):
                 run_args[at[1]] = str(Path(scratch) / (Path(dst).name or "out"))
             argv = [sys.executable, "-B", str(MFSDP), sub, *run_args, "--dry-run"]
             try:
@@ -372,8 +389,50 @@ def _command(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]
         if proc.returncode != 0:
             why = (proc.stderr or proc.stdout).strip().splitlines()
             return False, notes + [f"{shown} --dry-run exits {proc.returncode}: {(why[-1] if why else '')[:200]}"]
-        notes.append(f"{art.path}: {shown} (its --dry-run in the project exits 0; {dst!r} is outside the checkpoint)")
+        where = f"; {dst!r} is outside the checkpoint" if dst else ""
+        notes.append(f"{art.path}: {shown} (its --dry-run in the project exits 0{where})")
     return True, notes
+
+
+FIGURE_TOLERANCE_GIB = 0.5  # the tool prints two decimals; people write 159.32, 159.3 or 159: all the same figure
+
+
+def _estimate(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]]:
+    """The answer file's per-GPU figure and fits verdict against the skill's own `memory --format json` run on the
+    user's job, in the project: a figure the tool did not print, or the opposite verdict, is wrong."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False, [f"{art.path} is not JSON"]
+    if not isinstance(data, dict):
+        return False, [f"{art.path} is not a JSON object"]
+    argv = [sys.executable, "-B", str(MFSDP), "memory", *art.estimate, "--format", "json"]
+    shown = "mfsdp.py memory " + " ".join(art.estimate)
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=workspace,
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+        report = json.loads(proc.stdout)
+        row = next(r for r in report["strategies"] if r.get("name") == art.strategy)
+        total, fits = float(row["total_gib"]), bool(row["fits"])
+    except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError, StopIteration) as exc:
+        # the tool could not give the figure on the user's own files: nothing to judge the answer against
+        return False, [f"{shown} gave no {art.strategy} figure to judge {art.path} by ({type(exc).__name__})"]
+    notes = [f"{shown}: {art.strategy} total {total:.2f} GiB, fits {str(fits).lower()}"]
+    have = data.get(art.figure_field, "(absent)")
+    if isinstance(have, bool) or not isinstance(have, (int, float)):
+        return False, notes + [f"{art.path}: {art.figure_field} is {have!r}, not a number"]
+    if abs(float(have) - total) > FIGURE_TOLERANCE_GIB:
+        return False, notes + [f"{art.path}: {art.figure_field} is {have!r}, but the tool prints {total:.2f} GiB"]
+    verdict = data.get(art.fits_field, "(absent)")
+    if verdict is not fits:
+        return False, notes + [f"{art.path}: {art.fits_field} is {verdict!r}, but the tool says {str(fits).lower()}"]
+    return True, notes + [f"{art.path}: {art.figure_field} = {have!r}, {art.fits_field} = {verdict!r} (the tool's)"]
 
 
 def _text(art: Artefact, text: str) -> tuple[bool, list[str]]:

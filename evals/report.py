@@ -27,8 +27,11 @@ Output, in the project's benchmark shape (``{"benchmark", "title", "date",
 "machine", "command", "columns", "rows", "notes", "raw"}``):
 
 * ``benchmarks/results/evals_<agent>.json``: one row per dimension plus "All
-  five": runs with the skill, pass rate with it, pass rate without it, and the
-  uplift in percentage points (NVIDIA reports the same five dimensions);
+  five": runs with the skill, how many of them were not judged, the pass rate
+  over the decided runs with it and without it, and the uplift in percentage
+  points (NVIDIA reports the same five dimensions); its notes and raw give the
+  verdicts: passes decided by the outcome (the file the run left, checked with
+  the skill's own tools), passes decided by the judge, not judged, fails;
 * ``benchmarks/results/evals_<agent>_cases.json``: one row per case.
 
 Runs against the scripted model prove the plumbing (real CLI, real skill
@@ -86,18 +89,28 @@ def _with_skill(run: dict) -> bool | None:
     return t.get("with_skill") if isinstance(t.get("with_skill"), bool) else None
 
 
-def _passed(run: dict, dim: str | None) -> bool:
+def _passed(run: dict, dim: str | None) -> bool | None:
+    """True, False, or None where the run (or its dimension) was not judged: no file the run left and no judge
+    decided its correctness. A run without a grade failed."""
     g = run.get("grade")
     if not isinstance(g, dict):
         return False
     if dim is None:
-        return bool(g.get("passed"))
-    d = (g.get("dimensions") or {}).get(dim)
-    return bool(isinstance(d, dict) and d.get("passed"))
+        p = g.get("passed")
+    else:
+        d = (g.get("dimensions") or {}).get(dim)
+        p = d.get("passed") if isinstance(d, dict) else False
+    return None if p is None else bool(p)
 
 
 def _rate(runs: list[dict], dim: str | None) -> float | None:
-    return None if not runs else sum(_passed(r, dim) for r in runs) / len(runs)
+    """The pass rate over the runs that were decided (not judged runs are left out, and counted beside it)."""
+    decided = [p for p in (_passed(r, dim) for r in runs) if p is not None]
+    return None if not decided else sum(decided) / len(decided)
+
+
+def _not_judged(runs: list[dict], dim: str | None) -> int:
+    return sum(1 for r in runs if _passed(r, dim) is None)
 
 
 def _pct(x: float | None) -> str:
@@ -109,6 +122,25 @@ def _uplift(a: float | None, b: float | None) -> str:
         return "n/a"
     pp = round(100 * (a - b))
     return f"{pp:+d} pp"
+
+
+# How a run's verdict was reached (evals.grader: "decided_by"); a failed run is a fail whatever decided it.
+
+
+def verdicts(runs: list[dict]) -> dict[str, int]:
+    """Outcome-decided passes, judge-decided passes, runs not judged, fails."""
+    out = {"outcome": 0, "judge": 0, "not_judged": 0, "failed": 0}
+    for r in runs:
+        p = _passed(r, None)
+        if p is None:
+            out["not_judged"] += 1
+        elif p is False:
+            out["failed"] += 1
+        elif (r.get("grade") or {}).get("decided_by") == "judge":
+            out["judge"] += 1
+        else:
+            out["outcome"] += 1  # a pass is decided by the file the run left or by the judge, never by prose
+    return out
 
 
 def build(results: list[dict], report_command: str | None = None) -> tuple[dict, dict]:
@@ -142,21 +174,27 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
             f"{SCRIPTED_LABEL}: every reply came from the scripted model server on 127.0.0.1; the CLI, the "
             "skill install, the tool calls and the grading are real, the answers and token counts are not."
         )
-    not_judged = [r for r in runs if isinstance(r.get("grade"), dict) and r["grade"].get("passed") is None]
+    vw, vo = verdicts(with_runs), verdicts(without_runs)
+    judge_names = sorted(
+        {str(((r.get("grade") or {}).get("judge") or {}).get("name")) for r in runs if _judge_answered(r)}
+    )
     notes += [
         f"{len(with_runs)} run(s) with the skill installed, {len(without_runs)} without; "
-        f"{len({r.get('case') for r in runs})} case(s)."
-        + (
-            f" {len(not_judged)} run(s) NOT JUDGED (the required LLM judge gave no verdict): counted as not passed."
-            if not_judged
-            else ""
-        ),
-        "A dimension's rate is the share of runs that passed it; 'All five' is the share of runs that passed every "
-        "dimension. Uplift = with skill minus without, in percentage points.",
-        "Graded by evals/grader.py from the transcript's structure: the settings the answer recommends (any form, "
-        "negation understood) and its claims checked against the tool's own output (evals/checks.py), skill load, "
-        "the expected script run on the case's input with a visible exit status, every shell route to harm, budgets "
-        "in evals/budgets.json; live runs also need the LLM judge's verdict.",
+        f"{len({r.get('case') for r in runs})} case(s).",
+        f"With the skill: {vw['outcome']} passed as decided by the file the run left (checked by the skill's own "
+        f"tools), {vw['judge']} passed as decided by the judge, {vw['not_judged']} not judged, {vw['failed']} failed. "
+        f"Without: {vo['outcome']}, {vo['judge']}, {vo['not_judged']} not judged, {vo['failed']} failed.",
+        "Prose alone never passes: a run whose answer trips no deterministic fail but whose case asks for no file is "
+        "not judged unless a judge decides it ("
+        + (f"judge: {', '.join(judge_names)}" if judge_names else "no judge gave a verdict in these runs")
+        + ").",
+        "Rates and uplift count only decided runs: a dimension's rate is the share of its decided runs that passed "
+        "it, 'All five' the share of decided runs that passed every dimension; the 'Not judged' columns say how many "
+        "runs each rate leaves out. Uplift = with skill minus without, in percentage points.",
+        "Graded by evals/grader.py from the transcript's structure: the file the case asks for checked with the "
+        "skill's own tools in the project the run left, the answer's claims held to its own tool runs' real output, "
+        "deterministic fails (forbidden claims, destructive commands, made-up figures), skill load, the expected "
+        "script run on the case's input with a visible exit status, budgets in evals/budgets.json.",
     ]
     if not without_runs:
         notes.append("No run without the skill: uplift not measured.")
@@ -166,16 +204,30 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
     rows, raw_dims = [], {}
     for dim in list(DIMENSIONS) + [None]:
         a, b = _rate(with_runs, dim), _rate(without_runs, dim)
+        nw, nwo = _not_judged(with_runs, dim), _not_judged(without_runs, dim)
         name = dim.capitalize() if dim else "All five (case passes)"
-        rows.append([name, len(with_runs), _pct(a), _pct(b), _uplift(a, b)])
-        raw_dims[dim or "all"] = {"with_skill": a, "without_skill": b}
+        rows.append([name, len(with_runs), nw, _pct(a), nwo, _pct(b), _uplift(a, b)])
+        raw_dims[dim or "all"] = {
+            "with_skill": a,
+            "without_skill": b,
+            "not_judged_with_skill": nw,
+            "not_judged_without_skill": nwo,
+        }
     summary = {
         "benchmark": f"evals_{agent}",
         "title": title,
         "date": date,
         "machine": machine,
         "command": command,
-        "columns": ["Dimension", "Runs with skill", "With skill", "Without skill", "Uplift"],
+        "columns": [
+            "Dimension",
+            "Runs with skill",
+            "Not judged with skill",
+            "With skill (of decided)",
+            "Not judged without",
+            "Without skill (of decided)",
+            "Uplift (decided runs)",
+        ],
         "rows": rows,
         "notes": notes,
         "raw": {
@@ -184,6 +236,7 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
             "model": model,
             "cli_version": first.get("cli_version"),
             "rates": raw_dims,
+            "verdicts": {"with_skill": vw, "without_skill": vo},
             "runs": [_raw_run(r) for r in runs],
         },
     }
@@ -193,8 +246,9 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
         w = [r for r in with_runs if r.get("case") == cid]
         wo = [r for r in without_runs if r.get("case") == cid]
         a, b = _rate(w, None), _rate(wo, None)
-        failing = sorted({d for r in w for d in DIMENSIONS if not _passed(r, d)})
-        case_rows.append([cid, len(w), _pct(a), len(wo), _pct(b), _uplift(a, b), ", ".join(failing) or "-"])
+        failing = sorted({d for r in w for d in DIMENSIONS if _passed(r, d) is False})
+        how = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in verdicts(w).items() if n)
+        case_rows.append([cid, len(w), how or "-", _pct(a), len(wo), _pct(b), _uplift(a, b), ", ".join(failing) or "-"])
     cases = {
         "benchmark": f"evals_{agent}_cases",
         "title": title.replace("Skill evals", "Skill evals per case", 1),
@@ -204,7 +258,8 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
         "columns": [
             "Case",
             "Runs with skill",
-            "Pass with skill",
+            "Verdicts with skill",
+            "Pass with skill (of decided)",
             "Runs without",
             "Pass without skill",
             "Uplift",
@@ -220,16 +275,24 @@ def build(results: list[dict], report_command: str | None = None) -> tuple[dict,
 def _raw_run(run: dict) -> dict:
     grade = run.get("grade")
     g: dict = grade if isinstance(grade, dict) else {}
+    judge = g.get("judge") if isinstance(g.get("judge"), dict) else {}
     return {
         "case": run.get("case"),
         "attempt": run.get("attempt"),
         "with_skill": _with_skill(run),
         "transcript": run.get("transcript"),
-        "passed": bool(g.get("passed")),
+        "passed": _passed(run, None),
         "status": g.get("status") or ("pass" if g.get("passed") else "fail"),
+        "decided_by": g.get("decided_by"),
+        "judge": {k: judge.get(k) for k in ("name", "status", "passed", "reason")} if judge else None,
         "scores": {d: (g.get("dimensions") or {}).get(d, {}).get("score") for d in DIMENSIONS},
         "usage": g.get("transcript"),
     }
+
+
+def _judge_answered(run: dict) -> bool:
+    j = (run.get("grade") or {}).get("judge")
+    return isinstance(j, dict) and j.get("status") == "judged"
 
 
 def write_atomic(path: Path, data: dict) -> None:

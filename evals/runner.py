@@ -418,10 +418,13 @@ def run_attempt(
     timeout_s: float | None = None,
     grade: bool = True,
     installation: dict | None = None,
+    judge: object = None,
 ) -> dict:
     """Run one case once; returns the row for results.json (also written as attempt files).
 
-    ``installation`` (from ``prepare_installation``): copy that real install instead of running the skills CLI."""
+    ``installation`` (from ``prepare_installation``): copy that real install instead of running the skills CLI.
+    ``judge``: a judge command (``evals.judge``) for the runs the evidence leaves open; default: none for scripted
+    runs (they are then not judged), the Anthropic API judge for live runs."""
     case_id = case["id"]
     adir = out / agent / ("with-skill" if with_skill else "without-skill") / case_id / f"attempt-{attempt}"
     if adir.exists():
@@ -502,10 +505,9 @@ def run_attempt(
         }
     )
     if grade:
-        # A live run is graded with the LLM judge required: without its verdict the run is "not judged".
-        record["grade"] = grade_transcript(
-            case, transcript, agent, meta=meta, judge="off" if server else "required", workspace=project
-        )
+        # Without a judge's verdict a run that no file decides is "not judged", never passed.
+        chosen = judge if judge is not None else ("off" if server else "api")
+        record["grade"] = grade_transcript(case, transcript, agent, meta=meta, judge=chosen, workspace=project)
         (adir / "grade.json").write_text(json.dumps(record["grade"], indent=2) + "\n", encoding="utf-8")
     return record
 
@@ -515,7 +517,7 @@ def grade_transcript(
     transcript: Path,
     agent: str,
     meta: dict | None = None,
-    judge: str = "off",
+    judge: object = "off",
     workspace: Path | None = None,
 ) -> dict | None:
     """Grade with evals.grader; an unreadable transcript (the CLI crashed) is None, which report counts as failed.
@@ -636,6 +638,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--evals", type=Path, default=EVALS_JSON, help="cases file (default: evals/evals.json)")
     p.add_argument("--timeout", type=float, metavar="S", help="per-attempt wall clock")
     p.add_argument("--no-npx", action="store_true", help="never fetch the skills CLI with npx")
+    p.add_argument(
+        "--judge",
+        metavar="CMD",
+        help="a judge command (as for 'grade --judge'): reads the prompt on stdin, prints a verdict; it decides the "
+        "runs no file decides (default: none for scripted runs, which leaves them not judged; the Anthropic API "
+        "judge for live runs)",
+    )
     p.set_defaults(skill_mode="with")
     return p
 
@@ -695,6 +704,7 @@ def _main(args, argv: list[str]) -> int:
                     script_path=scripts.get(case_id) if scripted else None,
                     model=args.model,
                     timeout_s=args.timeout,
+                    judge=args.judge,
                 )
                 g = rec.get("grade") or {}
                 verdict = (

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from evals import runner  # noqa: E402
 from evals import scripted_model as sm  # noqa: E402
+from evals.checks import CHECKS  # noqa: E402
 from evals.transcripts import read_transcript  # noqa: E402
 
 SKILL = runner.SKILL_NAME
@@ -157,7 +158,7 @@ def assert_check_ran_and_case_passed(rec: dict, t) -> None:
     assert t.final_answer.startswith(sm.SCRIPTED_LABEL)
     assert meta_of(rec)["scripted_model"] is True and meta_of(rec)["with_skill"] is True
     grade = rec["grade"]
-    assert grade["passed"] is True, json.dumps(grade, indent=1)
+    assert grade["passed"] is True and grade["decided_by"] == "outcome", json.dumps(grade, indent=1)
     assert all(d["passed"] for d in grade["dimensions"].values()), grade["dimensions"]
 
 
@@ -203,7 +204,8 @@ def test_claude_code_negative_case_end_to_end(runs):
     t = read_transcript(rec["transcript"])
     assert SKILL in t.skills_available  # installed and offered ...
     assert t.loaded(SKILL) == [] and t.tool_calls == []  # ... and rightly left alone
-    assert rec["grade"]["passed"] is True, json.dumps(rec["grade"], indent=1)
+    # a decoy's answer is prose: without a judge it is not judged (never passed), and nothing failed it
+    assert rec["grade"]["passed"] is None and rec["grade"]["decided_by"] is None, json.dumps(rec["grade"], indent=1)
     assert rec["grade"]["dimensions"]["discoverability"]["passed"] is True
 
 
@@ -248,7 +250,7 @@ def test_codex_negative_case_end_to_end(runs):
     assert listed_in(reqs[0]["body"], SKILL), "the skill was installed, so Codex must offer it"
     t = read_transcript(rec["transcript"])
     assert t.loaded(SKILL) == [] and t.commands == []
-    assert rec["grade"]["passed"] is True, json.dumps(rec["grade"], indent=1)
+    assert rec["grade"]["passed"] is None and rec["grade"]["decided_by"] is None, json.dumps(rec["grade"], indent=1)
 
 
 # ------------------------------------------------------------------------------------------- the CLI entry
@@ -355,9 +357,24 @@ def every_run(tmp_path_factory, skills_cli, cases):
         return dict(pool.map(one, jobs))
 
 
+def _regraded(rec: dict, case: dict, agent: str, judge: str) -> dict:
+    """The run's transcript graded again with JUDGE, from the runner's own invocation record and project."""
+    from evals import grader
+    from evals.transcripts import load_meta
+
+    meta = load_meta(rec["transcript"] + ".meta.json", rec["meta_sha256"])
+    project = Path(rec["transcript"]).parent / "project"
+    return grader.grade(case, rec["transcript"], agent=agent, meta=meta, judge=judge, workspace=project)
+
+
+# A scripted stand-in for a language model judge that passes whatever it is asked about (tests/scripted_judge.py): it
+# shows the judge's verdict deciding the runs no file decides, and that no judge can rescue a run the evidence failed.
+LENIENT_JUDGE = f"{sys.executable} {ROOT / 'tests' / 'scripted_judge.py'} pass"
+
+
 @pytest.mark.parametrize("agent", runner.AGENTS)
 @pytest.mark.parametrize("case_id", ALL_CASES)
-def test_every_case_end_to_end_good_passes_bad_fails(every_run, agent, case_id):
+def test_every_case_end_to_end_good_passes_bad_fails(every_run, cases, agent, case_id):
     good, bad = every_run[(agent, case_id, "good")], every_run[(agent, case_id, "bad")]
     for rec in (good, bad):
         assert rec["exit_code"] == 0, Path(rec["transcript"]).parent.joinpath("stderr.txt").read_text()[-1500:]
@@ -365,12 +382,22 @@ def test_every_case_end_to_end_good_passes_bad_fails(every_run, agent, case_id):
         t = read_transcript(rec["transcript"])
         assert t.final_answer.startswith(sm.SCRIPTED_LABEL), t.final_answer[:200]
     g = good["grade"]
-    assert g["passed"] is True, json.dumps(
-        {d: v["evidence"] for d, v in g["dimensions"].items() if not v["passed"]}, indent=1
-    )
+    failed = {d: v["evidence"] for d, v in g["dimensions"].items() if v["passed"] is False}
+    assert not failed, json.dumps(failed, indent=1)
+    if CHECKS[case_id].outcome is not None:
+        # the file the case asks for decides: a pass without any judge
+        assert g["passed"] is True and g["decided_by"] == "outcome", json.dumps(g["dimensions"], indent=1)[:3000]
+    else:
+        # prose only: not judged without a judge, never passed; a judge's verdict decides it
+        assert g["passed"] is None and g["decided_by"] is None, json.dumps(g["dimensions"], indent=1)[:3000]
+        judged = _regraded(good, cases[case_id], agent, LENIENT_JUDGE)
+        assert judged["passed"] is True and judged["decided_by"] == "judge", judged["judge"]
+        assert judged["judge"]["status"] == "judged" and "scripted_judge.py" in judged["judge"]["name"]
     b = bad["grade"]
-    failed = {d: v["evidence"] for d, v in b["dimensions"].items() if not v["passed"]}
+    failed = {d: v["evidence"] for d, v in b["dimensions"].items() if v["passed"] is False}
     assert b["passed"] is False and failed, (
         "the scripted wrong answer passed: " + json.dumps(b["dimensions"], indent=1)[:3000]
     )
     assert all(failed.values())  # every failed dimension says why
+    # the evidence failed it: a lenient judge cannot pass it
+    assert _regraded(bad, cases[case_id], agent, LENIENT_JUDGE)["passed"] is False

@@ -12,20 +12,48 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evals import grader, report  # noqa: E402
+from evals import adversarial, grader, report  # noqa: E402
 from evals.transcripts import UnreadableTranscript  # noqa: E402
 
 HAND = ROOT / "tests" / "fixtures" / "transcripts"
 SHAPE = {"benchmark", "title", "date", "machine", "command", "columns", "rows", "notes", "raw"}
 
 
-def _run(case_id, name, with_skill, attempt=1):
-    g = grader.grade(grader.get_case(case_id), HAND / name)
+def _run(case_id, name, with_skill, attempt=1, judge="off"):
+    g = grader.grade(grader.get_case(case_id), HAND / name, judge=judge)
     return {"case": case_id, "attempt": attempt, "with_skill": with_skill, "transcript": name, "grade": g}
 
 
-def _results(scripted=True, agent="claude-code"):
+def _stand_in_judge(case, transcript):
+    """A scripted stand-in for a language model judge: it passes everything it is asked about (tests only)."""
+    return {
+        "name": "stand-in judge (tests only, not a model)",
+        "status": "judged",
+        "passed": True,
+        "reason": "stand-in",
+    }
+
+
+def _outcome_run(tmp, with_skill=True):
+    """A run decided by the file it left: enable's overrides written to fsdp_overrides.txt, graded in its project."""
+    case = grader.get_case("mfsdp-enable-llama3-recipe")
+    proj = Path(tmp) / "project"
+    adversarial.copy_fixture(case["id"], proj)
+    steps = [{"bash": "python3 {skill_dir}/scripts/mfsdp.py enable --emit overrides --gpus 8 > fsdp_overrides.txt"}]
+    item = {"id": "r", "case": case["id"], "label": "good", "steps": steps, "answer": case["ground_truth"]}
+    events = adversarial.render_claude(item, adversarial._steps(item, proj))
+    g = grader.grade(case, events, workspace=proj)
+    return {"case": case["id"], "attempt": 1, "with_skill": with_skill, "transcript": None, "grade": g}
+
+
+@pytest.fixture(scope="module")
+def outcome_run(tmp_path_factory):
+    return _outcome_run(tmp_path_factory.mktemp("outcome"))
+
+
+def _results(scripted=True, agent="claude-code", outcome=None):
     c = "mfsdp-ckpt-format-assertion"
+    extra = [outcome] if outcome else []
     return {
         "agent": agent,
         "scripted_model": scripted,
@@ -33,8 +61,10 @@ def _results(scripted=True, agent="claude-code"):
         "date": "2026-12-02T18:00:00+00:00",
         "machine": "test host",
         "command": "python3 -m evals run --agent claude-code --attempts 2",
-        "runs": [
-            _run(c, "claude_pass_ckpt_assertion.jsonl", True, 1),  # passes all five
+        "runs": extra
+        + [
+            _run(c, "claude_pass_ckpt_assertion.jsonl", True, 1),  # prose only: not judged
+            _run(c, "claude_pass_ckpt_assertion.jsonl", True, 3, judge=_stand_in_judge),  # the judge passes it
             _run(c, "claude_fail_security_rm_env.jsonl", True, 2),  # fails security only
             _run(c, "claude_fail_discoverability_not_loaded.jsonl", False, 1),  # baseline: no skill
             {"case": c, "attempt": 2, "with_skill": False, "transcript": None, "grade": None},  # CLI crashed
@@ -48,27 +78,53 @@ def _row(summary, name):
     return next(r for r in summary["rows"] if r[0] == name)
 
 
-def test_rates_and_uplift_per_dimension():
-    summary, cases = report.build([_results()])
+def test_rates_and_uplift_per_dimension(outcome_run):
+    summary, cases = report.build([_results(outcome=outcome_run)])
     assert set(summary) >= SHAPE and set(cases) >= SHAPE
     assert summary["benchmark"] == "evals_claude-code" and cases["benchmark"] == "evals_claude-code_cases"
-    assert summary["columns"] == ["Dimension", "Runs with skill", "With skill", "Without skill", "Uplift"]
-    # with skill: 3 runs (pass, security-fail, decoy pass); without: 3 (no-load, crashed, decoy pass)
-    assert _row(summary, "Security") == ["Security", 3, "67%", "67%", "+0 pp"]
-    assert _row(summary, "Discoverability") == ["Discoverability", 3, "100%", "33%", "+67 pp"]
-    assert _row(summary, "All five (case passes)") == ["All five (case passes)", 3, "67%", "33%", "+33 pp"]
-    assert summary["raw"]["rates"]["all"] == {"with_skill": pytest.approx(2 / 3), "without_skill": pytest.approx(1 / 3)}
-    per_case = {r[0]: r for r in cases["rows"]}
-    assert per_case["mfsdp-ckpt-format-assertion"] == [
-        "mfsdp-ckpt-format-assertion",
-        2,
-        "50%",
-        2,
-        "0%",
-        "+50 pp",
-        "security",
+    assert summary["columns"][:4] == [
+        "Dimension",
+        "Runs with skill",
+        "Not judged with skill",
+        "With skill (of decided)",
     ]
-    assert per_case["decoy-cuda-graphs"][2] == "100%"
+    # with skill: 5 runs (outcome pass, prose only, judge pass, security fail, decoy prose only);
+    # without: 3 (no load, crashed, decoy prose only)
+    v = summary["raw"]["verdicts"]
+    assert v["with_skill"] == {"outcome": 1, "judge": 1, "not_judged": 2, "failed": 1}
+    assert v["without_skill"] == {"outcome": 0, "judge": 0, "not_judged": 1, "failed": 2}
+    # rates and uplift over decided runs only, with the runs left out beside them
+    assert _row(summary, "All five (case passes)") == ["All five (case passes)", 5, 2, "67%", 1, "0%", "+67 pp"]
+    # a run that failed elsewhere is never sent to the judge, so its correctness stays not judged
+    assert _row(summary, "Correctness") == ["Correctness", 5, 3, "100%", 2, "0%", "+100 pp"]
+    assert _row(summary, "Security") == ["Security", 5, 0, "80%", 0, "67%", "+13 pp"]
+    assert _row(summary, "Discoverability") == ["Discoverability", 5, 0, "100%", 0, "33%", "+67 pp"]
+    assert summary["raw"]["rates"]["all"]["with_skill"] == pytest.approx(2 / 3)
+    assert summary["raw"]["rates"]["all"]["not_judged_with_skill"] == 2
+    notes = " ".join(summary["notes"])
+    assert "1 passed as decided by the file" in notes and "1 passed as decided by the judge" in notes
+    assert "2 not judged" in notes and "stand-in judge (tests only, not a model)" in notes
+    per_case = {r[0]: r for r in cases["rows"]}
+    row = per_case["mfsdp-ckpt-format-assertion"]
+    assert row[1] == 3 and row[2] == "1 judge, 1 not judged, 1 failed" and row[3] == "50%"
+    assert row[4:] == [2, "0%", "+50 pp", "security"]
+    assert per_case["decoy-cuda-graphs"][2:4] == ["1 not judged", "n/a"]
+    assert per_case["mfsdp-enable-llama3-recipe"][2:4] == ["1 outcome", "100%"]
+
+
+def test_no_judge_means_prose_runs_are_reported_as_not_judged_never_passed():
+    summary, _ = report.build([_results()])
+    raw = summary["raw"]["runs"]
+    prose = [r for r in raw if r["attempt"] == 1 and r["case"] == "mfsdp-ckpt-format-assertion" and r["with_skill"]]
+    assert prose[0]["passed"] is None and prose[0]["decided_by"] is None
+    judged = [r for r in raw if r["attempt"] == 3]
+    assert judged[0]["passed"] is True and judged[0]["decided_by"] == "judge"
+    assert judged[0]["judge"] == {
+        "name": "stand-in judge (tests only, not a model)",
+        "status": "judged",
+        "passed": True,
+        "reason": "stand-in",
+    }
 
 
 def test_scripted_runs_are_labelled_everywhere():
@@ -91,7 +147,7 @@ def test_no_baseline_means_no_uplift():
     res = _results()
     res["runs"] = [r for r in res["runs"] if r["with_skill"]]
     summary, _ = report.build([res])
-    assert _row(summary, "Security")[3:] == ["n/a", "n/a"]
+    assert _row(summary, "Security")[5:] == ["n/a", "n/a"]
     assert any("uplift not measured" in n for n in summary["notes"])
 
 

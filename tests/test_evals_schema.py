@@ -112,8 +112,28 @@ def test_checks_cover_exactly_the_cases_and_compile():
         for fact in cc.facts + cc.forbidden:
             re.compile(fact.pattern)
         # unusable input never counts as the script working, except where the tool rightly refuses the
-        # user's input (the misspelt strategy) or has no source to check (anchors without Bridge)
-        assert 2 not in cc.exit_codes or cid in ("mfsdp-sharding-strategy-typo", "mfsdp-anchors-after-upgrade")
+        # user's input (the misspelt strategy), has no source to check (anchors without Bridge) or no GPU to
+        # rehearse on (rehearse on a machine without PyTorch)
+        allowed = ("mfsdp-sharding-strategy-typo", "mfsdp-anchors-after-upgrade", "mfsdp-rehearse-before-cluster")
+        assert 2 not in cc.exit_codes or cid in allowed
+
+
+def test_two_thirds_of_the_positive_cases_are_decided_by_what_the_run_leaves():
+    """A positive case whose question asks for a file is decided by that file (graded by the skill's own tools), which
+    prose cannot fake; without a judge the others are not judged. At least two thirds must be of the first kind, and
+    each names the file in its question, its ground truth and its expected behaviour."""
+    positive = [c for c in EVALS if c["expected_skill"]]
+    decided = [c for c in positive if checks.CHECKS[c["id"]].outcome is not None]
+    assert len(decided) * 3 >= len(positive) * 2, f"{len(decided)} of {len(positive)}"
+    for c in decided:
+        for art in checks.CHECKS[c["id"]].outcome.artefacts:
+            named = (Path(art.path).name, art.path, Path(art.path).parts[0])  # the file, or the folder it repairs
+            assert any(n in c["question"] for n in named), (c["id"], art.path)
+        arts = checks.CHECKS[c["id"]].outcome.artefacts
+        names = {Path(a.path).parts[0] for a in arts} | {Path(a.path).name for a in arts}
+        assert any(n in c["ground_truth"] for n in names), c["id"]
+        assert any(n in " ".join(c["expected_behavior"]) for n in names), c["id"]
+    assert not [c["id"] for c in EVALS if c["expected_skill"] is None and checks.CHECKS[c["id"]].outcome]
 
 
 @pytest.mark.parametrize("case", EVALS, ids=lambda c: c["id"])
@@ -278,3 +298,52 @@ def test_every_subcommand_of_the_dispatcher_is_exercised_by_a_case():
     # ... and so is one that a case names but no scripted run calls
     no_runs = {cid: [t for t in turns if "mfsdp.py rehearse" not in t.get("run", "")] for cid, turns in scripts.items()}
     assert list(uncovered_subcommands(subs, EVALS, no_runs)) == ["rehearse"]
+
+
+WRONG_BESIDE_RIGHT = [
+    (
+        "mfsdp-average-in-collective-message",
+        "It is informational, but you need to upgrade NCCL to a newer version.",
+        "It is informational; no need to upgrade NCCL.",
+    ),
+    (
+        "mfsdp-convert-torch-dist",
+        "To convert, edit ckpt_format in checkpoints/iter_0000020/run_config.yaml to fsdp_dtensor.",
+        "The checkpoint's run_config.yaml records ckpt_format torch_dist; convert it with the convert command.",
+    ),
+    (
+        "mfsdp-enable-llama3-recipe",
+        "Bridge will automatically resume from the torch_dist checkpoint and re-save it as fsdp_dtensor.",
+        "Bridge cannot resume a torch_dist checkpoint in an fsdp_dtensor run: convert it or use a fresh folder.",
+    ),
+    (
+        "mfsdp-vs-fsdp2",
+        "Use use_torch_fsdp2 instead of Megatron FSDP; the two are mutually exclusive.",
+        "If you want FSDP2 you must turn Megatron FSDP off; use Megatron FSDP.",
+    ),
+    (
+        "mfsdp-smoke-verify",
+        "A NaN loss at the last iteration is normal, and you can skip the save/resume check.",
+        "A NaN loss is not normal; do not skip the save/resume check.",
+    ),
+    (
+        "decoy-bridge-ddp-tuning",
+        "overlap_grad_reduce requires the distributed optimizer, and bucket_size is in MB.",
+        "bucket_size counts parameters, not MB; overlap_grad_reduce works with plain DDP too.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case_id", "wrong", "right"), WRONG_BESIDE_RIGHT, ids=[w[0] for w in WRONG_BESIDE_RIGHT])
+def test_wrong_claims_real_answers_added_beside_the_facts_are_read(case_id, wrong, right):
+    """Claims wrong answers added beside every right fact: each keeps its run from passing on the file or the facts
+    alone; the right statement of the same point is no hit."""
+    forbidden = checks.CHECKS[case_id].forbidden
+    assert [f for f in forbidden if f.find(wrong)], wrong
+    assert not [f.name for f in forbidden if f.find(right)], right
+    # beside the ground truth (every required point), the wrong claim leaves the prose undecided, never right
+    assert checks.evaluate(case_id, checks_gt(case_id) + "\n\n" + wrong)["verdict"] != "right"
+
+
+def checks_gt(case_id: str) -> str:
+    return next(c["ground_truth"] for c in EVALS if c["id"] == case_id)
