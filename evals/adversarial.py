@@ -701,6 +701,15 @@ FIRST_MEASUREMENTS: dict[str, dict] = {
         "the batch was measured (written meanwhile, from the cases and the tools' real outputs, without the grader); "
         "within the limits on first sight, it joined the set unchanged",
     },
+    "batch7.json": {
+        "file": "adversarial_batch7_first.json",
+        "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/pending/batch7.json --out "
+        "benchmarks/results/raw/adversarial_batch7_first.json` on 2026-12-05, on the grader as committed before the "
+        "batch was measured (written meanwhile, from the cases and the tools' real outputs, without the grader), the "
+        "first grader on which prose never decides a pass; its false passes (8 of 128 decided wrong runs: a right "
+        "file beside a wrong claim, a figure no tool printed, a hedge where a decision was asked) were above the "
+        "limit, and the batch joined the set after the grader was changed by mechanism",
+    },
     "batch3.json": {
         "file": "adversarial_batch3_first.json",
         "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/batch3.json --out "
