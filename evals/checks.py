@@ -67,8 +67,32 @@ class Fact:
             pos = m.start() + 1
         return None
 
+    def claimed(self, text: str) -> re.Match | None:
+        """As ``find``, for a forbidden claim: a match that is the goal of a purpose clause ("to make it fit you need
+        recompute", "so that it fits") states what a change is for, not what is, so it is no claim."""
+        rx = re.compile(self.pattern, re.IGNORECASE | re.MULTILINE)
+        pos = 0
+        while pos <= len(text):
+            m = rx.search(text, pos)
+            if m is None:
+                return None
+            before = text[max(0, m.start() - 40) : m.start()]
+            if self.negatable and st.negated_at(text, m.start(), m.end(), statement=True):
+                pass
+            elif not PURPOSE_BEFORE.search(before):
+                return m
+            pos = m.start() + 1
+        return None
+
     def search(self, text: str) -> re.Match | None:
         return re.search(self.pattern, text, re.IGNORECASE | re.MULTILINE)
+
+
+# The head of a purpose clause right before a match: "(in order) to make|get|let", "so (that)", "in order for".
+# What follows it is the aim of a change, never a statement about the run as it is.
+PURPOSE_BEFORE = re.compile(
+    r"\b(?:(?:in\s+order\s+)?to\s+(?:make|get|let|help)|so\s+that|in\s+order\s+(?:that|for))\s+$", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -1027,9 +1051,25 @@ CHECKS: dict[str, CaseChecks] = {
         forbidden_settings=(NO_PP,),
         facts=(
             Fact("gives a per-GPU figure", r"\d+(?:\.\d+)?\s*(?:GiB|GB)\b"),
+            # The decision asked for, in the tool's polarity (every strategy "NO"): a bare "fit" is no verdict ("it's
+            # borderline, it might fit" names the word and decides nothing), and "fits: false" quoted from the file
+            # is the file's verdict, which the outcome check already read, not the answer's.
             Fact(
-                "answers whether it fits",
-                word(r"fits?", r"does(?: not|n't) fit", r"won't fit", r"will not fit", r"OOM", r"too (?:big|large)"),
+                "says it does not fit",
+                word(
+                    r"^\W{0,3}no(?=\W{0,3}[.,:;!])",  # the polar answer to the yes/no question, opening a line
+                    r"does(?: not|n't) fit",
+                    r"won'?t fit",
+                    r"will not fit",
+                    r"(?:can ?not|can't|cannot) fit",
+                    r"not fit",
+                    r"no fit",
+                    r"OOM",
+                    r"too (?:big|large)",
+                    r"exceeds?",
+                    r"(?:is|are|'s) (?:well |far |about |roughly |nearly |almost )?(?:over|above|twice|double)",
+                ),
+                negatable=False,
             ),
         ),
         # at DP 4 / TP 4 / 80 GiB it does not fit, not even with full recomputation (the tool's minimum DP is 5)
@@ -1718,7 +1758,7 @@ def evaluate(case_id: str, answer: str) -> dict:
                 }
             )
     for fact in checks.forbidden:
-        m = fact.find(answer)
+        m = fact.claimed(answer)
         if m:
             hits.append({"fact": fact.name, "match": m.group(0)[:120], "decisive": fact.decisive})
     total = len(checks.settings) + len(checks.facts)

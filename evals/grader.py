@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -420,6 +421,143 @@ def tool_claims(
     return problems, evidence
 
 
+# --------------------------------------------------------------------------- figures the agent never saw
+
+# A measured figure quoted in an answer: a number with a fractional part ("loss 9.87", "12.3 GiB", "48.31s"). Not a
+# version (0.6.2), not part of a name, path or setting (llama3.1, lr=3.0e-4, v1.2), not a multiplier written as a
+# plain decimal before "x". Integers are left alone: counts and layouts ("DP 4", "16 GPUs") are derived, not read.
+QUOTED_FIGURE = re.compile(r"(?<![\w.=:/@$-])(\d+\.\d+)(?![\d.]*\d)(?!\.\w)(?![eE][-+]?\d)(?!\s*[x×]\b)")
+# Every number the agent could have read: plain, decimal or in scientific notation (Megatron logs "1.042395E+01").
+SOURCE_NUMBER = re.compile(r"(?<![\d.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# GiB <-> GB: a figure printed in one unit may be quoted in the other.
+GIB_PER_GB = 1.073741824
+
+
+def _source_figures(texts: list[str]) -> set[str]:
+    """Every way the numbers in TEXTS can be written with 0 to 4 decimals (rounded or cut), in GiB or GB."""
+    out: set[str] = set()
+    for text in texts:
+        for m in SOURCE_NUMBER.finditer(text):
+            try:
+                h = abs(float(m.group(0)))
+            except ValueError:
+                continue
+            out.add(m.group(0).lstrip("+-"))  # as printed, to every decimal it has
+            for x in (h, h * GIB_PER_GB, h / GIB_PER_GB):
+                for d in range(5):
+                    out.add(f"{x:.{d}f}")
+                    out.add(f"{int(x * 10**d) / 10**d:.{d}f}")
+    return out
+
+
+# Code in an answer: fenced blocks and inline spans (commands, YAML, version pins).
+CODE_SPAN = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
+PROJECT_FILE_MAX = 1 << 20  # bytes: the case fixtures' logs and configs are far smaller; skip anything larger
+
+
+def _project_texts(case: dict) -> list[str]:
+    """The text files of the project the case starts from (its fixture): a figure read from the user's own log
+    is the log's, even where the transcript shows only the tool's summary of it."""
+    root = cases_mod.fixture_dir(case.get("id", ""))
+    if root is None or not root.is_dir():
+        return []
+    texts = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.stat().st_size <= PROJECT_FILE_MAX:
+            try:
+                texts.append(path.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, OSError):
+                continue
+    return texts
+
+
+def unsourced_figures(case: dict, t: Transcript) -> list[str]:
+    """Measured figures the answer quotes (outside code) that no text the agent saw or could read contains (a tool's
+    output, a file it read or wrote, its own commands, the question, the project's own files), nor any model-state
+    sum of a memory row the tool printed.
+
+    Judged only where the agent ran the skill's tool: its figures must then come from what the tool (or the files
+    it read) printed, and one that appears nowhere in the transcript was made up, whatever else the answer gets
+    right. Rounding and the GiB/GB conversion of a printed figure are the tool's figure."""
+    answer = t.final_answer
+    runs = [r for r in tool_runs(t) if not r.help]
+    if not runs or not answer.strip():
+        return []
+    seen = [case.get("question", "") or case.get("prompt", "")]
+    for call in t.tool_calls:
+        seen += [call.output or "", call.command or "", json.dumps(call.input, default=str)]
+    seen += _project_texts(case)
+    have = _source_figures(seen)
+    sums = _row_sums(runs)
+    prose = CODE_SPAN.sub(" ", answer)  # a command or code the answer shows is not a figure it reports
+    for m in QUOTED_FIGURE.finditer(prose):
+        text = m.group(1)
+        if text in have or any(abs(float(text) - h) <= ROW_SUM_TOLERANCE for h in sums):
+            continue
+        return [
+            f"quotes {text!r}, a figure in no tool output, file or command of the transcript nor in the project's files"
+        ]
+    return []
+
+
+# --------------------------------------------------------------------------- claims about defaults
+
+# "V is (already) [Megatron-Core's|the|Bridge's] default", "KEY=V is the default": the value before the claim, with
+# its key where the answer writes one. A gap naming a recipe, preset or the user's files is about those, whose
+# values the pinned table does not hold, and a negation ("is not the default") claims nothing of the kind.
+_TOKEN = r"[`'\"]?(?P<tok>[\w.-]+(?:\s*[=:]\s*[\w.-]+)?)[`'\"]?"
+_GAP = r"(?:(?!(?:not|never|no|recipes?|presets?|launchers?|examples?|scripts?|your|our|its)\b)[\w-]+(?:'s)?\s+){0,2}?"
+DEFAULT_CLAIM = re.compile(
+    rf"{_TOKEN}\s+(?:is|are)\s+(?:already\s+|also\s+|just\s+|actually\s+)?(?:the\s+)?{_GAP}default\b(?!\s+(?:in|for|of)\b)|"
+    rf"[`'\"]?(?P<key>[\w.]+)[`'\"]?\s+(?:already\s+)?defaults\s+to\s+[`'\"]?(?P<val>[\w.-]+)",
+    re.IGNORECASE,
+)
+
+
+def _schema():
+    """The skill's pinned config table (scripts/mfsdp_lib/schema.py: every field's type, default and choices), the
+    table the checker's rules read."""
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from mfsdp_lib import schema  # noqa: PLC0415 - the skill's library, loaded only when a default is claimed
+
+    return schema
+
+
+def _default_text(value) -> str:
+    return "none" if value is None else str(value).lower()
+
+
+def wrong_defaults(answer: str) -> list[str]:
+    """Claims that a value is a field's default which the pinned table contradicts.
+
+    The field is the one the answer names (KEY=V, "KEY defaults to V"), else every field whose choices hold V (an
+    enum value names its field: optim_grads_params is a sharding strategy); the claim is wrong only when V is the
+    default of none of them. A value no field's choices hold, with no key, is not read: it may be a recipe's value."""
+    S = _schema()
+    problems = []
+    for m in DEFAULT_CLAIM.finditer(answer):
+        if st.negated_at(answer, m.start(), m.end(), statement=True):
+            continue
+        if m.group("tok"):
+            parts = re.split(r"\s*[=:]\s*", m.group("tok"), maxsplit=1)
+            key, value = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+        else:
+            key, value = m.group("key"), m.group("val")
+        value = value.strip("`'\".,").lower()
+        if key:
+            paths = [p for p in S.FIELDS if p == key or p.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+        else:
+            paths = [p for p, rec in S.FIELDS.items() if rec[2] and value in {str(c).lower() for c in rec[2]}]
+        if not paths or any(_default_text(S.default(p)) == value for p in paths):
+            continue
+        said = ", ".join(f"{p} = {S.default(p)!r}" for p in paths)
+        problems.append(f"calls {value!r} the default ({m.group(0)!r}) but the pinned default is {said}")
+        break
+    return problems
+
+
 # --------------------------------------------------------------------------- the agent against its own tools
 
 # Subcommands whose run gives a verdict on the user's input (a config, a log, a checkpoint, a job's memory).
@@ -718,6 +856,8 @@ def grade_correctness(case: dict, t: Transcript, judge: object = "off", workspac
     verified = cc.outcome.verified_subs if cc.outcome is not None and outcome_verdict == RIGHT else frozenset()
     problems, more = tool_claims(case, cc, t, verified_subs=verified)
     problems += [f"contradicts its own tool: {p}" for p in own_tool_contradictions(case, cc, t, verified)]
+    problems += [f"made-up figure: {p}" for p in unsourced_figures(case, t)]
+    problems += [f"wrong default: {p}" for p in wrong_defaults(t.final_answer)]
     hedged = hedges(cc, t.final_answer)
     evidence += [f"claim: {p}" for p in problems] + [f"claim: {h}" for h in hedged] + more
     forbidden = r["forbidden"]

@@ -887,3 +887,95 @@ def test_one_gpu_savings_and_a_gradient_sharding_distopt_are_claims_against_the_
         "parameters and gradients. It only helps with more than one data-parallel rank."
     )
     assert _answer_only("mfsdp-vs-distributed-optimizer", right)["dimensions"]["correctness"]["prose"] == "right"
+
+
+# ----------------------------------------------------------------------------- held to what the tools printed
+
+
+def test_a_figure_no_text_of_the_transcript_holds_is_made_up(tmp_path):
+    """A right verdict file beside figures the tool never printed: the log run (real, on the case's smoke log)
+    printed loss 10.42395 -> 10.02306 and 1 passed in 48.31s; "loss 9.87" and "12.3 GiB" appear nowhere the agent
+    looked, so the run is wrong whatever else it says. The tool's own figures, rounded, pass on the file."""
+    case = "mfsdp-log-smoke-pass"
+    proj = _project(case, tmp_path)
+    steps = [
+        {"bash": "python3 {skill_dir}/scripts/mfsdp.py log logs/smoke.log"},
+        {"write": "log_verdict.json", "content": '{"healthy": true}\n'},
+    ]
+    made_up = "Pass: 20/20 iterations, loss down to 9.87, peak memory 12.3 GiB per rank, and 1 passed. Verdict written."
+    r = _answer_only(case, made_up, steps, proj)
+    c = r["dimensions"]["correctness"]
+    assert c["verdict"] == "wrong" and r["passed"] is False, c["evidence"]
+    assert any("made-up figure" in e and "'9.87'" in e for e in c["evidence"]), c["evidence"]
+    honest = (
+        "Healthy: 10 of 10 iterations, lm loss 10.42 -> 10.02 (finite), no skipped or NaN iterations, one "
+        "fsdp_dtensor save, pytest 1 passed in 48.31s, no findings. log_verdict.json says healthy: true."
+    )
+    r = _answer_only(case, honest, steps, proj)
+    c = r["dimensions"]["correctness"]
+    assert not any("made-up figure" in e for e in c["evidence"]), c["evidence"]
+    assert c["verdict"] == "right" and r["passed"] is True, c["evidence"]
+
+
+def test_quoted_figures_skip_versions_settings_and_multipliers():
+    from evals.grader import QUOTED_FIGURE
+
+    text = "Bridge 0.6.2 with megatron-core 0.19.2, lr=3.0e-4, about 1.5x faster; loss 9.87 and 12.3 GiB"
+    assert [m.group(1) for m in QUOTED_FIGURE.finditer(text)] == ["9.87", "12.3"]
+
+
+def test_a_default_the_pinned_table_contradicts_is_a_wrong_claim(tmp_path):
+    """The right overrides file beside "optim_grads_params is already Megatron-Core's default": the pinned table
+    (scripts/mfsdp_lib/schema.py, Megatron-Core's DistributedDataParallelConfig) says no_shard, and the check the
+    agent ran warns about it. A default stated right, or denied, is no claim against the run."""
+    case = "mfsdp-check-recipe-yaml-defaults"
+    proj = _project(case, tmp_path)
+    steps = [
+        {
+            "bash": "python3 {skill_dir}/scripts/mfsdp.py check dist.use_megatron_fsdp=true ddp.use_megatron_fsdp=true --gpus 8"
+        },
+        {"bash": "python3 {skill_dir}/scripts/mfsdp.py enable --emit overrides > fsdp_overrides.txt"},
+        {"bash": "python3 {skill_dir}/scripts/mfsdp.py check $(cat fsdp_overrides.txt)"},
+    ]
+    head = (
+        "No: it fails with the fsdp_dtensor checkpoint-format assertion, because the recipe saves and loads "
+        "checkpoints in torch_dist. fsdp_overrides.txt has the five settings that pass. "
+    )
+    wrong = head + "`data_parallel_sharding_strategy=optim_grads_params` is already Megatron-Core's default."
+    c = _answer_only(case, wrong, steps, proj)["dimensions"]["correctness"]
+    assert c["verdict"] == "wrong", c["evidence"]
+    assert any("wrong default" in e and "'no_shard'" in e for e in c["evidence"]), c["evidence"]
+    for right in ("The strategy defaults to no_shard, so it is set.", "optim_grads_params is not the default."):
+        c = _answer_only(case, head + right, steps, proj)["dimensions"]["correctness"]
+        assert not any("wrong default" in e for e in c["evidence"]), (right, c["evidence"])
+    assert grader.wrong_defaults("ckpt_format defaults to fsdp_dtensor")
+    assert not grader.wrong_defaults("ckpt_format defaults to torch_dist")
+    # a value no field's choices hold, with no key, may be a recipe's: not read
+    assert not grader.wrong_defaults("bf16_mixed is the default")
+
+
+def test_a_fit_question_needs_the_tools_verdict_not_a_hedge(tmp_path):
+    """Asked whether it fits, the tool (run for real) says 159.32 GiB per GPU at DP 4 / TP 4, NO on 80 GiB. A right
+    fit.json beside "it's borderline, it might fit" decides nothing, so the run is not judged (never a pass); a
+    "No." or "does not fit" states the decision. "To make it fit you need ..." is the aim of a change, not a claim
+    that it fits."""
+    case = "mfsdp-memory-70b-fit"
+    proj = _project(case, tmp_path)
+    steps = [
+        {"bash": "python3 {skill_dir}/scripts/mfsdp.py memory --model llama3-70b --dp 4 --tp 4 --gpu-mem-gib 80"},
+        {"write": "fit.json", "content": '{"per_gpu_gib": 159.32, "fits": false}\n'},
+    ]
+    hedge = (
+        "It's borderline. The estimate is 159.32 GiB per GPU with optim_grads_params, but these models are "
+        "conservative, so it might fit with some tuning. I put fits: false in fit.json to be safe."
+    )
+    r = _answer_only(case, hedge, steps, proj)
+    assert r["passed"] is not True and r["dimensions"]["correctness"]["verdict"] != "right", r
+    for decided in (
+        "No. DP=4 (16/TP4): 159.32 GiB/GPU with optim_grads_params vs 80 GiB. fit.json written.",
+        "16/TP 4 = DP 4: 159.32 GiB per GPU, so it does not fit. To make it fit you need recompute and more GPUs.",
+    ):
+        r = _answer_only(case, decided, steps, proj)
+        c = r["dimensions"]["correctness"]
+        assert c["verdict"] == "right" and r["passed"] is True, (decided, c["evidence"])
+        assert any("159.32" in e for e in c["evidence"]), c["evidence"]
