@@ -710,6 +710,14 @@ FIRST_MEASUREMENTS: dict[str, dict] = {
         "file beside a wrong claim, a figure no tool printed, a hedge where a decision was asked) were above the "
         "limit, and the batch joined the set after the grader was changed by mechanism",
     },
+    "batch8.json": {
+        "file": "adversarial_batch8_first.json",
+        "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/pending/batch8.json --out "
+        "benchmarks/results/raw/adversarial_batch8_first.json` on 2026-12-05, run once on the committed grader "
+        "(after batch 7's misses were fixed by mechanism) before any change for this batch; written from the cases, "
+        "the fixtures and the tools' real outputs without reading the grader; it met all three limits on first "
+        "sight and joined the set unchanged",
+    },
     "batch3.json": {
         "file": "adversarial_batch3_first.json",
         "provenance": "`python3 -m evals adversarial --set tests/fixtures/adversarial/batch3.json --out "
