@@ -53,7 +53,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -66,11 +65,16 @@ SCRIPTS = ROOT / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
+from bench_rehearse import stop_process_group as stop_group  # noqa: E402  (the rehearsal matrix's own stop)
 from mfsdp_lib import what_works  # noqa: E402  (the lookup's model fingerprint: one definition)
 
 MFSDP = SCRIPTS / "mfsdp.py"
 CORPUS = ROOT / "tests" / "fixtures" / "recipes"
 HF_CONFIGS = ROOT / "tests" / "recipes" / "hf_configs"  # the Hugging Face configs the corpus was built with
+sys.path.insert(0, str(ROOT / "tests"))
+
+from recipes import enable_corpus  # noqa: E402  (the decisions a user takes when enable refuses: one definition)
+
 PLAN_PATH = ROOT / "benchmarks" / "what_works_plan.json"
 RESULTS_PATH = ROOT / "benchmarks" / "results" / "what_works_1xh200.json"
 PLAN_SCHEMA = "mfsdp-what-works-plan/1"
@@ -347,29 +351,9 @@ def choose(records: dict[str, dict]) -> list[tuple[str, str, str]]:
 
 
 def _decisions(findings: list[dict], taken: list[str]) -> list[str]:
-    """A user's answers to enable's refusals: PP first, then the batch at the new DP, never a key twice."""
-    rules = {f["rule"] for f in findings}
-    out: list[str] = []
-    for f in sorted(findings, key=lambda f: f["rule"]):
-        rule = f["rule"]
-        if rule.endswith("-BATCH-DP") and "MFSDP-PIPELINE-PARALLEL" in rules:
-            continue
-        if rule == "MFSDP-EVAL-BATCH-DP" and "MFSDP-TRAIN-BATCH-DP" in rules:
-            continue
-        if rule == "MFSDP-PIPELINE-PARALLEL":
-            args = ["--set-pp-1"]
-        elif rule == "MFSDP-PEFT-NEEDS-PRETRAINED":
-            args = [f"checkpoint.pretrained_checkpoint={PEFT_BASE}"]
-        elif rule == "MFSDP-TRAIN-BATCH-DP":
-            m = re.match(r"^([A-Za-z_][\w.]*=\d+)\b", f.get("fix", ""))
-            args = [m.group(1)] if m else []
-        elif rule == "MFSDP-EVAL-BATCH-DP":
-            args = ["--fit-eval-batch"]
-        else:
-            args = []
-        keys = {t.split("=", 1)[0] for t in taken + out}
-        out += [a for a in args if a.split("=", 1)[0] not in keys]
-    return out
+    """A user's answers to enable's refusals: PP first, then the batch at the new DP, never a key twice; the
+    corpus tool's decisions (tests/recipes/enable_corpus.py), with this plan's PEFT base."""
+    return enable_corpus._decisions(findings, taken, peft_base=PEFT_BASE)
 
 
 def _check(path: Path, world: int, cwd: Path) -> dict:
@@ -904,20 +888,6 @@ def child_env(out: Path) -> dict:
     env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1")
     env["MFSDP_GPU_LOCK"] = str(out / "gpu.lock")
     return env
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the run's own process group (the engine records the phase it was in), then SIGKILL."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def tail_file(path: Path, limit: int = LOG_TAIL_BYTES) -> None:

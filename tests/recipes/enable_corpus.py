@@ -34,8 +34,9 @@ CORPUS = ROOT / "tests" / "fixtures" / "recipes"
 ROUNDS = 3
 
 
-def _decisions(findings: list[dict], taken: list[str]) -> list[str]:
-    """The arguments that decide this round's refusals (the batch once PP is 1; a key never twice)."""
+def _decisions(findings: list[dict], taken: list[str], peft_base: str = "/workspace") -> list[str]:
+    """The arguments that decide this round's refusals (the batch once PP is 1; a key never twice); ``peft_base``
+    is the base checkpoint a PEFT user names (benchmarks/bench_what_works.py takes the same decisions)."""
     rules = {f["rule"] for f in findings}
     out: list[str] = []
     for f in sorted(findings, key=lambda f: f["rule"]):
@@ -47,7 +48,7 @@ def _decisions(findings: list[dict], taken: list[str]) -> list[str]:
         if rule == "MFSDP-PIPELINE-PARALLEL":
             args = ["--set-pp-1"]
         elif rule == "MFSDP-PEFT-NEEDS-PRETRAINED":
-            args = ["checkpoint.pretrained_checkpoint=/workspace"]
+            args = [f"checkpoint.pretrained_checkpoint={peft_base}"]
         elif rule == "MFSDP-TRAIN-BATCH-DP":
             m = re.match(r"^([A-Za-z_][\w.]*=\d+)\b", f.get("fix", ""))
             args = [m.group(1)] if m else []
