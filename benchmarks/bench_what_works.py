@@ -401,7 +401,7 @@ def memory_route(path: Path, world: int, cwd: Path) -> dict:
         "memory", str(path), "--gpus", str(world), "--gpu-mem-gib", str(GPU_MEM_GIB), "--format", "json", cwd=cwd
     )
     rep = _json(out)
-    if not isinstance(rep, dict):
+    if not isinstance(rep, dict) or rep.get("ok") is False:  # unusable input: its JSON error object, or none
         return {"exit": rc, "error": (err or out).strip()[-400:]}
     rows = rep.get("strategies") or []
     row = next((r for r in rows if r.get("configured")), None) or next(
