@@ -118,6 +118,7 @@ H100_ROWS = (
     "anchor_fsdp_n8",
     "anchor_distopt_n8",
     "anchor_fsdp_n8_pao",
+    "anchor_fsdp_n8_gafte",
     "anchor_fsdp_n8_nomirror",
     "kscale_full",
     "kscale_k2",
@@ -125,6 +126,11 @@ H100_ROWS = (
     "qwen30b_k4",
 )
 H100_CALLS = (H100_ROWS[:4], H100_ROWS[4:])  # --only for each machine call
+# The MoE compute gap (moe_profile_1xh100.json, one call into its own folder): the qwen3-moe-16l preset at
+# EP 8 as rank 0 of 64, each strategy's timed steps under the kernel profiler, and FSDP without the mirror's
+# copies (what of the gap is the fake backend's).
+MOE_PROFILE_ROWS = ("moe_prof_fsdp", "moe_prof_distopt", "moe_prof_fsdp_nomirror")
+MOE_PROFILE_WORLD = 64
 # The scaling check's job: micro-batch 4 (at micro-batch 1 the 1.1 B model's step follows the host's kernel
 # launches, see N1_MBS), 8 micro-batches per step at N = 8.
 KSCALE_BATCH = ["train.micro_batch_size=4", "train.global_batch_size=256"]
@@ -329,6 +335,14 @@ def plan(raw: Path) -> list[Row]:
             runs=["rank_0"],
         ),
         Row(
+            "anchor_fsdp_n8_gafte",
+            anchor("anchor_fsdp_n8_gafte", "optim_grads_params", *FSDP_PERF, flags=("--te-grad-accum-fusion",)),
+            cap_s=330,
+            gpu_s=70,
+            why="the anchor with gradient-accumulation fusion kept on in Transformer Engine's layers (no APEX here)",
+            runs=["rank_0"],
+        ),
+        Row(
             "anchor_fsdp_n8_nomirror",
             anchor("anchor_fsdp_n8_nomirror", "optim_grads_params", *FSDP_PERF, flags=("--no-mirror-collectives",)),
             cap_s=330,
@@ -427,6 +441,27 @@ def plan(raw: Path) -> list[Row]:
             runs=["rank_0"],
         ),
     ]
+    for name, strategy, flags in (
+        ("moe_prof_fsdp", "optim_grads_params", ()),
+        ("moe_prof_distopt", "distopt", ()),
+        ("moe_prof_fsdp_nomirror", "optim_grads_params", ("--no-mirror-collectives",)),
+    ):
+        rows.append(
+            Row(
+                name,
+                rehearse(
+                    *("--model-preset", "qwen3-moe-16l", "--world-size", str(MOE_PROFILE_WORLD)),
+                    *("--strategy", strategy, "--perf", "--profile", "--warmup", "2", "--iters", "2", *flags),
+                    *out(name),
+                ),
+                cap_s=300,
+                gpu_s=45,
+                why=f"MoE preset at EP 8, rank 0 of {MOE_PROFILE_WORLD}, {strategy}"
+                + (" without the mirror" if flags else "")
+                + ": the timed steps' kernels by kind",
+                runs=["rank_0"],
+            )
+        )
     return rows
 
 

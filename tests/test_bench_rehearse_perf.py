@@ -51,6 +51,7 @@ def test_plan_has_every_row_the_result_needs_in_priority_order(tmp_path):
         "n1_perf",
         "n1_plain",
         *drv.H100_ROWS[2:],
+        *drv.MOE_PROFILE_ROWS,
     ]
     assert drv.H100_ROWS[:2] == ("anchor_fsdp_n8", "anchor_distopt_n8")
     by = {r.name: r for r in rows}
@@ -58,6 +59,14 @@ def test_plan_has_every_row_the_result_needs_in_priority_order(tmp_path):
     assert drv.ANCHOR_ITERS >= 4  # a median and spread of the anchor need at least 4 timed steps
     assert set(drv.LAUNCHER_POST) <= set(by["anchor_fsdp_n8_pao"].argv)
     assert "--no-mirror-collectives" in by["anchor_fsdp_n8_nomirror"].argv
+    assert "--te-grad-accum-fusion" in by["anchor_fsdp_n8_gafte"].argv
+    assert [x for x in by["anchor_fsdp_n8_gafte"].argv if x != "--te-grad-accum-fusion" and "gafte" not in x] == [
+        x for x in by["anchor_fsdp_n8"].argv if "anchor_fsdp_n8" not in x
+    ]  # the anchor apart from the fusion
+    prof = [by[n].argv for n in drv.MOE_PROFILE_ROWS]
+    assert all("--profile" in p and "qwen3-moe-16l" in p for p in prof)
+    assert [p[p.index("--strategy") + 1] for p in prof] == ["optim_grads_params", "distopt", "optim_grads_params"]
+    assert "--no-mirror-collectives" in prof[2] and "--no-mirror-collectives" not in prof[0]
     k = by["kscale_k2"].argv
     assert k[k.index("--perf-micro-batches") + 1] == str(drv.K_SCALE)
     i = k.index("--perf-micro-batches")
@@ -81,8 +90,9 @@ def test_plan_has_every_row_the_result_needs_in_priority_order(tmp_path):
         assert Path(spec.split("=", 1)[1]).is_file()
     # every row alone fits its own cap, and each machine call's expected total fits the budget, imports overlapped
     assert all(drv.IMPORT_S + r.gpu_s < r.cap_s <= drv.BUDGET_S for r in rows)
-    h200 = [r for r in rows if r.name not in drv.H100_ROWS[2:]]
-    for call in (h200, *([by[n] for n in c] for c in drv.H100_CALLS)):
+    h200 = [r for r in rows if r.name not in drv.H100_ROWS[2:] + drv.MOE_PROFILE_ROWS]
+    moe = [by[n] for n in drv.MOE_PROFILE_ROWS]
+    for call in (h200, moe, *([by[n] for n in c] for c in drv.H100_CALLS)):
         assert drv.expected_wall_s(call) < 0.8 * drv.BUDGET_S  # room for a slow step or a slow import
     assert sorted(n for c in drv.H100_CALLS for n in c) == sorted(drv.H100_ROWS)
 

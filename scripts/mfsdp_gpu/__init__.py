@@ -9,11 +9,13 @@ benchmarks. One module per concern:
 * ``bridge``      Megatron-Bridge set-up: strategy settings, config containers from a preset, a YAML or
                   a recipe, dotted get/set with the record of every change, Bridge's validate and setup
 * ``fakeworld``   one GPU as rank R of a world of N: the fake process group, the settings it needs, the
-                  lowest-rank checkpoint planner, the process groups a rank holds
+                  lowest-rank checkpoint planner, the FP8 weight scales an amax all-reduce would give, the
+                  process groups a rank holds
 * ``collectives`` where ``torch.distributed`` collectives are patched (mirror collectives, and the
                   recorder of every collective for ``rehearse --perf``)
 * ``steps``       step timing and per-step memory (Bridge's train-step callbacks, the optimizer step;
                   CUDA-event timing of the steps after warm-up for ``--perf``)
+* ``kernel_profile`` ``--perf --profile``: the timed steps' GPU kernels summed by name and by kind
 * ``perf``        the ``--perf`` record (step shape, Bridge's model FLOPs, groups, the collective log)
                   and the GPU lock that lets several rehearsals share one GPU
 * ``hfhub``       Hugging Face configs for recipes, offline (``--hf-config``), a missing one named at once

@@ -142,6 +142,13 @@ def rehearse_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmup", type=int, default=2, metavar="W", help="--perf: untimed steps first (default 2)")
     p.add_argument(
+        "--profile",
+        action="store_true",
+        help="--perf: run the timed steps under torch.profiler (GPU kernels only) and record their device time "
+        "by kernel and by kind (the report's kernel_profile); the profiler slows the steps, so time and "
+        "profile in separate runs",
+    )
+    p.add_argument(
         "--perf-micro-batches",
         type=int,
         default=None,
@@ -155,6 +162,13 @@ def rehearse_parser() -> argparse.ArgumentParser:
         default=None,
         help="MoE: this token dispatcher in place of a flex one whose package (DeepEP, HybridEP) is missing "
         "(a labelled deviation)",
+    )
+    p.add_argument(
+        "--te-grad-accum-fusion",
+        action="store_true",
+        help="without APEX, keep a config's gradient_accumulation_fusion=true for Transformer Engine's layers "
+        "(which fuse it themselves) and turn it off only in megatron-core's own linear layers (the output "
+        "layer), in place of turning it off everywhere (a labelled deviation)",
     )
     p.add_argument(
         "--hf-config",
@@ -188,6 +202,8 @@ def check_args(a) -> None:
     k = getattr(a, "perf_micro_batches", None)
     if k is not None and (k < 1 or not a.perf):
         raise InputError("--perf-micro-batches K needs --perf and K >= 1")
+    if getattr(a, "profile", False) and not a.perf:
+        raise InputError("--profile needs --perf")
     for spec in getattr(a, "hf_config", None) or []:
         path = spec.partition("=")[2] if "=" in spec else spec
         if not (os.path.isfile(path) or os.path.isfile(os.path.join(path, "config.json"))):

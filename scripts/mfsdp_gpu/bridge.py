@@ -80,6 +80,51 @@ def apex_fused_wgrad_available() -> bool:
     return True
 
 
+# megatron-core's flag that APEX's fused wgrad kernel imported (megatron/core/tensor_parallel/layers.py):
+# ColumnParallelLinear's constructor raises when a config asks for the fusion and it is False.
+MCORE_GAF_FLAG = ("megatron.core.tensor_parallel.layers", "_grad_accum_fusion_available")
+
+
+def te_only_grad_accum_fusion_deviation() -> dict:
+    """The deviation ``--te-grad-accum-fusion`` writes into the report."""
+    return {
+        "id": "grad-accum-fusion-te-only",
+        "what": "model.gradient_accumulation_fusion stays true for Transformer Engine's layers and is off in "
+        "megatron-core's own linear layers (the output layer)",
+        "why": "APEX's fused_weight_gradient_mlp_cuda is not installed; Transformer Engine fuses the "
+        "weight-gradient accumulation itself, megatron-core's linear layers need APEX for it",
+        "memory_effect": "the output layer's weight gradient is formed apart before it is added to its main "
+        "gradient (one transient tensor of that weight's size)",
+        "time_effect": "the output layer's weight-gradient accumulation is a separate add, as without the fusion",
+    }
+
+
+def allow_grad_accum_fusion_without_apex():
+    """Let megatron-core's linear layers be built with the fusion asked for while APEX is missing;
+    returns the undo. Their fusion is turned off after the build (:func:`mcore_linears_without_fusion`)."""
+    import importlib
+
+    mod = importlib.import_module(MCORE_GAF_FLAG[0])
+    before = getattr(mod, MCORE_GAF_FLAG[1])
+    setattr(mod, MCORE_GAF_FLAG[1], True)
+    return lambda: setattr(mod, MCORE_GAF_FLAG[1], before)
+
+
+def mcore_linears_without_fusion(model_chunks) -> list[str]:
+    """Turn the fusion off in every megatron-core ColumnParallelLinear/RowParallelLinear of the model
+    (their forward reads the module's own ``gradient_accumulation_fusion``); returns their names.
+    Transformer Engine's layers are other classes and keep it."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    names = []
+    for chunk in model_chunks if isinstance(model_chunks, (list, tuple)) else [model_chunks]:
+        for name, module in chunk.named_modules():
+            if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and module.gradient_accumulation_fusion:
+                module.gradient_accumulation_fusion = False
+                names.append(name)
+    return names
+
+
 def unset_cuda_device_max_connections() -> None:
     """Megatron FSDP needs ``CUDA_DEVICE_MAX_CONNECTIONS`` unset or above 1."""
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)

@@ -11,7 +11,8 @@ shapes, wrapping and the code paths taken are real. Bridge's ``setup()`` skips
 
 Also here: the settings the fake backend needs (``FAKE_BACKEND_SETTINGS``), the checkpoint planner
 that lets one rank of a fake world save and load its own shards
-(:func:`install_lowest_rank_checkpoint_planner`), and the process groups a rank belongs to
+(:func:`install_lowest_rank_checkpoint_planner`), the FP8 weight scales that an amax all-reduce would
+have given (:func:`install_fp8_scale_keeper`), and the process groups a rank belongs to
 (:func:`process_groups_of_rank`). The collectives themselves are patched in ``collectives``.
 """
 
@@ -166,3 +167,90 @@ def waive_global_plan_coverage_check() -> str:
     validate._rehearse = True  # type: ignore[attr-defined]
     dp._validate_global_plan = validate
     return "global-plan coverage check waived (this process holds one rank's shards)"
+
+
+# --------------------------------------------------------------------------- FP8 primary weights
+
+# Where Transformer Engine re-quantizes FP8 (per-tensor current scaling) primary weights from the
+# optimizer's master weights after each step; Megatron FSDP calls it through quantize_master_weights.
+TE_CAST_MODULE = "transformer_engine.pytorch.tensor.utils"
+TE_CAST_CURRENT_SCALING = "_cast_master_weights_to_fp8_current_scaling"
+# What the rehearsal's report says the keeper did (filled by the wrapper at each optimizer step).
+FP8_SCALE_KEEPER = {"installed": False, "calls": 0, "kept_last_call": 0, "weights_last_call": 0}
+
+
+def unowned_positions(params) -> list[int]:
+    """Positions in Transformer Engine's cast list whose master weight is None: weights of which this
+    rank holds no shard (each entry is ``(model_weight, master_weight, start_offset, shard)``)."""
+    return [i for i, entry in enumerate(params) if entry[1] is None]
+
+
+def keep_unowned_scales(cast):
+    """Wrap TE's current-scaling cast so that weights this rank holds no shard of keep their scale.
+
+    Why: the cast computes each weight's amax from this rank's master shard (0 when it has none),
+    all-reduces the amaxes with MAX over the data-parallel group, and sets every weight's
+    ``_scale_inv`` from the result. Under the fake backend the all-reduce moves nothing, so a
+    weight whose shard lives on other ranks gets its scale from an amax of 0, for which TE's
+    ``compute_scale_from_amax`` (transformer_engine/common/recipe/recipe_common.cuh) returns 1: the
+    bytes the all-gather puts in its place (the mirror's copy of this rank's shard, quantized at a
+    scale near 448 / 0.1) are then read as values up to 448, and every step after the first is NaN
+    (seen on the Llama 3 8B FP8 anchor under Megatron FSDP, mirror on or off). Keeping the scale the weight already had is
+    what a real job comes close to: its all-reduce returns the owner's amax, which one step moves by
+    a fraction of a percent. Weights with a local shard are cast exactly as TE casts them.
+    """
+
+    def wrapper(params, group, *args, **kwargs):
+        kept = [(params[i][0]._scale_inv, params[i][0]._scale_inv.clone()) for i in unowned_positions(params)]
+        out = cast(params, group, *args, **kwargs)
+        for scale_inv, before in kept:
+            scale_inv.copy_(before)
+        FP8_SCALE_KEEPER["calls"] += 1
+        FP8_SCALE_KEEPER["kept_last_call"] = len(kept)
+        FP8_SCALE_KEEPER["weights_last_call"] = len(params)
+        return out
+
+    wrapper._rehearse = True  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = cast  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install_fp8_scale_keeper() -> str:
+    """Under the fake backend, patch TE's current-scaling cast with :func:`keep_unowned_scales`.
+
+    Must run after Transformer Engine is imported and before the first optimizer step. TE's
+    ``quantize_master_weights`` looks the cast up in its module at call time, so patching the
+    module attribute reaches it. Delayed scaling needs nothing (the scale comes from the amax
+    history, not from this step's all-reduce); blockwise and MXFP8 scales are per block and local.
+    Returns what was done ("" when this Transformer Engine has no such function).
+    """
+    import importlib
+
+    try:
+        mod = importlib.import_module(TE_CAST_MODULE)
+    except ImportError:
+        return ""
+    cast = getattr(mod, TE_CAST_CURRENT_SCALING, None)
+    if cast is None:
+        return ""
+    if not getattr(cast, "_rehearse", False):
+        setattr(mod, TE_CAST_CURRENT_SCALING, keep_unowned_scales(cast))
+    FP8_SCALE_KEEPER["installed"] = True
+    return (
+        "FP8 current-scaling weights of which this rank holds no shard keep their scale at each re-quantization "
+        "(the fake backend's amax all-reduce moves nothing, and an amax of 0 would reset it)"
+    )
+
+
+def fp8_scale_deviation(state: dict) -> dict:
+    """The deviation the report lists once the keeper has kept scales (``state``: ``FP8_SCALE_KEEPER``)."""
+    return {
+        "id": "fp8-unowned-scales-kept",
+        "what": f"{state['kept_last_call']} of {state['weights_last_call']} FP8 weights (current scaling) keep their "
+        "scale at each re-quantization: this rank holds no shard of them",
+        "why": "the fake backend's amax all-reduce moves nothing; an amax of 0 would reset their scale and the "
+        "gathered weights would be read at the wrong scale (NaN from the second step)",
+        "memory_effect": "none (one scalar per weight, for the length of the call)",
+        "time_effect": "the amax all-reduce a real job makes here is not timed (one small collective per step); "
+        "the scale copies take a few kernel launches per step",
+    }

@@ -62,7 +62,7 @@ import os
 import signal
 import sys
 
-from . import bridge, checkpoint, collectives, fakeworld, hfhub, kernels, mamba, perf
+from . import bridge, checkpoint, collectives, fakeworld, hfhub, kernel_profile, kernels, mamba, perf
 from .args import InputError, check_args, parse_overrides, rehearse_parser, use_fake_pg
 from .bridge import Settings, get_dotted
 from .collectives import install_mirror_collectives
@@ -183,12 +183,18 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
             )
     # Environment: APEX's fused wgrad kernel.
     if get_dotted(cfg, "model.gradient_accumulation_fusion") and not bridge.apex_fused_wgrad_available():
-        s.apply(
-            "model.gradient_accumulation_fusion",
-            False,
-            "environment",
-            "APEX's fused_weight_gradient_mlp_cuda is not installed",
-        )
+        if getattr(a, "te_grad_accum_fusion", False):
+            facts["te_only_grad_accum_fusion"] = True
+            facts.setdefault("deviations", []).append(bridge.te_only_grad_accum_fusion_deviation())
+        else:
+            s.apply(
+                "model.gradient_accumulation_fusion",
+                False,
+                "environment",
+                "APEX's fused_weight_gradient_mlp_cuda is not installed",
+            )
+    elif getattr(a, "te_grad_accum_fusion", False):
+        facts["te_grad_accum_fusion_ignored"] = "the config does not ask for the fusion, or APEX is installed"
     # MoE.
     experts = get_dotted(cfg, "model.num_moe_experts")
     facts["moe"] = bool(experts)
@@ -322,6 +328,10 @@ def run_once(a, report: Report, fake: bool) -> int:
     from megatron.bridge.training.gpt_step import forward_step
 
     report.data["hf_guard"] = hfhub.guard(hf_state, InputError) if a.recipe else None
+    if fake:
+        # FP8 primary weights re-quantized after each step: keep the scales a real amax all-reduce would give
+        what = fakeworld.install_fp8_scale_keeper()
+        report.data["fp8_scale_keeper"] = {"what": what, "state": fakeworld.FP8_SCALE_KEEPER} if what else None
     report.end()
 
     report.begin("config")
@@ -348,8 +358,16 @@ def run_once(a, report: Report, fake: bool) -> int:
     report.end()
 
     report.data["gpu_lock"] = perf.gpu_lock(progress)  # several rehearsals on one GPU: one trains at a time
-    clock = PerfClock(a.warmup, recorder) if recorder is not None else None
-    so, manager, meter = setup_measured(cfg, report, mem, clock)
+    profiler = kernel_profile.StepProfiler() if getattr(a, "profile", False) else None
+    clock = PerfClock(a.warmup, recorder, profiler) if recorder is not None else None
+    undo_gaf = bridge.allow_grad_accum_fusion_without_apex() if facts.get("te_only_grad_accum_fusion") else None
+    try:
+        so, manager, meter = setup_measured(cfg, report, mem, clock)
+    finally:
+        if undo_gaf is not None:
+            undo_gaf()
+    if undo_gaf is not None:
+        report.data["grad_accum_fusion_off_in"] = bridge.mcore_linears_without_fusion(so.model)
     report.data["process_groups"] = fakeworld.process_groups_of_rank()
     report.data["params"] = count_params(
         so.model,
@@ -364,6 +382,14 @@ def run_once(a, report: Report, fake: bool) -> int:
 
     report.begin("train")
     steps = train_measured(so, manager, meter, forward_step)
+    if profiler is not None:
+        try:
+            report.data["kernel_profile"] = profiler.summary()
+        except Exception as exc:  # a measurement: the steps passed; say why the profile is missing
+            report.data["kernel_profile"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    kept = fakeworld.FP8_SCALE_KEEPER
+    if fake and kept["calls"] and kept["kept_last_call"]:
+        report.data["deviations"].append(fakeworld.fp8_scale_deviation(kept))
     if recorder is not None:
         try:
             report.data["perf"] = perf.record(
@@ -452,8 +478,15 @@ def save_load(
     torch.cuda.empty_cache()
     # A fresh container built the same way (setup() mutates the first one), loading the checkpoint.
     cfg2, est, _ = bridge.load_config(a)
-    configure(a, cfg2, est, fake, os.path.abspath(a.out), None, mamba_env)
-    so2 = checkpoint.load_fresh(cfg2, ckpt_dir)
+    _, facts2 = configure(a, cfg2, est, fake, os.path.abspath(a.out), None, mamba_env)
+    undo_gaf = bridge.allow_grad_accum_fusion_without_apex() if facts2.get("te_only_grad_accum_fusion") else None
+    try:
+        so2 = checkpoint.load_fresh(cfg2, ckpt_dir)
+    finally:
+        if undo_gaf is not None:
+            undo_gaf()
+    if undo_gaf is not None:
+        bridge.mcore_linears_without_fusion(so2.model)
     after = checkpoint.forward_only_loss(forward_step, so2)
     resumed = int(so2.state.train_state.step)
     checkpoint.finish(so2)

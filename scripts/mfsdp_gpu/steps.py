@@ -41,9 +41,10 @@ class PerfClock:
     and is told the region (forward/backward, optimizer) as the step goes.
     """
 
-    def __init__(self, warmup: int, recorder=None):
+    def __init__(self, warmup: int, recorder=None, profiler=None):
         self.warmup = int(warmup)
         self.recorder = recorder
+        self.profiler = profiler  # kernel_profile.StepProfiler (--profile): started with the first timed step
         self.records: list[dict] = []
         self._ev: dict | None = None
         self._iter: int | None = None
@@ -63,6 +64,8 @@ class PerfClock:
             return
         if rec is not None:
             rec.step, rec.region, rec.active, rec.last_sched = iteration, "fwd_bwd", True, None
+        if self.profiler is not None:
+            self.profiler.step_started()
         self._ev = {"start": torch.cuda.Event(enable_timing=True)}
         self._ev["start"].record()
 

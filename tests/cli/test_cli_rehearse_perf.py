@@ -271,6 +271,18 @@ def test_k_micro_batches_and_the_dispatcher_fallback_reach_the_engine(tmp_path):
     assert bad.returncode == 2 and "applies to --perf" in bad.stderr
 
 
+def test_profile_and_te_grad_accum_fusion_reach_the_engine(tmp_path):
+    base = ["--model-preset", "qwen3-moe-16l", "--world-size", "8", "--perf", "--out", tmp_path / "r", "--dry-run"]
+    out = _cli(*base, "--profile", "--te-grad-accum-fusion")
+    assert out.returncode == 0, out.stderr
+    line = [ln for ln in out.stdout.splitlines() if not ln.startswith("#")][0]
+    assert " --profile" in line and " --te-grad-accum-fusion" in line
+    plain = _cli(*base)
+    assert " --profile" not in plain.stdout and "--te-grad-accum-fusion" not in plain.stdout
+    bad = _cli("--model-preset", "tiny", "--world-size", "8", "--profile", "--dry-run")
+    assert bad.returncode == 2 and "--profile applies to --perf" in bad.stderr
+
+
 def test_a_missing_dispatcher_package_is_one_line_and_exit_2(tmp_path):
     why = (
         "the config's MoE dispatcher (model.moe_token_dispatcher_type=flex, model.moe_flex_dispatcher_backend="

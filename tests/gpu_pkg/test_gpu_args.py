@@ -139,3 +139,15 @@ def test_perf_micro_batches_needs_perf():
     a = p.parse_intermixed_args(["--model-preset", "tiny", "--perf", "--perf-micro-batches", "4", "--out", "o"])
     args.check_args(a)
     assert a.perf_micro_batches == 4
+
+
+def test_profile_needs_perf():
+    p = args.rehearse_parser()
+    a = p.parse_intermixed_args(["--model-preset", "tiny", "--profile", "--out", "o"])
+    with pytest.raises(args.InputError, match="--profile needs --perf"):
+        args.check_args(a)
+    a = p.parse_intermixed_args(
+        ["--model-preset", "tiny", "--perf", "--profile", "--te-grad-accum-fusion", "--out", "o"]
+    )
+    args.check_args(a)
+    assert a.profile and a.te_grad_accum_fusion

@@ -115,3 +115,43 @@ def test_set_dotted_turns_the_dtype_form_into_the_torch_dtype(monkeypatch):
     cfg.ddp.megatron_fsdp_grad_comm_dtype = None
     bridge.set_dotted(cfg, "ddp.megatron_fsdp_grad_comm_dtype", "fp32")
     assert cfg.ddp.megatron_fsdp_grad_comm_dtype == "fp32"
+
+
+def test_te_only_grad_accum_fusion_turns_it_off_in_megatron_core_linears_only(monkeypatch):
+    """--te-grad-accum-fusion: megatron-core's constructor check passes while the model is built, then its
+    own linear layers (not Transformer Engine's) run without the fusion; the flag is restored."""
+    import sys
+    import types
+
+    layers = types.ModuleType(bridge.MCORE_GAF_FLAG[0])
+
+    class ColumnParallelLinear:
+        def __init__(self):
+            self.gradient_accumulation_fusion = True
+
+    class RowParallelLinear(ColumnParallelLinear):
+        pass
+
+    class TELinear:  # Transformer Engine's layers are other classes
+        def __init__(self):
+            self.gradient_accumulation_fusion = True
+
+    layers.ColumnParallelLinear, layers.RowParallelLinear = ColumnParallelLinear, RowParallelLinear
+    setattr(layers, bridge.MCORE_GAF_FLAG[1], False)
+    for name in ("megatron", "megatron.core", "megatron.core.tensor_parallel"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, bridge.MCORE_GAF_FLAG[0], layers)
+
+    undo = bridge.allow_grad_accum_fusion_without_apex()
+    assert getattr(layers, bridge.MCORE_GAF_FLAG[1]) is True
+    undo()
+    assert getattr(layers, bridge.MCORE_GAF_FLAG[1]) is False
+
+    mods = {"output_layer": ColumnParallelLinear(), "decoder.proj": RowParallelLinear(), "decoder.fc1": TELinear()}
+    chunk = SimpleNamespace(named_modules=lambda: list(mods.items()))
+    assert bridge.mcore_linears_without_fusion([chunk]) == ["output_layer", "decoder.proj"]
+    assert mods["decoder.fc1"].gradient_accumulation_fusion is True
+    assert not mods["output_layer"].gradient_accumulation_fusion
+    assert bridge.mcore_linears_without_fusion(chunk) == []  # already off; a single chunk is accepted
+    d = bridge.te_only_grad_accum_fusion_deviation()
+    assert d["id"] == "grad-accum-fusion-te-only" and {"why", "memory_effect", "time_effect"} <= set(d)

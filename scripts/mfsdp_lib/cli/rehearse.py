@@ -203,6 +203,21 @@ def configure(parser) -> None:
         "dispatch differ from the production run's)",
     )
     perf.add_argument(
+        "--profile",
+        action="store_true",
+        help="--perf: also run the timed steps under torch.profiler (GPU kernels only) and report their device "
+        "time by kind of kernel (GEMM, attention, MoE permutation, copies, casts...); the profiler slows "
+        "the steps, so take throughput from a run without it",
+    )
+    perf.add_argument(
+        "--te-grad-accum-fusion",
+        action="store_true",
+        help="where APEX is missing and the config sets model.gradient_accumulation_fusion=true: keep it on for "
+        "Transformer Engine's layers (they fuse the weight-gradient accumulation themselves) and off only "
+        "in megatron-core's own linear layers (the output layer); without this flag it is turned off "
+        "everywhere. Labelled a deviation in the report",
+    )
+    perf.add_argument(
         "--intra-node-gbps",
         type=float,
         default=perf_predict.DGX_NVLINK_GBPS,
@@ -405,6 +420,12 @@ def plan(args) -> dict:
         extra += ["--perf-micro-batches", str(args.perf_micro_batches)]
     if args.moe_dispatcher:
         extra += ["--moe-dispatcher", args.moe_dispatcher]
+    if args.te_grad_accum_fusion:
+        extra.append("--te-grad-accum-fusion")
+    if args.profile:
+        if not perf:
+            raise InputError("--profile applies to --perf and --compare")
+        extra.append("--profile")
     for h in hf_configs(args.hf_config):
         extra += ["--hf-config", h]
     out = _out_dir(args)
