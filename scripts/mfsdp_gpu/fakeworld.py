@@ -210,8 +210,8 @@ def keep_unowned_scales(cast):
         FP8_SCALE_KEEPER["weights_last_call"] = len(params)
         return out
 
-    wrapper._rehearse = True  # type: ignore[attr-defined]
-    wrapper.__wrapped__ = cast  # type: ignore[attr-defined]
+    wrapper._rehearse = True
+    wrapper.__wrapped__ = cast
     return wrapper
 
 
