@@ -116,6 +116,13 @@ EXPECTED = (
         "`python3 benchmarks/rehearse_perf_result.py RAW --out benchmarks/results/rehearse_perf_1xh200.json`",
     ),
     Expected(
+        "moe-profile",
+        "Why Megatron FSDP's compute is slower than the distributed optimizer's on a MoE job: GPU kernel time by kind",
+        lambda r: _bid(r).startswith("moe_profile_1x"),
+        "`python3 benchmarks/bench_rehearse_perf.py --out RAW --only moe_prof_fsdp,moe_prof_distopt,"
+        "moe_prof_fsdp_nomirror` on one GPU, then `python3 benchmarks/moe_profile_result.py RAW`",
+    ),
+    Expected(
         "evals-adversarial",
         "Eval grader's false-pass and false-fail rates on the adversarial regression set",
         lambda r: _bid(r) == "evals_adversarial",

@@ -319,3 +319,21 @@ def test_analytic_check_reads_the_fsdp_gradient_dtypes_the_engine_recorded():
     assert bg(fsdp_main_grads_bytes=4) == 4
     assert bg(fsdp_main_grads_bytes=4, fsdp_grad_comm_bytes=2) == 2
     assert res.analytic_check({**base, "fsdp_main_grads_bytes": 4}, "distopt")["job"]["grad_bytes"] == 4
+
+
+def test_the_h100_anchor_rows_have_figures_and_a_measured_gap():
+    # the anchor's FSDP and distributed-optimizer rows on its own GPU kind: finite, at least 4 timed steps; where the
+    # published figure falls outside the prediction, every candidate for the gap is a measured row
+    doc = json.loads((RESULTS / "rehearse_perf_1xh100.json").read_text())
+    by = {r["row"]: r for r in doc["rows"]}
+    for name in ("anchor_fsdp_n8", "anchor_distopt_n8"):
+        r = by[name]
+        assert r["nonfinite_timed_steps"] == 0 and r["timed_steps_used"] >= 4 and r["tokens_per_s_per_gpu"], name
+    a = by["anchor_fsdp_n8"]
+    assert any("FP8 weights (current scaling) keep their scale" in d for d in a["deviations"])  # labelled
+    if not (a["published_vs_predicted"] or {}).get("inside"):
+        gap = a["gap_to_published"]
+        assert [c["row"] for c in gap["candidates"]] == list(res.GAP_CANDIDATES)
+        assert all(c["measured_tokens_per_s_per_gpu"] and c["nonfinite_timed_steps"] == 0 for c in gap["candidates"])
+        assert gap["fake_backend_at_n1"]["rehearsal_vs_real_world_of_1"] is not None
+        assert gap["distopt_compute_vs_published"] is not None and gap["fsdp_compute_vs_distopt"] is not None

@@ -25,22 +25,29 @@ def _report(tmp, name, kernels, step_s):
 def test_the_gap_is_split_by_kind_and_the_mirror_share_is_stated(tmp_path):
     raw = tmp_path / "moe_profile_1xsynthetic"
     raw.mkdir()
-    gemm = [("nvjet_gemm", 400_000.0)]  # 200 ms per step over 2 steps, in every run
-    copies = [("void at::native::direct_copy_kernel_cuda(x)", 120_000.0)]  # 60 ms/step: the mirror's copies
-    memcpy = [("Memcpy DtoD (Device -> Device)", 40_000.0)]  # 20 ms/step: FSDP's own bucket copies
-    _report(raw, "moe_prof_fsdp", gemm + copies + memcpy, [0.30, 0.31])
-    _report(raw, "moe_prof_distopt", gemm, [0.21, 0.2])
-    _report(raw, "moe_prof_fsdp_nomirror", gemm + memcpy, [0.24, 0.23])
+    gemm = [("nvjet_gemm", 200_000.0)] * 2  # 200 ms and one launch per step over 2 steps, in every run
+    mirror = [("Memcpy DtoD (Device -> Device)", 10.0)] * 60  # 60 memcpys per step over 2 steps: the mirror's
+    fsdp_own = [("void at::native::direct_copy_kernel_cuda(x)", 20_000.0)] * 2  # 20 ms, 1 copy per step: FSDP's own
+    _report(raw, "moe_prof_fsdp", gemm + fsdp_own + mirror, [0.50, 0.55])
+    _report(raw, "moe_prof_distopt", gemm, [0.40, 0.44])
+    _report(raw, "moe_prof_fsdp_nomirror", gemm + fsdp_own, [0.45, 0.46])
     (raw / "driver.json").write_text(json.dumps({"started_utc": "2026-12-05T17:00:00+00:00"}))
     doc = mpr.build(raw)
     comp = doc["raw"]["comparison"]
-    assert comp["fsdp_minus_distopt_total_ms_per_step"] == 80.0
-    assert comp["fsdp_minus_distopt_ms_per_step"] == {"copy": 60.0, "memcpy": 20.0, "gemm": 0.0}
-    assert comp["mirror_total_ms_per_step"] == 60.0 and comp["mirror_share_of_gap"] == 0.75
+    assert comp["fsdp_minus_distopt_total_ms_per_step"] == 20.3
+    assert comp["fsdp_minus_distopt_ms_per_step"]["copy"] == 20.0
+    assert comp["fsdp_minus_distopt_ms_per_step"]["memcpy"] == 0.3
+    assert comp["launches_fsdp_over_distopt"] == 32.0  # 32 kernels and copies per step against 1
+    assert comp["mirror_extra_launches_per_step"] == 30 and comp["mirror_extra_memcpy_per_step"] == 30
+    assert comp["mirror_share_of_extra_launches"] == round(30 / 31, 3)
     assert doc["benchmark"] == "moe_profile_1xsynthetic" and doc["date"] == "2026-12-05"
-    assert doc["rows"][0][:5] == ["moe_prof_fsdp", "optim_grads_params", "on", 0.305, 280.0]
+    fsdp = doc["rows"][0]
+    assert fsdp[:6] == ["moe_prof_fsdp", "optim_grads_params", "on", 0.525, 220.3, 0.42]
+    assert fsdp[7:] == [32, 30]
     text = " ".join(doc["notes"])
-    assert "+40.0%" in text and "copy +60.0 ms" in text and "75%" in text
+    assert "42% busy" in text and "+2.9 ms" not in text and "copy +20.0" in text
+    assert "the mirror adds 30 (30 memcpys), 97% of what FSDP issues beyond" in text
+    assert "differ by up to 10%" in text  # the spread of a run's own timed steps
 
 
 def test_a_run_without_a_profile_is_named_and_exits_1(tmp_path, capsys):
@@ -50,5 +57,5 @@ def test_a_run_without_a_profile_is_named_and_exits_1(tmp_path, capsys):
     assert mpr.main([str(raw), "--out", str(tmp_path / "o.json")]) == 1
     assert "no profile: moe_prof_distopt, moe_prof_fsdp_nomirror" in capsys.readouterr().out
     doc = json.loads((tmp_path / "o.json").read_text())
-    assert doc["raw"]["comparison"] == {} and doc["rows"][1][4] is None
+    assert doc["raw"]["comparison"] == {} and doc["rows"][1][4] is None and doc["rows"][1][7] is None
     assert mpr.main([str(tmp_path / "absent")]) == 2

@@ -18,29 +18,40 @@ The summary functions are pure Python (tested without a GPU); torch is imported 
 
 from __future__ import annotations
 
-# (kind, tokens): the first kind with a token found in the lower-cased kernel name. Order matters: a
-# Transformer Engine FP8 GEMM's name holds "gemm" and "fp8", and is a GEMM; a cast kernel holds "cast";
-# cuDNN's fused attention names hold "sdpa"/"flash" and GEMM-like tile words, and are attention.
+# (kind, tokens): the first kind with a token found in the lower-cased kernel name. Order matters:
+# cuDNN's fused attention names hold "sdpa"/"flash" and GEMM-like tile words, and are attention; a PyTorch
+# copy that converts dtypes (``direct_copy_kernel_cuda``) is a copy, not a cast; Transformer Engine's FP8
+# kernels name their format or operation (quantize, amax, cast_transpose). PyTorch's elementwise kernels
+# carry the operation's functor in their template arguments (``CUDAFunctor_add``, ``silu_kernel``), which is
+# what is matched; the implementation word ``gpu_kernel_impl_nocast`` is dropped first (see ``kind_of``).
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("nccl", ("nccl",)),
     ("memcpy", ("memcpy",)),
     ("memset", ("memset",)),
-    ("attention", ("flash", "fmha", "attn", "sdpa", "softmax")),  # before gemm: cuDNN's fused attention
+    ("attention", ("flash", "fmha", "attn", "sdpa", "softmax")),
     ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "cublas")),
-    ("moe_permute", ("permut", "moe", "topk", "sort", "histogram", "index_select", "indexselect", "scatter", "gather")),
+    (
+        "moe_permute",
+        ("permut", "moe", "topk", "sort", "histogram", "index_select", "indexselect", "indexfunc", "scatter", "gather"),
+    ),
     ("optimizer", ("adam", "multi_tensor", "multitensor")),
-    ("fp8_cast", ("cast", "quantize", "amax", "fp8", "transpose")),
+    ("copy", ("direct_copy", "copy_kernel", "catarray")),
+    ("fp8_cast", ("quantize", "amax", "cast_transpose", "fp8", "e4m3", "e5m2")),
     ("norm", ("norm",)),
-    ("copy", ("copy", "cat_", "catarray")),
-    ("reduce", ("reduce", "sum_", "sumkernel")),
+    ("add", ("functor_add", "functoronself_add")),  # elementwise adds: gradient accumulation among them
+    ("reduce", ("reduce_kernel", "reduceop", "sum_kernel")),
     ("elementwise", ("elementwise", "vectorized", "unrolled", "fill")),
 )
+# Words of PyTorch's kernel implementation that name no operation and would match a token ("nocast").
+IMPLEMENTATION_WORDS = ("gpu_kernel_impl_nocast",)
 TOP_KERNELS = 40  # kernels kept by name, longest first: enough to see what a kind holds
 
 
 def kind_of(name: str) -> str:
     """The kind of a kernel (or copy/memset record) from its name (``KINDS``); "other" when none matches."""
     low = name.lower()
+    for word in IMPLEMENTATION_WORDS:
+        low = low.replace(word, "")
     for kind, tokens in KINDS:
         if any(t in low for t in tokens):
             return kind

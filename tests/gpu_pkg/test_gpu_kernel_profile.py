@@ -24,6 +24,15 @@ NAMES = {
     "void transformer_engine::rmsnorm_fwd_tuned_kernel<float>": "norm",
     "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>": "elementwise",
     "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>": "reduce",
+    "void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>>": "add",
+    # PyTorch's implementation word "nocast" is not a cast: the functor decides
+    "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::silu_kernel>>": (
+        "elementwise"
+    ),
+    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>": (
+        "copy"
+    ),
+    "void at::native::indexFuncLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>": "moe_permute",
     "some_kernel_nobody_named": "other",
 }
 
