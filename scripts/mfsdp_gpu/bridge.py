@@ -80,6 +80,26 @@ def apex_fused_wgrad_available() -> bool:
     return True
 
 
+# What a rehearsal's PEFT model starts from (the report's ``peft_base_weights``).
+PEFT_BASE_WEIGHTS = "random: the pretrained checkpoint is not read in a rehearsal"
+
+
+def peft_hook_without_checkpoint():
+    """A stand-in for Bridge's ``_create_peft_pre_wrap_hook``: the real hook loads the pretrained checkpoint,
+    then adds the adapters. A rehearsal has no checkpoint: the adapters go onto randomly initialised base
+    weights (same shapes and memory, other values). Used for the first build and for ``--save-load``'s
+    fresh build, which then restores the saved adapters from the rehearsal's own checkpoint."""
+    import megatron.bridge.training.setup as setup_mod
+
+    def create(cfg, state):
+        def hook(model):
+            return setup_mod._apply_peft_transformation(cfg.peft, model)
+
+        return hook
+
+    return create
+
+
 # megatron-core's flag that APEX's fused wgrad kernel imported (megatron/core/tensor_parallel/layers.py):
 # ColumnParallelLinear's constructor raises when a config asks for the fusion and it is False.
 MCORE_GAF_FLAG = ("megatron.core.tensor_parallel.layers", "_grad_accum_fusion_available")

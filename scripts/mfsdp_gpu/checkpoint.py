@@ -87,7 +87,20 @@ def load_fresh(cfg, ckpt_dir: str):
     cfg.checkpoint.load = ckpt_dir
     cfg.checkpoint.save = None
     runtime_config_update(cfg)
-    return setup(cfg)
+    if cfg.peft is None:
+        return setup(cfg)
+    # PEFT: the base weights come from no pretrained checkpoint here either (bridge.peft_hook_without_checkpoint);
+    # the adapters are then restored from the rehearsal's own checkpoint
+    import megatron.bridge.training.setup as setup_mod
+
+    from .bridge import peft_hook_without_checkpoint
+
+    orig = setup_mod._create_peft_pre_wrap_hook
+    setup_mod._create_peft_pre_wrap_hook = peft_hook_without_checkpoint()
+    try:
+        return setup(cfg)
+    finally:
+        setup_mod._create_peft_pre_wrap_hook = orig
 
 
 def listing(root: str) -> list:

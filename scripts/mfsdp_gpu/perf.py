@@ -29,24 +29,75 @@ import os
 PERF_SCHEMA = "mfsdp-perf/1"
 GPU_LOCK_ENV = "MFSDP_GPU_LOCK"
 FLOPS_SOURCE = "megatron/bridge/training/utils/flop_utils.py :: num_floating_point_operations(cfg, batch_size=GBS)"
-_LOCK: list = []  # the open lock file, held until the process exits
+_LOCK: list = []  # the lock's open descriptor, held until the process exits
+# When the lock is taken, the previous holder may have exited without its GPU memory being returned yet (the
+# driver frees it as the process is torn down, which can come after its descriptors are closed): wait until no
+# more than this is held by others. Engines waiting for the lock hold a CUDA context each (about 0.5 GiB).
+GPU_FREE_MARGIN_BYTES = 8 * 1024**3
+GPU_FREE_WAIT_S = 120.0  # then go on, and say so: a rehearsal that meets a busy GPU reports an out-of-memory error
+LOCK_STATE: dict = {"waited_for_memory_s": None, "others_held_bytes": None}
 
 
-def gpu_lock(progress=None) -> str | None:
-    """Take the GPU lock named by ``MFSDP_GPU_LOCK`` (blocking); returns its path, or None when unset."""
+def gpu_lock(progress=None, mem_info=None) -> str | None:
+    """Take the GPU lock named by ``MFSDP_GPU_LOCK`` (blocking); returns its path, or None when unset.
+
+    The lock is a raw descriptor (no Python file object that interpreter shutdown would close early): the
+    kernel closes it when the process ends. Once it is taken, :func:`wait_for_gpu_memory` waits for the
+    previous holder's memory to come back. ``mem_info`` (for tests) returns ``(free, total)`` bytes."""
     path = os.environ.get(GPU_LOCK_ENV)
     if not path or _LOCK:
         return path or None
     import fcntl
 
-    fh = open(path, "a+")  # noqa: SIM115 (held open: the lock lasts as long as the process)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     if progress:
         progress(f"waiting for the GPU lock {path}")
-    fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-    _LOCK.append(fh)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _LOCK.append(fd)
     if progress:
         progress("GPU lock taken")
+    waited, others = wait_for_gpu_memory(mem_info or _cuda_mem_info, progress=progress)
+    LOCK_STATE.update(waited_for_memory_s=round(waited, 2), others_held_bytes=others)
     return path
+
+
+def _cuda_mem_info() -> tuple[int, int]:
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return int(free), int(total)
+
+
+def wait_for_gpu_memory(
+    mem_info,
+    margin: int = GPU_FREE_MARGIN_BYTES,
+    timeout_s: float = GPU_FREE_WAIT_S,
+    sleep=None,
+    clock=None,
+    progress=None,
+) -> tuple[float, int | None]:
+    """Wait until at most ``margin`` bytes of the GPU are held by others (``total - free``, this process's
+    own memory included: it holds none yet when the lock is taken); returns (seconds waited, bytes others
+    held at the end). Gives up after ``timeout_s`` (the run goes on and meets what it meets)."""
+    import time
+
+    sleep = sleep or time.sleep
+    clock = clock or time.monotonic
+    start = clock()
+    others = None
+    said = False
+    while True:
+        try:
+            free, total = mem_info()
+        except Exception:  # no CUDA to ask: nothing to wait for
+            return 0.0, None
+        others = total - free
+        if others <= margin or clock() - start >= timeout_s:
+            return clock() - start, others
+        if progress and not said:
+            progress(f"{others / 1024**3:.1f} GiB of the GPU still held by others: waiting for it to be freed")
+            said = True
+        sleep(0.5)
 
 
 def _get(cfg, path: str, default=None):

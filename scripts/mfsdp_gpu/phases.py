@@ -41,22 +41,6 @@ class Patches:
         self.undo = []
 
 
-def peft_hook_without_checkpoint(report):
-    """Bridge's PEFT pre-wrap hook loads the pretrained checkpoint, then adds adapters. A
-    rehearsal has no checkpoint: the adapters go onto randomly initialised base weights
-    (same shapes and memory, other values)."""
-    import megatron.bridge.training.setup as setup_mod
-
-    def create(cfg, state):
-        def hook(model):
-            return setup_mod._apply_peft_transformation(cfg.peft, model)
-
-        return hook
-
-    report.data["peft_base_weights"] = "random: the pretrained checkpoint is not read in a rehearsal"
-    return create
-
-
 def setup_measured(cfg, report: Report, mem: Mem, clock=None):
     """Bridge's setup(), with each of its phases timed and measured.
 
@@ -107,8 +91,9 @@ def setup_measured(cfg, report: Report, mem: Mem, clock=None):
     patches.wrap(setup_mod, "setup_optimizer", begin("optimizer"), then("data"))
     if cfg.peft is not None:
         orig = setup_mod._create_peft_pre_wrap_hook
-        setup_mod._create_peft_pre_wrap_hook = peft_hook_without_checkpoint(report)
+        setup_mod._create_peft_pre_wrap_hook = bridge.peft_hook_without_checkpoint()
         patches.undo.append((setup_mod, "_create_peft_pre_wrap_hook", orig))
+        report.data["peft_base_weights"] = bridge.PEFT_BASE_WEIGHTS
     report.data["model_wrap_measured_separately"] = wrap_measured
 
     meter = StepMeter(report, mem, clock)

@@ -244,7 +244,7 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
         }
         facts.setdefault("deviations", []).extend(deviations)
     # PEFT: Bridge validates that a pretrained checkpoint path exists; the rehearsal's
-    # pre-wrap hook adds the adapters without reading it (peft_hook_without_checkpoint).
+    # pre-wrap hook adds the adapters without reading it (bridge.peft_hook_without_checkpoint).
     if get_dotted(cfg, "peft") is not None:
         current = get_dotted(cfg, "checkpoint.pretrained_checkpoint")
         if not current or not os.path.exists(str(current)):
@@ -358,6 +358,8 @@ def run_once(a, report: Report, fake: bool) -> int:
     report.end()
 
     report.data["gpu_lock"] = perf.gpu_lock(progress)  # several rehearsals on one GPU: one trains at a time
+    if report.data["gpu_lock"]:
+        report.data["gpu_lock_wait"] = dict(perf.LOCK_STATE)
     profiler = kernel_profile.StepProfiler() if getattr(a, "profile", False) else None
     clock = PerfClock(a.warmup, recorder, profiler) if recorder is not None else None
     undo_gaf = bridge.allow_grad_accum_fusion_without_apex() if facts.get("te_only_grad_accum_fusion") else None

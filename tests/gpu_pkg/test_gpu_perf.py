@@ -176,9 +176,37 @@ def test_gpu_lock_is_taken_once_and_only_when_asked(tmp_path, monkeypatch):
     assert perf.gpu_lock() is None
     monkeypatch.setenv(perf.GPU_LOCK_ENV, str(tmp_path / "gpu.lock"))
     said = []
-    assert perf.gpu_lock(said.append) == str(tmp_path / "gpu.lock")
-    assert perf.gpu_lock(said.append) == str(tmp_path / "gpu.lock") and len(said) == 2  # held: not taken again
-    perf._LOCK[0].close()
+    free = lambda: (70 * 2**30, 80 * 2**30)  # noqa: E731  10 GiB held by others, then the next call frees it
+    calls = iter([(60 * 2**30, 80 * 2**30), (79 * 2**30, 80 * 2**30)])
+    assert perf.gpu_lock(said.append, mem_info=lambda: next(calls)) == str(tmp_path / "gpu.lock")
+    assert perf.LOCK_STATE["others_held_bytes"] == 2**30  # waited until the previous holder's 20 GiB came back
+    assert perf.gpu_lock(said.append, mem_info=free) == str(tmp_path / "gpu.lock") and len(said) == 2  # held
+    import fcntl
+
+    other = os.open(tmp_path / "gpu.lock", os.O_RDWR)
+    with pytest.raises(BlockingIOError):  # another process (descriptor) cannot take it meanwhile
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(other)
+    os.close(perf._LOCK[0])
+
+
+def test_waiting_for_gpu_memory_stops_at_the_margin_or_the_timeout():
+    t = [0.0]
+
+    def sleep(s):
+        t[0] += s
+
+    busy = lambda: (10 * 2**30, 80 * 2**30)  # noqa: E731  70 GiB held by others for ever
+    waited, others = perf.wait_for_gpu_memory(busy, timeout_s=5.0, sleep=sleep, clock=lambda: t[0])
+    assert waited == 5.0 and others == 70 * 2**30  # gave up after the timeout, and says what was held
+    t[0] = 0.0
+    quiet = lambda: (79 * 2**30, 80 * 2**30)  # noqa: E731
+    assert perf.wait_for_gpu_memory(quiet, sleep=sleep, clock=lambda: t[0]) == (0.0, 2**30)
+
+    def no_cuda():
+        raise RuntimeError("no CUDA")
+
+    assert perf.wait_for_gpu_memory(no_cuda) == (0.0, None)
 
 
 def test_gradient_finalisation_after_the_last_backward_counts_as_backward():
