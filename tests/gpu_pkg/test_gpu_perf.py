@@ -180,7 +180,8 @@ def test_gpu_lock_is_taken_once_and_only_when_asked(tmp_path, monkeypatch):
     calls = iter([(60 * 2**30, 80 * 2**30), (79 * 2**30, 80 * 2**30)])
     assert perf.gpu_lock(said.append, mem_info=lambda: next(calls)) == str(tmp_path / "gpu.lock")
     assert perf.LOCK_STATE["others_held_bytes"] == 2**30  # waited until the previous holder's 20 GiB came back
-    assert perf.gpu_lock(said.append, mem_info=free) == str(tmp_path / "gpu.lock") and len(said) == 2  # held
+    assert said[-1].startswith("20.0 GiB of the GPU still held by others")
+    assert perf.gpu_lock(said.append, mem_info=free) == str(tmp_path / "gpu.lock") and len(said) == 3  # held
     import fcntl
 
     other = os.open(tmp_path / "gpu.lock", os.O_RDWR)
