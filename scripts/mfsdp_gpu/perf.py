@@ -144,21 +144,39 @@ def nonfinite(value) -> bool:
     return isinstance(value, (int, float)) and not math.isfinite(value)
 
 
-def timed_numerics(steps: list[dict], timed_iterations: list) -> dict:
+def timed_numerics(steps: list[dict], timed_iterations: list, tp: int = 1) -> dict:
     """The timed steps' losses and gradient norms, and how many of those steps had a non-finite one.
 
     Under the fake backend a weight nobody wrote can hold NaN, and a NaN step runs faster than a
     finite one: such a step's time is not the job's. The analysis (``mfsdp_lib.perf.report``)
-    leaves these steps out of every figure and says so first."""
+    leaves these steps out of every figure and says so first.
+
+    One exception, recorded apart (``loss_inf_tp_steps``): with tensor parallelism, a loss of +inf
+    under a finite gradient norm is the fake backend's reduction, not the computation. Transformer
+    Engine's vocabulary-parallel cross-entropy all-gathers each rank's (max, sum, target logit) and
+    reads the target's logit from the rank that owns it; a rank that does not own the target
+    writes -inf there, and the mirror gives every slot this rank's values, so the reported loss of
+    every row whose target lies in another rank's vocabulary shard is +inf. The gradient uses only
+    local statistics and stays finite: the step computed on finite values, and it counts."""
     by_iter = {s.get("iteration"): s for s in steps}
     losses = [by_iter.get(i, {}).get("loss") for i in timed_iterations]
     norms = [by_iter.get(i, {}).get("grad_norm") for i in timed_iterations]
-    bad = [i for i, x, g in zip(timed_iterations, losses, norms, strict=True) if nonfinite(x) or nonfinite(g)]
+    exempt = [
+        i
+        for i, x, g in zip(timed_iterations, losses, norms, strict=True)
+        if tp > 1 and isinstance(x, (int, float)) and x == math.inf and g is not None and not nonfinite(g)
+    ]
+    bad = [
+        i
+        for i, x, g in zip(timed_iterations, losses, norms, strict=True)
+        if (nonfinite(x) and i not in exempt) or nonfinite(g)
+    ]
     return {
         "timed_losses": losses,
         "timed_grad_norms": norms,
         "nonfinite_timed_steps": len(bad),
         "nonfinite_steps": bad,
+        "loss_inf_tp_steps": exempt,
     }
 
 
@@ -220,7 +238,7 @@ def record(
         }
     return {
         "schema": PERF_SCHEMA,
-        **timed_numerics(steps or [], steps_done),
+        **timed_numerics(steps or [], steps_done, tp),
         "scaling": out_scaling,
         "warmup_steps": clock.warmup,
         "timed_steps": steps_done,

@@ -298,3 +298,17 @@ def test_a_revision_pinned_by_the_recipe_is_served_from_the_same_config(tmp_path
     assert tag == str(folder / "snapshots" / rev / "config.json")
     assert hfhub.pin_revision(model, None, state) is None
     assert hfhub.pin_revision("other/model", commit, state) is None  # no config given for it
+
+
+def test_a_plus_inf_loss_under_tensor_parallelism_with_a_finite_gradient_counts():
+    # TE's vocabulary-parallel cross-entropy under the mirror: +inf reported, the gradient finite
+    steps = [
+        {"iteration": 2, "loss": float("inf"), "grad_norm": 56.1},
+        {"iteration": 3, "loss": float("inf"), "grad_norm": float("nan")},  # the gradient too: non-finite
+        {"iteration": 4, "loss": float("nan"), "grad_norm": 1.0},  # NaN is never the reduction's: non-finite
+        {"iteration": 5, "loss": float("inf"), "grad_norm": None},  # no gradient norm to vouch for it
+    ]
+    got = perf.timed_numerics(steps, [2, 3, 4, 5], tp=4)
+    assert got["loss_inf_tp_steps"] == [2] and got["nonfinite_steps"] == [3, 4, 5]
+    plain = perf.timed_numerics(steps, [2, 3, 4, 5])  # without tensor parallelism nothing is exempt
+    assert plain["loss_inf_tp_steps"] == [] and plain["nonfinite_steps"] == [2, 3, 4, 5]

@@ -120,3 +120,20 @@ def test_nan_written_as_text_in_a_json_report_counts():
 def test_the_engines_own_verdict_is_kept():
     s = report.summarize(_perf(timed_losses=[10.0, 10.0, 10.0], nonfinite_steps=[4]))
     assert s["nonfinite_timed_steps"] == 1 and s["excluded_steps"] == [4]
+
+
+def test_a_tensor_parallel_plus_inf_loss_the_engine_traced_counts_and_is_said():
+    p = _perf(
+        timed_losses=[math.inf, math.inf, 10.0],
+        timed_grad_norms=[56.0, math.nan, 1.0],
+        loss_inf_tp_steps=[3],  # the engine's verdict for the first timed step (iteration 3)
+        timed_steps=[3, 4, 5],
+    )
+    s = report.summarize(p)
+    assert s["nonfinite_timed_steps"] == 1 and s["excluded_steps"] == [4] and s["compute"]["step_s"]["n"] == 2
+    lines = report.render(s)
+    assert lines[0].strip().startswith("WARNING: 1 timed step(s)")
+    assert lines[1].strip().startswith("NOTE: 1 timed step(s) reported a loss of +inf") and "steps 3" in lines[1]
+    # without the engine's verdict the same +inf loss is left out
+    s = report.summarize(_perf(timed_losses=[math.inf, 10.0, 10.0], timed_grad_norms=[56.0, 1.0, 1.0]))
+    assert s["nonfinite_timed_steps"] == 1 and report.loss_note(s) is None

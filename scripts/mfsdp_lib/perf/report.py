@@ -184,15 +184,20 @@ def timed_numerics(perf: Mapping) -> dict:
     checked = isinstance(got, list) and len(got) == n
     losses: list = list(got) if checked and isinstance(got, list) else []
     flagged = set(perf.get("nonfinite_steps") or [])  # the engine's own verdict, by iteration
+    # +inf losses under finite gradient norms that the engine traced to the fake backend's tensor-parallel
+    # cross-entropy reduction (mfsdp_gpu.perf.timed_numerics): the step computed on finite values
+    exempt = set(perf.get("loss_inf_tp_steps") or [])
     timed = list(perf.get("timed_steps") or [])
     mask = []
     for i in range(n):
         x = losses[i] if checked else None
         g = norms[i] if isinstance(norms, list) and i < len(norms) else None
         it = timed[i] if i < len(timed) else None
-        mask.append(not (_nonfinite(x) or _nonfinite(g) or it in flagged))
+        loss_bad = _nonfinite(x) and not (it in exempt and not _nonfinite(g))
+        mask.append(not (loss_bad or _nonfinite(g) or it in flagged))
     return {
         "checked": checked,
+        "loss_inf_tp_steps": sorted(exempt),
         "timed_losses": losses if checked else None,
         "finite_mask": mask,
         "nonfinite_timed_steps": sum(1 for ok in mask if not ok),
@@ -225,6 +230,7 @@ def _numerics_out(numerics: Mapping) -> dict:
         "losses_checked": numerics["checked"],
         "nonfinite_timed_steps": numerics["nonfinite_timed_steps"],
         "excluded_steps": numerics["excluded_steps"],
+        "loss_inf_tp_steps": numerics["loss_inf_tp_steps"],
     }
 
 
@@ -240,6 +246,19 @@ def scale_step(step_s, optimizer_s, scaling: Mapping | None):
         return step_s
     opt = optimizer_s if isinstance(optimizer_s, (int, float)) else 0.0
     return opt + (step_s - opt) * m / k
+
+
+def loss_note(p: Mapping) -> str | None:
+    """The line a report adds when timed steps reported a +inf loss under a finite gradient norm with tensor
+    parallelism (``timed_numerics``): counted, and said."""
+    steps = p.get("loss_inf_tp_steps") or []
+    if not steps:
+        return None
+    return (
+        f"NOTE: {len(steps)} timed step(s) reported a loss of +inf with a finite gradient norm (steps "
+        f"{', '.join(map(str, steps))}): tensor parallelism under the fake backend, where the cross-entropy's "
+        "target logit is read from a rank that does not own it; the reported loss, not the computation: counted"
+    )
 
 
 def warning(p: Mapping) -> str | None:
@@ -286,6 +305,8 @@ def render(p: Mapping, indent: str = "  ") -> list[str]:
     st = c["step_s"]
     sc = p.get("scaling")
     lines = [f"{indent}{warning(p)}"] if warning(p) else []
+    if loss_note(p):
+        lines.append(f"{indent}{loss_note(p)}")
     if sc:
         lines.append(
             f"{indent}scaled: {sc.get('micro_batches_run')} of the step's {sc.get('micro_batches_full')} "
