@@ -117,7 +117,7 @@ EXPECTED = (
     ),
     Expected(
         "moe-profile",
-        "Why Megatron FSDP's compute is slower than the distributed optimizer's on a MoE job: GPU kernel time by kind",
+        "Megatron FSDP against the distributed optimizer on a MoE job, profiled: GPU kernel time by kind",
         lambda r: _bid(r).startswith("moe_profile_1x"),
         "`python3 benchmarks/bench_rehearse_perf.py --out RAW --only moe_prof_fsdp,moe_prof_distopt,"
         "moe_prof_fsdp_nomirror` on one GPU, then `python3 benchmarks/moe_profile_result.py RAW`",

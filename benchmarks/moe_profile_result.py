@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Why Megatron FSDP's compute is slower than the distributed optimizer's on a MoE job: the kernel profiles.
+"""Where a MoE job's step goes under Megatron FSDP and under the distributed optimizer: the kernel profiles.
 
 ``bench_rehearse_perf.py --only moe_prof_fsdp,moe_prof_distopt,moe_prof_fsdp_nomirror --out RAW`` runs the
 ``qwen3-moe-16l`` preset (Qwen3-30B-A3B's layer shapes, EP 8) as rank 0 of a world of 64 under each strategy with
@@ -210,8 +210,9 @@ def build(raw: Path) -> dict:
     rel = raw_store.logical(raw) or str(raw)
     return {
         "benchmark": raw.name,
-        "title": "Why Megatron FSDP's compute is slower than the distributed optimizer's on a MoE job: GPU kernel "
-        "time per step by kind (Qwen3-30B-A3B layer shapes, 16 layers, EP 8, rank 0 of 64)",
+        "title": "Megatron FSDP against the distributed optimizer on a MoE job, profiled: GPU kernel time per step by "
+        "kind, the host-bound share, and the fake backend's part (Qwen3-30B-A3B layer shapes, 16 layers, EP 8, "
+        "rank 0 of 64)",
         "date": str(driver.get("started_utc") or "")[:10] or None,
         "machine": f"1x {device}" if device else "unknown (no row recorded a device)",
         "command": f"python3 benchmarks/bench_rehearse_perf.py --out {rel} --only {','.join(ROWS)}; "
