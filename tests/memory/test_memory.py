@@ -881,3 +881,23 @@ def test_comm_overlap_section_sets_the_bucket_bridge_uses(bridge_src):
     plain = m.estimate(base, dp=8, strategies=("optim_grads_params",)).rows["optim_grads_params"]
     perf = m.estimate(dict(base, comm_overlap={"tp_comm_overlap": False}), dp=8, strategies=("optim_grads_params",))
     assert perf.rows["optim_grads_params"].gathered_after_step != plain.gathered_after_step
+
+
+def test_transformer_engines_cross_entropy_holds_4_then_2_bytes_a_logit():
+    """model.cross_entropy_fusion_impl "te" (with the fusion on): the bf16 logits and TE's saved bf16 copy, then
+    the gradient written into that copy; the other paths keep the fp32 softmax (10 then 6 bytes a logit)."""
+    from mfsdp_lib.memory import terms
+
+    shape = terms.Shape(name="t", num_layers=2, hidden_size=256, num_attention_heads=4, vocab_size=1024)
+    a = terms.ActivationSettings(seq_length=128, micro_batch_size=2)
+    logits = 128 * 2 * shape.padded_vocab(1)
+    assert terms._loss_bytes(shape, a, 1) == (10 * logits, 6 * logits)
+    te = replace(a, te_cross_entropy=True)
+    assert terms._loss_bytes(shape, te, 1) == (4 * logits, 2 * logits)
+    cfg = {"model": {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te", "seq_length": 128}}
+    assert terms.activation_settings(cfg, shape).te_cross_entropy is True
+    for model in (
+        {"cross_entropy_loss_fusion": False, "cross_entropy_fusion_impl": "te"},
+        {"cross_entropy_loss_fusion": True},
+    ):
+        assert terms.activation_settings({"model": {**model, "seq_length": 128}}, shape).te_cross_entropy is False

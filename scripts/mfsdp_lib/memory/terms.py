@@ -209,6 +209,9 @@ class ActivationSettings:
     hidden_dropout: float = 0.0  # > 0: a 1-byte mask per dropout (two per layer, one after the embedding)
     bias_activation_fusion: bool = True  # gated FFN: the fused SwiGLU saves no extra activation output
     gradient_accumulation_fusion: bool = True  # off: the output layer's weight gradient is a bf16 temporary
+    # model.cross_entropy_loss_fusion with model.cross_entropy_fusion_impl "te": Transformer Engine's cross-entropy
+    # (2 bytes a logit for its saved copy, not the fp32 softmax; _loss_bytes)
+    te_cross_entropy: bool = False
     fp8: bool = False  # model.fp8: TE saves linear inputs as FP8
     # model.recompute_modules with selective recompute (transformer_config.py:546-560; default core_attn)
     recompute_modules: tuple = ("core_attn",)
@@ -421,6 +424,12 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
 
 
 LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 exp buffer
+# Transformer Engine's cross-entropy (model.cross_entropy_fusion_impl "te"): the bf16 logits and the bf16 copy it
+# saves for backward (transformer_engine/pytorch/triton/cross_entropy.py, cross_entropy_forward: saved_input is a new
+# tensor unless overwrite_input, which megatron-core's te_parallel_cross_entropy leaves False); its backward writes the
+# logits gradient into that copy (cross_entropy_backward), so the start of backward holds 2 bytes a logit.
+TE_LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 2
+TE_LOSS_BACKWARD_BYTES_PER_LOGIT = 2
 
 
 def _loss_bytes(shape: Shape, a: ActivationSettings, tp: int) -> tuple[float, float]:
@@ -431,11 +440,15 @@ def _loss_bytes(shape: Shape, a: ActivationSettings, tp: int) -> tuple[float, fl
     buffer torch.compile's functionalised in-place ops allocate (jit.py: jit_fuser =
     torch.compile; cross_entropy.py:41-63): 2 + 4 + 4 bytes per logit. Start of backward: the
     fp32 softmax saved for backward and the bf16 logits gradient; without gradient-accumulation
-    fusion also the output weight's bf16 gradient."""
+    fusion also the output weight's bf16 gradient. With Transformer Engine's cross-entropy
+    (``te_cross_entropy``) 4 and 2 bytes a logit instead (``TE_LOSS_*``)."""
     vocab = shape.padded_vocab(tp)
     logits = a.seq_length * a.micro_batch_size * vocab / tp
+    weight_grad = 0 if a.gradient_accumulation_fusion else 2 * vocab * shape.hidden_size / tp
+    if a.te_cross_entropy:
+        return TE_LOSS_FORWARD_BYTES_PER_LOGIT * logits, TE_LOSS_BACKWARD_BYTES_PER_LOGIT * logits + weight_grad
     loss_forward = LOSS_FORWARD_BYTES_PER_LOGIT * logits
-    start_backward = (4 + 2) * logits + (0 if a.gradient_accumulation_fusion else 2 * vocab * shape.hidden_size / tp)
+    start_backward = (4 + 2) * logits + weight_grad
     return loss_forward, start_backward
 
 
@@ -533,6 +546,8 @@ def activation_settings(
         hidden_dropout=float(_get(cfg, "model.hidden_dropout", 0.0 if llama else MCORE_HIDDEN_DROPOUT)),
         bias_activation_fusion=_bool(_get(cfg, "model.bias_activation_fusion"), llama),
         gradient_accumulation_fusion=_bool(_get(cfg, "model.gradient_accumulation_fusion"), llama),
+        te_cross_entropy=_bool(_get(cfg, "model.cross_entropy_loss_fusion"))
+        and _get(cfg, "model.cross_entropy_fusion_impl") == "te",
         unfused_attention=str(backend).rsplit(".", 1)[-1].lower() in ("unfused", "local"),
         sequence_parallel=_bool(_get(cfg, "model.sequence_parallel")),
         recompute_granularity=granularity,
