@@ -365,3 +365,10 @@ def test_fit_eval_batch_moves_the_eval_batch_and_keeps_the_samples():
     assert changes["validation.eval_global_batch_size"].new == 32  # DP 16: 32 per step
     assert changes["validation.eval_iters"].new == 12  # ceil(360 / 32): at least as many samples
     assert "validation.eval_global_batch_size" not in {c.path for c in enable.plan(cfg, set_pp1=True)}
+
+
+def test_the_ckpt_command_in_advice_quotes_the_path():
+    # a path with a space or a shell character is printed so that the command can be pasted as it is
+    cfg = config_io.load_effective(None, ["checkpoint.load=/runs/my run/ckpt"])
+    notes = enable.advice(cfg, enable.plan(cfg))
+    assert "`mfsdp.py ckpt '/runs/my run/ckpt' --expect fsdp_dtensor`" in notes[0]

@@ -52,6 +52,7 @@ the caller is told that comments were lost.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 
 from . import config_io, rules
@@ -401,7 +402,7 @@ def advice(
             f"checkpoint.load={load} is kept, so the job still resumes after a preemption. If that directory "
             f"already holds {old_format} checkpoints of an earlier run, resuming fails Bridge's format check "
             f"(ckpt_format {new_format}): convert them to {new_format}, or point checkpoint.load and "
-            f"checkpoint.save at a fresh directory. 'mfsdp.py ckpt {load} --expect {new_format}' tells which applies "
+            f"checkpoint.save at a fresh directory. `mfsdp.py ckpt {shlex.quote(str(load))} --expect {new_format}` tells which applies "
             f"(exit 0: {new_format}, resumes; 1: another format; 2: nothing there yet, the job starts fresh)."
         )
     pp = next((c for c in changes if c.path.endswith(".pipeline_model_parallel_size") and c.new == 1), None)
@@ -418,7 +419,7 @@ def advice(
         out.append(
             f"checkpoint.pretrained_checkpoint={pretrained} is kept: PEFT loads it as {new_format} unless it is a "
             "Hugging Face folder, so a torch_dist base checkpoint fails at load. Use the Hugging Face folder (or "
-            f"convert it). 'mfsdp.py ckpt {pretrained}' tells its format."
+            f"convert it). `mfsdp.py ckpt {shlex.quote(str(pretrained))}` tells its format."
         )
     return out
 
