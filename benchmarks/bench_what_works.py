@@ -95,8 +95,11 @@ PEFT_BASE = "/workspace/base_model"  # the base-model path a PEFT user gives; th
 # and copying the results back.
 BATCH_BUDGET_S = 480
 IMPORT_S = 45  # importing Bridge before a process reaches the GPU (hidden for all but the first run)
-ROW_FIXED_S = 40  # validate, build (meta-device for large models), wrap, optimizer set-up, teardown
-SAVE_LOAD_S = 40  # a checkpoint round trip of one rank's shards
+# Calibrated on the driver's first GPU run (11 rows on an H100, raw what_works_trial_1xh100): small models held the
+# GPU 14-19 s in all, two timed steps included; a 7 B rank with 63 GiB of state spent about 70 s saving and loading.
+ROW_FIXED_S = 20  # validate, build (meta-device for large models), wrap, optimizer set-up, teardown
+SAVE_LOAD_S = 10  # a checkpoint round trip: the fixed part ...
+SAVE_LOAD_S_PER_GIB = 1.0  # ... and writing then reading one rank's state, about 1 GiB/s both ways together
 MAMBA_FIRST_S = 120  # Triton compiles the Mamba kernels on their first use (once per machine: its cache is reused)
 EARLY_FAIL_S = 20  # a row expected to fail at validate: the config is built and refused before any model exists
 ROW_UNKNOWN_S = 180  # a row whose size memory cannot give (a layer kind it does not size): a generous figure
@@ -492,7 +495,7 @@ def estimate_gpu_s(cfg: dict, mem: dict, layout: dict, needs: dict, save_load: b
     else:
         t = ROW_FIXED_S + (WARMUP + TIMED) * micro * micro_batch_seconds(cfg, mem, layout)
     if save_load:
-        t += SAVE_LOAD_S
+        t += SAVE_LOAD_S + SAVE_LOAD_S_PER_GIB * float(mem.get("predicted_state") or 0.0)
     return int(math.ceil(t))
 
 
