@@ -285,10 +285,13 @@ parallel_args() {  # $1 = interpreter; prints the pytest-xdist arguments (none: 
         say "pytest-xdist is not installed in $py: the suite runs in one process"
         return 0
     fi
+    # --no-loadscope-reorder: files go to the workers in the order they are collected, which puts the longest first
+    # (LONGEST_FILES in tests/conftest.py); xdist's own order, most tests first, left the slowest few-test files
+    # (the agent runs, the adversarial grading, the install) to run alone at the end.
     if [ "$n" = auto ]; then
-        echo "-n auto --maxprocesses $MAX_TEST_WORKERS --dist loadfile"
+        echo "-n auto --maxprocesses $MAX_TEST_WORKERS --dist loadfile --no-loadscope-reorder"
     else
-        echo "-n $n --dist loadfile"
+        echo "-n $n --dist loadfile --no-loadscope-reorder"
     fi
 }
 
