@@ -121,6 +121,7 @@ def test_the_marker_never_leaks_into_an_output(tmp_path):
         ("python3 .claude/skills/s/scripts/mfsdp.py check configs/run.yaml --gpus 8", True),
         ("cd p && python3 {skill_dir}/scripts/mfsdp.py log a.log 2>&1 | tail -5", True),
         ("cat a > b; sed -i s/x/y/ b && cp b c", True),
+        ("MFSDP_DEBUG=1 python3 scripts/mfsdp.py check a.yaml", True),
         ("python3 -c \"import json; json.dump({}, open('v.json', 'w'))\"", True),
         ("python3 -m json.tool log_verdict.json", True),
         ("ls -l ckpts", False),
