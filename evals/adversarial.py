@@ -27,6 +27,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ from pathlib import Path
 from . import cases as cases_mod
 from . import grader
 from .fill import fill
+from .runcache import RunCache, env_key
 from .transcripts import CLAUDE, CODEX
 
 HERE = Path(__file__).resolve().parent
@@ -67,8 +69,64 @@ def copy_fixture(case_id: str, dest: Path) -> None:
         p.rename(p.with_suffix(""))
 
 
+# The tool runs of every item, replayed where an earlier item ran the same command on the same project (evals.runcache:
+# most items of a case start with the same command on a fresh copy of the same fixture).
+RUNS = RunCache()
+# Programs whose output, as a command line calls them, never depends on a file's modification time (no listing,
+# no -newer, no make): a command line made only of these (and Python running the skill's tool or inline code that
+# reads no file's times) is replayed whatever the project's file times; any other is keyed with them.
+MTIME_BLIND = frozenset(
+    {"python3", "python", "cat", "echo", "printf", "sed", "cp", "grep", "head", "tail", "mkdir", "diff", "rm", "mv"}
+    | {"cd", "set", "true", "wc", "sort"}
+)
+SHELL_PUNCTUATION = frozenset({";", "&&", "||", "|", "&", "(", ")", "|&", ";;", "\n"})
+# Inline Python that names one of these may read a file's times (os.stat, Path.stat, os.path.getmtime, ...).
+TIME_READING_CODE = re.compile(r"\b(?:\w*stat|getmtime|getctime|getatime|st_\w+|utime|scandir|walk)\b")
+
+
+def reads_no_mtime(command: str) -> bool:
+    """True when COMMAND's output cannot depend on a file's modification time: every program it starts is one of
+    ``MTIME_BLIND``, a Python it starts runs the skill's ``mfsdp.py``, a module of the standard library's tools
+    (``-m json.tool``) or inline code that reads no file's times, and it has no command substitution by backquote."""
+    if "`" in command:
+        return False
+    try:
+        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        words = list(lex)
+    except ValueError:
+        return False
+    program, target = "", False
+    for w in words:
+        if target:  # the file a redirection names
+            target = False
+            continue
+        if w.strip("<>&") == "" and ("<" in w or ">" in w):
+            target = True  # a redirection (>, >>, <, >&, &>): it changes where output goes, not what a program reads
+            continue
+        if w in SHELL_PUNCTUATION:
+            program = ""
+            continue
+        if not program:
+            if "=" in w and not w.startswith("="):
+                continue  # VAR=value before the program
+            program = w.rsplit("/", 1)[-1].lstrip("$")
+            if program not in MTIME_BLIND:
+                return False
+            continue
+        if program.startswith("python"):
+            if w.endswith(".py") and w.rsplit("/", 1)[-1] != "mfsdp.py":
+                return False  # a script of the user's or the agent's: it could read anything
+            if TIME_READING_CODE.search(w):
+                return False
+    return True
+
+
 def run_tool(command: str, case_id: str, project: Path | None = None) -> tuple[int, str]:
-    """Run a command line for real in PROJECT (default: a fresh copy of the case's project); (exit status, output)."""
+    """Run a command line for real in PROJECT (default: a fresh copy of the case's project); (exit status, output).
+
+    A run in PROJECT that an earlier one in this process matches exactly (command, environment, every file of the
+    project) is replayed from ``RUNS`` with its output, as running it again would print it."""
     if project is None:
         with tempfile.TemporaryDirectory(prefix="adv-") as tmp:
             proj = Path(tmp) / "project"
@@ -80,10 +138,15 @@ def run_tool(command: str, case_id: str, project: Path | None = None) -> tuple[i
         os.symlink(ROOT, skill)
     env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "TOKEN"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(
-        ["bash", "-c", command], cwd=project, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
-    return proc.returncode, (proc.stdout + proc.stderr)
+
+    def run() -> tuple[int, str]:
+        proc = subprocess.run(
+            ["bash", "-c", command], cwd=project, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        )
+        return proc.returncode, (proc.stdout + proc.stderr)
+
+    code, out = RUNS.run((command, env_key(env)), project, run, mtimes=not reads_no_mtime(command))
+    return code, out
 
 
 def _steps(item: dict, project: Path | None = None) -> list[dict]:

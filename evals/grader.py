@@ -29,6 +29,7 @@ import dataclasses
 import fnmatch
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -443,6 +444,10 @@ def _source_figures(texts: list[str]) -> set[str]:
             except ValueError:
                 continue
             out.add(m.group(0).lstrip("+-"))  # as printed, to every decimal it has
+            if not math.isfinite(h * GIB_PER_GB * 10**4):
+                # Digits-e-digits inside a hash or path ("…85e23204…") read as a float too large to round:
+                # no figure an answer quotes, so it is kept only as printed.
+                continue
             for x in (h, h * GIB_PER_GB, h / GIB_PER_GB):
                 for d in range(5):
                     out.add(f"{x:.{d}f}")

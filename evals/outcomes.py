@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .runcache import RunCache, env_key
+
 ROOT = Path(__file__).resolve().parent.parent
 MFSDP = ROOT / "scripts" / "mfsdp.py"
 CHECK_TIMEOUT_S = 120  # one `check` run takes well under a second; the margin is for a loaded machine
@@ -153,6 +155,23 @@ class Outcome:
         return frozenset(subs)
 
 
+# The skill's runs on a project's files: the same file is checked once per transcript format of a run, and the
+# adversarial set checks many identical files; a run that matches an earlier one exactly is replayed (evals.runcache).
+RUNS = RunCache()
+
+
+def _run(argv: list[str], workspace: Path, env: dict[str, str] | None) -> subprocess.CompletedProcess:
+    """ARGV run in WORKSPACE with ENV (None: this process's), or the replay of an identical earlier run."""
+
+    def run() -> tuple[int, str, str]:
+        proc = subprocess.run(argv, cwd=workspace, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, env=env)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    # ARGV is always the skill's own tool, which reads no file's modification time (evals.runcache)
+    code, out, err = RUNS.run((tuple(argv), env_key(env)), workspace, run, mtimes=False)
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
 def evaluate(outcome: Outcome, workspace: Path, fixture: Path | None) -> tuple[str, list[str]]:
     """("right" | "wrong", evidence): the artefacts in WORKSPACE against OUTCOME; FIXTURE is the starting project."""
     problems: list[str] = []
@@ -217,14 +236,7 @@ def _config(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str]]
     shown += f" --gpus {art.gpus}" if art.gpus else ""
     shown += "".join(f" --env {k}={v}" for k, v in sorted(env.items()))
     try:
-        proc = subprocess.run(
-            argv,
-            cwd=workspace,
-            capture_output=True,
-            text=True,
-            timeout=CHECK_TIMEOUT_S,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        )
+        proc = _run(argv, workspace, {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     except subprocess.TimeoutExpired:
         return False, [f"{shown} did not finish in {CHECK_TIMEOUT_S} s"]
     if proc.returncode == 2:
@@ -260,7 +272,7 @@ def _ckpt(art: Artefact, workspace: Path) -> tuple[bool, list[str]]:
         return False, [f"{art.path}/ is gone"]
     argv = [sys.executable, "-B", str(MFSDP), "ckpt", art.path, "--format", "json"]
     try:
-        proc = subprocess.run(argv, cwd=workspace, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+        proc = _run(argv, workspace, None)
     except subprocess.TimeoutExpired:
         return False, [f"mfsdp.py ckpt {art.path} did not finish in {CHECK_TIMEOUT_S} s"]
     try:
@@ -409,14 +421,7 @@ def _estimate(art: Artefact, workspace: Path, text: str) -> tuple[bool, list[str
     argv = [sys.executable, "-B", str(MFSDP), "memory", *art.estimate, "--format", "json"]
     shown = "mfsdp.py memory " + " ".join(art.estimate)
     try:
-        proc = subprocess.run(
-            argv,
-            cwd=workspace,
-            capture_output=True,
-            text=True,
-            timeout=CHECK_TIMEOUT_S,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        )
+        proc = _run(argv, workspace, {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
         report = json.loads(proc.stdout)
         row = next(r for r in report["strategies"] if r.get("name") == art.strategy)
         total, fits = float(row["total_gib"]), bool(row["fits"])

@@ -154,6 +154,44 @@ def cli():
     return run_cli
 
 
+# The test files that take longest, longest first (seconds on a 2-CPU machine, from pytest --durations: the sum of
+# each file's setup and calls). pytest-xdist's --dist loadfile hands a worker one whole file at a time, in the order
+# the files are collected (dev.sh turns off its reordering by test count, which put these few-test files last):
+# started first, they run beside the many short files instead of alone at the end, with the other worker idle.
+# Only when they run changes, never what they assert; a file not named here keeps its place after them.
+LONGEST_FILES = (
+    "tests/test_evals_e2e.py",  # ~110: every case with both agent CLIs (eight at once)
+    "tests/test_evals_adversarial.py",  # ~60: the whole labelled set graded in one process
+    "tests/recipes/test_corpus.py",  # ~45
+    "tests/rules/test_recipe_corpus.py",  # ~28
+    "tests/test_packaging.py",  # ~26: a fresh virtualenv, pip, dev.sh itself
+    "tests/test_install.py",  # ~23: git clone and the real `npx skills add`
+    "tests/security/test_attacks_signature.py",  # ~22
+    "tests/integrity/test_signature.py",  # ~22
+    "tests/runs/test_bench_rehearse.py",  # ~21: budgets and timeouts waited out
+    "tests/runs/test_checkpoints.py",  # ~17
+    "tests/recipes/test_gen_corpus_cpu.py",  # ~14
+    "tests/cli/test_cli_memory.py",  # ~14
+    "tests/test_bench_what_works.py",  # ~11
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files of LONGEST_FILES first, in its order; every other file after them, as collected (a stable sort:
+    the tests of one file keep their order)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    root = Path(str(config.rootpath))
+
+    def place(item) -> int:
+        try:
+            rel = Path(str(item.path)).resolve().relative_to(root).as_posix()
+        except ValueError:
+            return len(rank)
+        return rank.get(rel, len(rank))
+
+    items.sort(key=place)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs CUDA GPUs and an importable Megatron-Bridge")
     config.addinivalue_line("markers", "network: needs a package registry (PyPI / npm)")

@@ -917,6 +917,13 @@ def test_a_figure_no_text_of_the_transcript_holds_is_made_up(tmp_path):
     assert c["verdict"] == "right" and r["passed"] is True, c["evidence"]
 
 
+def test_a_hash_or_path_that_reads_as_a_huge_float_is_kept_as_printed():
+    """A path the tool printed such as ".../dev/w-7b85e23204bd" holds "85e23204", which float() reads as
+    infinity: the figures of the texts keep it as printed and the ordinary figures beside it, and never raise."""
+    have = grader._source_figures(["saved to /cache/dev/w-7b85e23204bd/out: 12.34 GiB, 1e308 bytes"])
+    assert {"85e23204", "12.34", "12.3", "11.49"} <= have, sorted(have)
+
+
 def test_quoted_figures_skip_versions_settings_and_multipliers():
     from evals.grader import QUOTED_FIGURE
 

@@ -196,6 +196,10 @@ def _files_under(path: pathlib.Path) -> set[str]:
     return {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() or p.is_symlink()}
 
 
+# The environments of a dev folder (devenv.LAYOUT): made once, and only read by the jobs this test runs.
+DEV_ENVIRONMENTS = ("venv", "venv310", "node")
+
+
 @pytest.mark.slow
 def test_a_clone_set_up_by_dev_sh_then_installed_holds_only_the_skill_and_verifies(tmp_path, signing_keys):
     """README's own order on a clone: `dev.sh setup`, `dev.sh demo` and a pytest run through dev.sh (its
@@ -203,8 +207,9 @@ def test_a_clone_set_up_by_dev_sh_then_installed_holds_only_the_skill_and_verifi
     dev.sh makes may land in the clone (the installer would copy it: 1.9 GB when the environments lived there),
     and the installed folder must pass `skill_signature.py verify` without --dev-tree.
 
-    The clone's dev folder is the default one (keyed by the clone's path under XDG_CACHE_HOME), made a link to
-    this checkout's so that no package is downloaded again."""
+    The clone's dev folder is the default one (keyed by the clone's path under XDG_CACHE_HOME); its environments
+    are links to this checkout's, so that no package is downloaded again, and the rest (the demo's output, the tool
+    caches) is its own: test_packaging.py's demo may run at the same time in this checkout's folder."""
     cli = _skills_cli()
     ours = pathlib.Path(devenv.dev_home(str(ROOT)))
     if not pathlib.Path(devenv.python(str(ROOT))).exists():
@@ -220,8 +225,10 @@ def test_a_clone_set_up_by_dev_sh_then_installed_holds_only_the_skill_and_verifi
     env.update(XDG_CACHE_HOME=str(cache), CI="", DISABLE_TELEMETRY="1", DO_NOT_TRACK="1")
     theirs = pathlib.Path(devenv.dev_home(str(clone), env))
     assert theirs.parent == cache / devenv.APP / "dev" and not theirs.is_relative_to(clone)
-    theirs.parent.mkdir(parents=True)
-    theirs.symlink_to(ours, target_is_directory=True)
+    theirs.mkdir(parents=True, mode=0o700)
+    for env_dir in (devenv.LAYOUT[name] for name in DEV_ENVIRONMENTS):
+        if (ours / env_dir).is_dir():
+            (theirs / env_dir).symlink_to(ours / env_dir, target_is_directory=True)
     # test_fuzz_config.py runs Hypothesis, which keeps a database; dev.sh test310 runs pytest with its cache.
     for job in (["setup"], ["demo"], ["test310", "tests/rules/test_fuzz_config.py", "-q", "-x", "-k", "random_bytes"]):
         proc = subprocess.run(

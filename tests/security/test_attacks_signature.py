@@ -46,9 +46,18 @@ def _copy_and_sign(dest: Path, ca, edit=None) -> Path:
     return dest
 
 
+@pytest.fixture(scope="module")
+def _signed_template(tmp_path_factory, ca):
+    """This skill signed once for the module (signing hashes every file); each test attacks its own copy of it."""
+    return _copy_and_sign(tmp_path_factory.mktemp("signed") / sig.SKILL_NAME, ca)
+
+
 @pytest.fixture
-def signed(tmp_path, ca):
-    return _copy_and_sign(tmp_path / sig.SKILL_NAME, ca)
+def signed(tmp_path, _signed_template):
+    """A signed copy of this skill, the test's own to attack (the same bytes and modes as signing it afresh)."""
+    dest = tmp_path / sig.SKILL_NAME
+    shutil.copytree(_signed_template, dest, symlinks=True)
+    return dest
 
 
 def _problems(path, ca, **kw) -> list[str]:
