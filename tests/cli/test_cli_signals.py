@@ -31,7 +31,7 @@ STAND_IN = textwrap.dedent(
     out=""
     while [ $# -gt 0 ]; do case "$1" in --out) out="$2"; shift;; esac; shift; done
     mkdir -p "$out"
-    sleep 300 &
+    sleep 300 >/dev/null 2>&1 &
     echo "$$ $!" > "$out/pids.tmp"; mv "$out/pids.tmp" "$out/pids"
     echo "[rehearse 00:00:00] model_build ..." >&2
     wait
@@ -45,6 +45,15 @@ def _gone(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def _kill(*pids: int) -> None:
+    """SIGKILL whatever of these is still running (a test that failed half-way)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _wait_for(path: Path, seconds: float = 30) -> str:
@@ -77,13 +86,17 @@ def test_rehearse_stops_the_engines_group_on(sig, tmp_path):
     assert found, "the stand-in engine never started"
     pids = [int(x) for x in _wait_for(found[0]).split()]
     engine_pid, grandchild = pids
-    assert os.getpgid(engine_pid) == engine_pid != os.getpgid(cli.pid)  # its own group: the CLI must stop it
-    cli.send_signal(sig)
-    _, err = cli.communicate(timeout=60)
-    assert cli.returncode == 128 + sig, err
-    assert "stopping the engine's process group" in err
-    assert _gone(engine_pid) and _gone(grandchild), "an engine process outlived the command"
-    assert "Traceback" not in err
+    try:
+        assert os.getpgid(engine_pid) == engine_pid != os.getpgid(cli.pid)  # its own group: the CLI must stop it
+        cli.send_signal(sig)
+        _, err = cli.communicate(timeout=60)
+        assert cli.returncode == 128 + sig, err
+        assert "stopping the engine's process group" in err
+        assert _gone(engine_pid) and _gone(grandchild), "an engine process outlived the command"
+        assert "Traceback" not in err
+    except BaseException:
+        _kill(cli.pid, engine_pid, grandchild)  # a failed check leaves nothing running behind the suite
+        raise
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
@@ -96,7 +109,7 @@ def test_smoke_launch_stops_the_launchers_group_on(sig, tmp_path):
         sys.path.insert(0, {str(SCRIPTS)!r})
         from pathlib import Path
         from mfsdp_lib.runs import engine, smoke
-        cmd = ["bash", "-c", "sleep 300 & echo $$ $! > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"]
+        cmd = ["bash", "-c", "sleep 300 >/dev/null 2>&1 & echo $$ $! > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"]
         try:
             with engine.stop_signals_raise():
                 smoke.launch(cmd, Path({str(tmp_path / "train.log")!r}))
@@ -106,7 +119,11 @@ def test_smoke_launch_stops_the_launchers_group_on(sig, tmp_path):
     )
     proc = subprocess.Popen([sys.executable, "-c", driver], stderr=subprocess.PIPE, text=True)
     launcher, grandchild = (int(x) for x in _wait_for(pidfile).split())
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + sig, err
-    assert _gone(launcher) and _gone(grandchild)
+    try:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + sig, err
+        assert _gone(launcher) and _gone(grandchild)
+    except BaseException:
+        _kill(proc.pid, launcher, grandchild)
+        raise

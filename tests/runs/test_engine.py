@@ -28,7 +28,7 @@ def _family(tmp_path: Path, trap_term: bool) -> tuple[subprocess.Popen, int]:
     """A stand-in engine (bash) with a grandchild (sleep); with trap_term both ignore SIGTERM."""
     pidfile = tmp_path / "child.pid"
     trap = "trap '' TERM; " if trap_term else ""
-    script = f"{trap}sleep 300 & echo $! > {pidfile}; wait; sleep 300"
+    script = f"{trap}sleep 300 >/dev/null 2>&1 & echo $! > {pidfile}; wait; sleep 300 >/dev/null 2>&1"
     proc = engine.start(["bash", "-c", script])
     for _ in range(100):
         if pidfile.exists() and pidfile.read_text().strip():
