@@ -53,36 +53,35 @@ class Fact:
     # Megatron FSDP); False when a match beside every required point only leaves it undecided (it may be a quote).
     decisive: bool = False
 
-    def find(self, text: str) -> re.Match | None:
-        """The first match whose clause does not negate it (matches may overlap: a negated one must not hide a
-        later one that shares its words)."""
+    def _matches(self, text: str):
+        """Every match, overlapping ones included (a negated one must not hide a later one that shares its words)."""
         rx = re.compile(self.pattern, re.IGNORECASE | re.MULTILINE)
         pos = 0
         while pos <= len(text):
             m = rx.search(text, pos)
             if m is None:
-                return None
-            if not self.negatable or not st.negated_at(text, m.start(), m.end(), statement=True):
-                return m
+                return
+            yield m
             pos = m.start() + 1
-        return None
+
+    def _negated(self, text: str, m: re.Match) -> bool:
+        return self.negatable and st.negated_at(text, m.start(), m.end(), statement=True)
+
+    def find(self, text: str) -> re.Match | None:
+        """The first match whose clause does not negate it."""
+        return next((m for m in self._matches(text) if not self._negated(text, m)), None)
 
     def claimed(self, text: str) -> re.Match | None:
         """As ``find``, for a forbidden claim: a match that is the goal of a purpose clause ("to make it fit you need
         recompute", "so that it fits") states what a change is for, not what is, so it is no claim."""
-        rx = re.compile(self.pattern, re.IGNORECASE | re.MULTILINE)
-        pos = 0
-        while pos <= len(text):
-            m = rx.search(text, pos)
-            if m is None:
-                return None
-            before = text[max(0, m.start() - 40) : m.start()]
-            if self.negatable and st.negated_at(text, m.start(), m.end(), statement=True):
-                pass
-            elif not PURPOSE_BEFORE.search(before):
-                return m
-            pos = m.start() + 1
-        return None
+        return next(
+            (
+                m
+                for m in self._matches(text)
+                if not self._negated(text, m) and not PURPOSE_BEFORE.search(text[max(0, m.start() - 40) : m.start()])
+            ),
+            None,
+        )
 
     def search(self, text: str) -> re.Match | None:
         return re.search(self.pattern, text, re.IGNORECASE | re.MULTILINE)
