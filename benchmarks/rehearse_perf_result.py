@@ -344,7 +344,8 @@ def build(raw: Path) -> dict:
         "table_rows": [table_row(r) for r in rows],
         "notes": notes(rows, versions, driver)
         + excluded_detail(rows, raw)
-        + conditions(driver, _read(raw / "driver_rerun.json"), _text(raw / "driver_stdout.log")),
+        + conditions(driver, _read(raw / "driver_rerun.json"), _text(raw / "driver_stdout.log"))
+        + fp8_rerun_conditions(_read(raw / FP8_RERUN_DRIVER)),
         "raw": {
             "folder": _rel(raw),
             "driver": driver,
@@ -388,6 +389,27 @@ def conditions(driver: dict, rerun: dict | None, stdout: str = "") -> list[str]:
             f"(driver_rerun.json, exit {r.get('exit_code')}, {r.get('wall_s')} s); its rows are that run's."
         )
     return out
+
+
+# The FP8 rows measured again once the engine kept the scales of weights the rank holds no shard of
+# (fakeworld.keep_unowned_scales): their first measurement timed non-finite steps. The re-run's driver
+# file is kept beside the first pass's, which still describes every other row.
+FP8_RERUN_DRIVER = "driver_fp8_rerun.json"
+
+
+def fp8_rerun_conditions(rerun: dict | None) -> list[str]:
+    """Rows measured again after the FP8 scale fix, with when and how."""
+    rows = (rerun or {}).get("rows") or []
+    if not rows:
+        return []
+    names = ", ".join(str(r.get("row")) for r in rows)
+    walls = "; ".join(f"{r.get('row')} exit {r.get('exit_code')}, {r.get('wall_s')} s" for r in rows)
+    most = rerun.get("max_concurrent")
+    return [
+        f"{names}: measured again on {str(rerun.get('started_utc') or '')[:10]} with the FP8 scales of weights "
+        f"this rank holds no shard of kept (their first pass timed non-finite steps); their rows are that run's "
+        f"({FP8_RERUN_DRIVER}: {walls}; up to {most} in flight, one at a time on the GPU)."
+    ]
 
 
 def _text(path: Path) -> str:
