@@ -109,7 +109,7 @@ def test_committed_result_is_current(assembled):
     _, result, _ = assembled
     committed = json.loads(RESULT.read_text())
     assert committed["rows"] == result["rows"], "regenerate: python3 benchmarks/bench_memory.py " + " ".join(
-        f"--raw-dir {raw.relative_to(ROOT)}" for raw in RAWS
+        f"--raw-dir {raw_store.logical(raw)}" for raw in RAWS
     )
     assert committed["notes"] == result["notes"]
 
