@@ -287,7 +287,9 @@ def megatron_activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 
 MOE_ROUTER_BYTES_PER_EXPERT = 4 + 4 + 1
 
 
-def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp: int = 1) -> float:
+def layer_activation_bytes(
+    shape: Shape, kind: str, a: ActivationSettings, *, tp: int = 1, etp: int | None = None
+) -> float:
     """Bytes one layer of ``kind`` saves for backward, per microbatch (see ``activation_bytes``).
 
     Pieces: ``attention``/``mla`` (input norm, Q, K, V, the attention output), ``mlp`` (pre-MLP
@@ -352,13 +354,19 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
             total += norm_before("linear_fc1", fused_norm=False) + (sbh if a.hidden_dropout > 0 else 0) / seq_div
             k = shape.moe_router_topk
             width = shape.moe_latent_size or h
-            expert_ffn = shape.moe_ffn_hidden_size or shape.ffn
+            # Tokens: with TP > 1 training needs sequence parallelism (moe_layer.py:629-633), so the router sees this
+            # rank's s/TP shard; the all-to-all then brings each rank top-k copies of as many tokens (balanced) and
+            # the expert-TP all-gather multiplies them by ETP (token_dispatcher.py:734-743), whose ranks each hold
+            # ffn/ETP of every expert (ETP unset: TP, Megatron-Core's default).
+            e_tp = etp or tp
+            routed = k * s * b * e_tp / tp  # routed token copies on this rank
+            expert_ffn = (shape.moe_ffn_hidden_size or shape.ffn) / e_tp
             if not a.recomputes("moe"):
                 fc1_in = lin * width if a.saves_input("linear_fc1") else 0
-                total += k * s * b * (fc1_in + 2 * width)  # permuted FC1 inputs, dispatcher buffers
+                total += routed * (fc1_in + 2 * width)  # permuted FC1 inputs, dispatcher buffers
                 act_out = lin * expert_ffn if a.recomputes("moe_act") and a.saves_input("linear_fc2") else 0
-                total += k * s * b * (_mlp_saved(shape, expert_ffn, a, lin) - act_out)
-                total += s * b * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
+                total += routed * (_mlp_saved(shape, expert_ffn, a, lin) - act_out)
+                total += s * b / tp * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
             if shape.moe_shared_expert_intermediate_size and not a.recomputes("shared_experts"):
                 total += _mlp_saved(shape, shape.moe_shared_expert_intermediate_size, a, lin) * s * b / tp
         elif piece == "mamba":
@@ -389,7 +397,9 @@ def _mlp_saved(shape: Shape, ffn: int, a: ActivationSettings, lin: int) -> float
     return 2 * ffn + fc2_in
 
 
-def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1) -> float:
+def activation_bytes(
+    shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1, etp: int | None = None
+) -> float:
     """Peak activation bytes on the first pipeline stage: the tensors each layer saves for backward.
 
     Korthikanti et al. 2022 (arXiv:2205.05198) decompose a layer's ``34 sbh`` bytes as: the
@@ -423,7 +433,7 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     kinds = shape.layer_kinds()
     layers = math.ceil(shape.num_layers / pp)
     stage_kinds = kinds[:layers]  # the first stage's layers
-    sizes = {k: layer_activation_bytes(shape, k, a, tp=tp) for k in set(stage_kinds)}
+    sizes = {k: layer_activation_bytes(shape, k, a, tp=tp, etp=etp) for k in set(stage_kinds)}
     per_layer = max(sizes.values())  # the largest layer: what one rematerialised layer needs
     checkpoint = 2 * sbh / (tp if sp else 1)  # a layer's bf16 input, kept by full recompute
 
@@ -449,7 +459,7 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
         return (stack + embedding + output) / cp
     # The last stage holds one microbatch in flight (1F1B) but the output layer and the loss.
     last_kinds = kinds[len(kinds) - layers :]
-    last_sizes = {k: layer_activation_bytes(shape, k, a, tp=tp) for k in set(last_kinds)}
+    last_sizes = {k: layer_activation_bytes(shape, k, a, tp=tp, etp=etp) for k in set(last_kinds)}
     if a.recompute_granularity == "full":
         n = max(1, a.recompute_num_layers or 1)
         if a.recompute_method == "block":
