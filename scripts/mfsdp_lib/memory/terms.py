@@ -387,7 +387,7 @@ def layer_activation_bytes(
     return total
 
 
-def _mlp_saved(shape: Shape, ffn: int, a: ActivationSettings, lin: int) -> float:
+def _mlp_saved(shape: Shape, ffn: float, a: ActivationSettings, lin: int) -> float:
     """Bytes per token an MLP of width ``ffn`` saves: the FC1 output (x2 gated; the activation's input) and the
     FC2 input (not when PEFT froze linear_fc2 and no adapter wraps it); an unfused gated activation also its own
     output (the product's saved factor)."""
