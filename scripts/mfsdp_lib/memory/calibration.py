@@ -62,7 +62,7 @@ HYBRID_SHARDED_FIXED_BYTES = 0.3 * 2**30
 # 0.467 GiB at N = 64 on the 1.1 B preset (peak_fwd_bwd_bytes of step 1 less that of steps 2 and 3), while the dense
 # model's later steps peak as high as its first. Measured, rounded up; its allocation site is not traced to a line. A
 # fixed part rather than a larger activation factor, because a factor fitted on it (1.3) over-predicts the long-sequence
-# LoRA recipes (their activations 4-6 times the preset's) by up to 17 % (Llama 3.1 8B's, H100).
+# LoRA recipes (their activations 3-6 times the preset's) by up to 17 % (Llama 3.1 8B's, H100).
 PEFT_FIRST_STEP_BYTES = 0.47 * 2**30
 PEAK_FIXED_BYTES = {
     ("hybrid", "sharded"): HYBRID_SHARDED_FIXED_BYTES,
