@@ -1054,3 +1054,14 @@ def test_lora_calibration_covers_dense_and_moe_models_with_its_first_step_part()
             calibration.state_margin_bytes(est) + calibration.PEFT_FIRST_STEP_BYTES
         )
     assert calibration.family(m.estimate({"model": moe}, dp=8, strategies=("optim_grads_params",))) == "moe"
+
+
+def test_peft_rules_leave_mla_and_mamba_layers_whole():
+    """The PEFT rules follow GPT attention's and MLP's module names; an MLA or Mamba layer's input norm output is
+    counted whatever the targets (its linears have other names)."""
+    a = m.ActivationSettings(seq_length=64, micro_batch_size=1)
+    frozen = replace(a, peft=True, frozen_linears=m.terms.DECODER_LINEARS)
+    mamba = replace(LORA_LAYER, hybrid_layer_pattern="M*")
+    mla = replace(LORA_LAYER, multi_latent_attention=True, q_lora_rank=128, kv_lora_rank=64)
+    for shape, kind in ((mamba, "mamba"), (mla, "mla")):
+        assert m.layer_activation_bytes(shape, kind, frozen) == m.layer_activation_bytes(shape, kind, a)

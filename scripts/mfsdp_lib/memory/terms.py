@@ -329,7 +329,8 @@ def layer_activation_bytes(
     # models/common/te_layers.py:49-57): each keeps its input, the row-parallel linear's bf16 output.
     total += shape.layer_post_norms * 2 * sbh / seq_div if "+" in kind else 0
     for piece in pieces:
-        norm = norm_before("linear_qkv")
+        # The PEFT rules above follow GPT attention's module names (linear_qkv); MLA and Mamba layers keep the full count.
+        norm = norm_before("linear_qkv") if piece == "attention" else (2 * sbh + norm_out) / seq_div
         if piece in ("attention", "mla"):
             total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
             if piece == "attention":
