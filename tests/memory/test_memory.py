@@ -901,3 +901,167 @@ def test_transformer_engines_cross_entropy_holds_4_then_2_bytes_a_logit():
         {"cross_entropy_loss_fusion": True},
     ):
         assert terms.activation_settings({"model": {**model, "seq_length": 128}}, shape).te_cross_entropy is False
+
+
+def test_unfused_cross_entropy_holds_6_bytes_a_logit(mcore_src):
+    """model.cross_entropy_loss_fusion off: megatron-core's eager cross-entropy shifts, exponentiates and divides its
+    fp32 copy in place, so the loss forward holds the bf16 logits and that copy (6 bytes a logit), not the fused path's
+    10; the key left out is taken as on (Bridge's GPTModelProvider default)."""
+    from mfsdp_lib.memory import terms
+
+    src = (mcore_src / "megatron/core/tensor_parallel/cross_entropy.py").read_text()
+    for line in (
+        "vocab_parallel_logits = vocab_parallel_logits.float()",
+        "vocab_parallel_logits -= logits_max.unsqueeze(dim=-1)",
+        "torch.exp(vocab_parallel_logits, out=exp_logits)",
+        "exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))",
+    ):
+        assert line in src, line
+    shape = terms.Shape(name="t", num_layers=2, hidden_size=256, num_attention_heads=4, vocab_size=1024)
+    a = terms.ActivationSettings(seq_length=128, micro_batch_size=2, fused_cross_entropy=False)
+    logits = 128 * 2 * shape.padded_vocab(1)
+    assert terms._loss_bytes(shape, a, 1) == (6 * logits, 6 * logits)
+    assert (
+        terms.activation_settings({"model": {"cross_entropy_loss_fusion": False}}, shape).fused_cross_entropy is False
+    )
+    assert terms.activation_settings({"model": {}}, shape).fused_cross_entropy is True
+
+
+def test_peft_output_layer_is_frozen_and_softcap_keeps_tanh_output():
+    """Under PEFT the output layer has no weight gradient, so gradient-accumulation fusion off adds nothing; Gemma 2's
+    final soft-capping keeps tanh's bf16 output (2 bytes a logit) in both moments."""
+    from mfsdp_lib.memory import terms
+
+    shape = terms.Shape(name="t", num_layers=2, hidden_size=256, num_attention_heads=4, vocab_size=1024)
+    a = terms.ActivationSettings(seq_length=128, micro_batch_size=2, gradient_accumulation_fusion=False)
+    logits = 128 * 2 * shape.padded_vocab(1)
+    wgrad = 2 * shape.padded_vocab(1) * 256
+    assert terms._loss_bytes(shape, a, 1) == (10 * logits, 6 * logits + wgrad)
+    assert terms._loss_bytes(shape, replace(a, peft=True), 1) == (10 * logits, 6 * logits)
+    capped = replace(a, peft=True, logit_softcap=True)
+    assert terms._loss_bytes(shape, capped, 1) == (12 * logits, 8 * logits)
+    cfg = {"model": {"final_logit_softcapping": 30.0}}
+    assert terms.activation_settings(cfg, shape).logit_softcap is True
+    assert terms.activation_settings({"model": {"final_logit_softcapping": None}}, shape).logit_softcap is False
+
+
+LORA_LAYER = m.Shape(
+    name="lora",
+    hidden_size=512,
+    num_layers=2,
+    num_attention_heads=8,
+    num_query_groups=2,
+    ffn_hidden_size=1536,
+    vocab_size=1000,
+    gated_linear_unit=True,
+)
+
+
+def test_frozen_linears_without_an_adapter_keep_no_input():
+    """Transformer Engine keeps a linear's input only for its weight gradient: under LoRA a linear no adapter wraps
+    saves none (its norm-fused linear frees the norm output), one an adapter wraps keeps it through the adapter. LoRA on
+    all four linears saves what full training saves; on linear_qkv and linear_proj alone, the MLP drops the pre-MLP norm
+    output and the FC2 input."""
+    s, b, h, ffn = 64, 1, 512, 1536
+    a = m.ActivationSettings(seq_length=s, micro_batch_size=b, bias_activation_fusion=True)
+    full = m.layer_activation_bytes(LORA_LAYER, "attention+mlp", a)
+    cfg = {"model": {"bias_activation_fusion": True, "hidden_dropout": 0.0}}
+    every = m.activation_settings(
+        cfg, LORA_LAYER, seq_length=s, micro_batch_size=b, lora_targets=m.Lora().target_modules
+    )
+    assert every.frozen_linears == () and every.peft
+    assert m.layer_activation_bytes(LORA_LAYER, "attention+mlp", every) == full
+    attn_only = m.activation_settings(
+        cfg, LORA_LAYER, seq_length=s, micro_batch_size=b, lora_targets=("linear_qkv", "linear_proj")
+    )
+    assert attn_only.frozen_linears == ("linear_fc1", "linear_fc2")
+    dropped = 2 * s * b * h + 2 * s * b * ffn  # the pre-MLP norm output, the FC2 input
+    assert full - m.layer_activation_bytes(LORA_LAYER, "attention+mlp", attn_only) == dropped
+
+
+def test_lora_with_sequence_parallelism_keeps_the_gathered_norm_output(bridge_src):
+    """Bridge makes a LoRA-wrapped norm-fused linear return its output gathered over TP, which the adapter keeps whole
+    beside TE's own shard: 2 s b h (1 - 1/t) more per norm-fused linear (linear_qkv, a dense MLP's linear_fc1)."""
+    src = (bridge_src / "megatron/bridge/peft/utils.py").read_text()
+    assert "m.return_layernorm_output = True" in src
+    assert "m.return_layernorm_output_gathered = not sequence_parallel_input_regather" in src
+    s, b, h, t = 64, 1, 512, 4
+    a = m.ActivationSettings(seq_length=s, micro_batch_size=b, sequence_parallel=True)
+    lora = replace(a, peft=True)
+    extra = m.layer_activation_bytes(LORA_LAYER, "attention+mlp", lora, tp=t) - m.layer_activation_bytes(
+        LORA_LAYER, "attention+mlp", a, tp=t
+    )
+    assert extra == pytest.approx(2 * (2 * s * b * h * (1 - 1 / t)))
+
+
+def test_moe_tokens_per_rank_under_tensor_parallelism(mcore_src):
+    """With TP > 1 MoE training needs sequence parallelism, so a rank routes its s/TP shard; the expert-TP all-gather
+    multiplies the copies by ETP, whose ranks hold ffn/ETP of each expert. TP 1: unchanged."""
+    src = (mcore_src / "megatron/core/transformer/moe/moe_layer.py").read_text()
+    assert "if self.training and self.attn_tp_group.size() > 1 and not self.config.sequence_parallel:" in src
+    moe = m.Shape(
+        name="moe",
+        hidden_size=512,
+        num_layers=2,
+        num_attention_heads=8,
+        num_query_groups=2,
+        ffn_hidden_size=1536,
+        vocab_size=1000,
+        gated_linear_unit=True,
+        num_moe_experts=16,
+        moe_router_topk=4,
+        moe_ffn_hidden_size=256,
+    )
+    s, b = 256, 1
+    a = m.ActivationSettings(seq_length=s, micro_batch_size=b, sequence_parallel=True, bias_activation_fusion=True)
+
+    def moe_part(tp, etp):
+        return m.layer_activation_bytes(moe, "moe", a, tp=tp, etp=etp) - (4 * s * b * 512) / tp  # less the norm
+
+    k, w, f = 4, 512, 256
+
+    def per_copy(ffn):  # FC1 input, dispatcher buffers, FC1 output, FC2 input
+        return 2 * w + 2 * w + 4 * ffn + 2 * ffn
+
+    router = 16 * m.terms.MOE_ROUTER_BYTES_PER_EXPERT
+    assert moe_part(1, None) == pytest.approx(k * s * b * per_copy(f) + s * b * router)
+    assert moe_part(4, 1) == pytest.approx(k * s * b / 4 * per_copy(f) + s * b / 4 * router)
+    assert moe_part(4, None) == pytest.approx(k * s * b * per_copy(f / 4) + s * b / 4 * router)
+
+
+def test_gemma_post_norms_keep_their_inputs():
+    """Gemma 2/3's post-attention and post-feed-forward norms (TERowParallelLinearLayerNorm) each keep their input."""
+    s, b, h = 64, 2, 512
+    a = m.ActivationSettings(seq_length=s, micro_batch_size=b)
+    post = replace(LORA_LAYER, layer_post_norms=2)
+    extra = m.layer_activation_bytes(post, "attention+mlp", a) - m.layer_activation_bytes(
+        LORA_LAYER, "attention+mlp", a
+    )
+    assert extra == 2 * 2 * s * b * h
+
+
+def test_lora_calibration_covers_dense_and_moe_models_with_its_first_step_part():
+    """LoRA runs, on a dense or a MoE model, take the peft calibration: its fixed first-step part and its factor."""
+    from mfsdp_lib.memory import calibration
+
+    peft = {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 8}
+    moe = dict(LLAMA_1B, num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512, seq_length=256)
+    dense = dict(LLAMA_1B, seq_length=256)
+    for model in (dense, moe):
+        est = m.estimate({"model": model, "peft": peft}, dp=8, strategies=("optim_grads_params",))
+        assert calibration.family(est) == "peft"
+        assert calibration.peak_fixed_bytes(est, "optim_grads_params") == pytest.approx(
+            calibration.state_margin_bytes(est) + calibration.PEFT_FIRST_STEP_BYTES
+        )
+    assert calibration.family(m.estimate({"model": moe}, dp=8, strategies=("optim_grads_params",))) == "moe"
+
+
+def test_peft_rules_leave_mla_and_mamba_layers_whole():
+    """The PEFT rules follow GPT attention's and MLP's module names; an MLA or Mamba layer's input norm output is
+    counted whatever the targets (its linears have other names)."""
+    a = m.ActivationSettings(seq_length=64, micro_batch_size=1)
+    frozen = replace(a, peft=True, frozen_linears=m.terms.DECODER_LINEARS)
+    mamba = replace(LORA_LAYER, hybrid_layer_pattern="M*")
+    mla = replace(LORA_LAYER, multi_latent_attention=True, q_lora_rank=128, kv_lora_rank=64)
+    for shape, kind in ((mamba, "mamba"), (mla, "mla")):
+        assert m.layer_activation_bytes(shape, kind, frozen) == m.layer_activation_bytes(shape, kind, a)

@@ -431,8 +431,9 @@ def estimate(
             dp=par.dp,
             builtin=model is not None,
             bare=cfg is None or overrides_only,
+            lora_targets=lora.target_modules if lora is not None else None,
         )
-        activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
+        activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp, etp=par.etp)
         megatron_lm = megatron_activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
         headroom = loss_forward_headroom(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
     rows = {

@@ -212,6 +212,22 @@ class ActivationSettings:
     # model.cross_entropy_loss_fusion with model.cross_entropy_fusion_impl "te": Transformer Engine's cross-entropy
     # (2 bytes a logit for its saved copy, not the fp32 softmax; _loss_bytes)
     te_cross_entropy: bool = False
+    # model.cross_entropy_loss_fusion (Bridge's GPTModelProvider default True, gpt_provider.py:204). Off, the loss is
+    # megatron-core's eager vocab_parallel_cross_entropy, whose exp and division run in place on the fp32 copy
+    # (_loss_bytes: 6 bytes a logit, not the fused path's 10).
+    fused_cross_entropy: bool = True
+    # PEFT: the base linears are frozen. Transformer Engine keeps a linear's input for backward only for its weight
+    # gradient (module/linear.py:399, layernorm_linear.py:200 and :427, grouped_linear.py:441: backward_needs_input =
+    # is_grad_enabled and weight.requires_grad), so a frozen linear that no adapter wraps saves no input; one that an
+    # adapter wraps has its input saved by the adapter's linear_in instead (Bridge peft/utils.py ParallelLinearAdapter,
+    # megatron-core tensor_parallel/layers.py:548 save_for_backward(input, weight)). ``frozen_linears``: the module
+    # names (linear_qkv, linear_proj, linear_fc1, linear_fc2) no adapter targets; ``peft``: the output layer's weight
+    # is frozen too, so it has no weight gradient.
+    peft: bool = False
+    frozen_linears: tuple = ()
+    # model.final_logit_softcapping (Gemma 2): the output layer returns cap x tanh(logits / cap) (Bridge
+    # models/gemma/gemma2_provider.py:411-423, Gemma2OutputLayer), and tanh keeps its bf16 output for backward.
+    logit_softcap: bool = False
     fp8: bool = False  # model.fp8: TE saves linear inputs as FP8
     # model.recompute_modules with selective recompute (transformer_config.py:546-560; default core_attn)
     recompute_modules: tuple = ("core_attn",)
@@ -221,6 +237,10 @@ class ActivationSettings:
 
     def recomputes(self, module: str) -> bool:
         return self.recompute_granularity == "selective" and module in self.recompute_modules
+
+    def saves_input(self, module: str) -> bool:
+        """Whether the linear ``module`` keeps its input for backward: not when PEFT froze it and no adapter wraps it."""
+        return module not in self.frozen_linears
 
 
 def _in_flight(a: ActivationSettings, pp: int) -> float:
@@ -267,7 +287,9 @@ def megatron_activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 
 MOE_ROUTER_BYTES_PER_EXPERT = 4 + 4 + 1
 
 
-def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp: int = 1) -> float:
+def layer_activation_bytes(
+    shape: Shape, kind: str, a: ActivationSettings, *, tp: int = 1, etp: int | None = None
+) -> float:
     """Bytes one layer of ``kind`` saves for backward, per microbatch (see ``activation_bytes``).
 
     Pieces: ``attention``/``mla`` (input norm, Q, K, V, the attention output), ``mlp`` (pre-MLP
@@ -291,8 +313,24 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
     # "mlp"/"moe"/"shared_experts" keep only the module's input, "moe_act" discards the experts'
     # activation output, "mla_up_proj" discards MLA's Q, K, V (they are recomputed in backward).
     norm_out = 0 if a.recomputes("layernorm") else lin * sbh
+
+    def norm_before(linear: str, fused_norm: bool = True) -> float:
+        # The norm's input (bf16) and output; the output is the next linear's input, kept only when that linear saves
+        # it (a frozen linear_qkv/linear_fc1 without an adapter: TE's LayerNormLinear frees it, layernorm_linear.py:427).
+        # LoRA with sequence parallelism: Bridge makes the norm-fused linear return its output gathered over TP
+        # (peft/utils.py:600, :611 return_layernorm_output_gathered), which the adapter's linear_in keeps whole
+        # beside TE's own shard: one more bf16 s x b x h less the shard.
+        out = (2 * sbh + (norm_out if a.saves_input(linear) else 0)) / seq_div
+        if a.peft and sp and fused_norm and a.saves_input(linear) and not a.recomputes("layernorm"):
+            out += 2 * sbh * (1 - 1 / seq_div)
+        return out
+
+    # Post-attention and post-feed-forward norms (Gemma 2/3: TERowParallelLinearLayerNorm, Bridge
+    # models/common/te_layers.py:49-57): each keeps its input, the row-parallel linear's bf16 output.
+    total += shape.layer_post_norms * 2 * sbh / seq_div if "+" in kind else 0
     for piece in pieces:
-        norm = (2 * sbh + norm_out) / seq_div  # the norm's input (bf16) and output (the next linear's input)
+        # The PEFT rules above follow GPT attention's module names (linear_qkv); MLA and Mamba layers keep the full count.
+        norm = norm_before("linear_qkv") if piece == "attention" else (2 * sbh + norm_out) / seq_div
         if piece in ("attention", "mla"):
             total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
             if piece == "attention":
@@ -308,19 +346,28 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
             if a.unfused_attention and not a.recomputes("core_attn"):
                 total += 5 * shape.num_attention_heads * s * s * b / tp
         elif piece == "mlp":
-            total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
+            total += norm_before("linear_fc1") + (sbh if a.hidden_dropout > 0 else 0) / seq_div
             if not a.recomputes("mlp"):
                 total += _mlp_saved(shape, shape.ffn, a, lin) * s * b / tp
         elif piece == "moe":
-            total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
+            # The pre-MLP norm's output feeds the router and the experts' FC1: with both frozen (PEFT, no adapter on
+            # linear_fc1) nothing keeps it (the permute's index_select keeps only its indices).
+            total += norm_before("linear_fc1", fused_norm=False) + (sbh if a.hidden_dropout > 0 else 0) / seq_div
             k = shape.moe_router_topk
             width = shape.moe_latent_size or h
-            expert_ffn = shape.moe_ffn_hidden_size or shape.ffn
+            # Tokens: with TP > 1 training needs sequence parallelism (moe_layer.py:629-633), so the router sees this
+            # rank's s/TP shard; the all-to-all then brings each rank top-k copies of as many tokens (balanced) and
+            # the expert-TP all-gather multiplies them by ETP (token_dispatcher.py:734-743), whose ranks each hold
+            # ffn/ETP of every expert (ETP unset: TP, Megatron-Core's default).
+            e_tp = etp or tp
+            routed = k * s * b * e_tp / tp  # routed token copies on this rank
+            expert_ffn = (shape.moe_ffn_hidden_size or shape.ffn) / e_tp
             if not a.recomputes("moe"):
-                total += k * s * b * (lin * width + 2 * width)  # permuted FC1 inputs, dispatcher buffers
-                act_out = lin * expert_ffn if a.recomputes("moe_act") else 0
-                total += k * s * b * (_mlp_saved(shape, expert_ffn, a, lin) - act_out)
-                total += s * b * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
+                fc1_in = lin * width if a.saves_input("linear_fc1") else 0
+                total += routed * (fc1_in + 2 * width)  # permuted FC1 inputs, dispatcher buffers
+                act_out = lin * expert_ffn if a.recomputes("moe_act") and a.saves_input("linear_fc2") else 0
+                total += routed * (_mlp_saved(shape, expert_ffn, a, lin) - act_out)
+                total += s * b / tp * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
             if shape.moe_shared_expert_intermediate_size and not a.recomputes("shared_experts"):
                 total += _mlp_saved(shape, shape.moe_shared_expert_intermediate_size, a, lin) * s * b / tp
         elif piece == "mamba":
@@ -341,15 +388,19 @@ def layer_activation_bytes(shape: Shape, kind: str, a: ActivationSettings, *, tp
     return total
 
 
-def _mlp_saved(shape: Shape, ffn: int, a: ActivationSettings, lin: int) -> float:
-    """Bytes per token an MLP of width ``ffn`` saves: the FC1 output (x2 gated) and the FC2 input;
-    an unfused gated activation also its own output."""
+def _mlp_saved(shape: Shape, ffn: float, a: ActivationSettings, lin: int) -> float:
+    """Bytes per token an MLP of width ``ffn`` saves: the FC1 output (x2 gated; the activation's input) and the
+    FC2 input (not when PEFT froze linear_fc2 and no adapter wraps it); an unfused gated activation also its own
+    output (the product's saved factor)."""
+    fc2_in = lin * ffn if a.saves_input("linear_fc2") else 0
     if shape.gated_linear_unit:
-        return 2 * 2 * ffn + lin * ffn + (0 if a.bias_activation_fusion else 2 * ffn)
-    return 2 * ffn + lin * ffn
+        return 2 * 2 * ffn + fc2_in + (0 if a.bias_activation_fusion else 2 * ffn)
+    return 2 * ffn + fc2_in
 
 
-def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1) -> float:
+def activation_bytes(
+    shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1, etp: int | None = None
+) -> float:
     """Peak activation bytes on the first pipeline stage: the tensors each layer saves for backward.
 
     Korthikanti et al. 2022 (arXiv:2205.05198) decompose a layer's ``34 sbh`` bytes as: the
@@ -383,7 +434,7 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
     kinds = shape.layer_kinds()
     layers = math.ceil(shape.num_layers / pp)
     stage_kinds = kinds[:layers]  # the first stage's layers
-    sizes = {k: layer_activation_bytes(shape, k, a, tp=tp) for k in set(stage_kinds)}
+    sizes = {k: layer_activation_bytes(shape, k, a, tp=tp, etp=etp) for k in set(stage_kinds)}
     per_layer = max(sizes.values())  # the largest layer: what one rematerialised layer needs
     checkpoint = 2 * sbh / (tp if sp else 1)  # a layer's bf16 input, kept by full recompute
 
@@ -409,7 +460,7 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
         return (stack + embedding + output) / cp
     # The last stage holds one microbatch in flight (1F1B) but the output layer and the loss.
     last_kinds = kinds[len(kinds) - layers :]
-    last_sizes = {k: layer_activation_bytes(shape, k, a, tp=tp) for k in set(last_kinds)}
+    last_sizes = {k: layer_activation_bytes(shape, k, a, tp=tp, etp=etp) for k in set(last_kinds)}
     if a.recompute_granularity == "full":
         n = max(1, a.recompute_num_layers or 1)
         if a.recompute_method == "block":
@@ -424,6 +475,14 @@ def activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: in
 
 
 LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 exp buffer
+# model.cross_entropy_loss_fusion off: megatron-core's eager vocab_parallel_cross_entropy
+# (language_module.py:167, :194 -> tensor_parallel/cross_entropy.py). Its fp32 copy (:25 ``.float()``) is shifted,
+# exponentiated and divided in place (:42 ``-=``, :62 ``torch.exp(..., out=exp_logits)``, :77 ``div_``) and saved
+# (:181), so the loss forward holds the caller's bf16 logits and that copy; the start of backward the fp32 softmax,
+# turned into the gradient in place (:111, :114), and its bf16 cast for the output layer.
+UNFUSED_LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4
+UNFUSED_LOSS_BACKWARD_BYTES_PER_LOGIT = 4 + 2
+LOGIT_SOFTCAP_BYTES_PER_LOGIT = 2  # Gemma 2's tanh output, saved by autograd (ActivationSettings.logit_softcap)
 # Transformer Engine's cross-entropy (model.cross_entropy_fusion_impl "te"): the bf16 logits and the bf16 copy it
 # saves for backward (transformer_engine/pytorch/triton/cross_entropy.py, cross_entropy_forward: saved_input is a new
 # tensor unless overwrite_input, which megatron-core's te_parallel_cross_entropy leaves False); its backward writes the
@@ -440,16 +499,22 @@ def _loss_bytes(shape: Shape, a: ActivationSettings, tp: int) -> tuple[float, fl
     buffer torch.compile's functionalised in-place ops allocate (jit.py: jit_fuser =
     torch.compile; cross_entropy.py:41-63): 2 + 4 + 4 bytes per logit. Start of backward: the
     fp32 softmax saved for backward and the bf16 logits gradient; without gradient-accumulation
-    fusion also the output weight's bf16 gradient. With Transformer Engine's cross-entropy
-    (``te_cross_entropy``) 4 and 2 bytes a logit instead (``TE_LOSS_*``)."""
+    fusion also the output weight's bf16 gradient (none under PEFT: the output layer is frozen). With
+    Transformer Engine's cross-entropy (``te_cross_entropy``) 4 and 2 bytes a logit instead (``TE_LOSS_*``);
+    without the fusion (``fused_cross_entropy`` off) 6 and 6 (``UNFUSED_LOSS_*``)."""
     vocab = shape.padded_vocab(tp)
     logits = a.seq_length * a.micro_batch_size * vocab / tp
-    weight_grad = 0 if a.gradient_accumulation_fusion else 2 * vocab * shape.hidden_size / tp
+    frozen_output = a.peft
+    weight_grad = 0 if a.gradient_accumulation_fusion or frozen_output else 2 * vocab * shape.hidden_size / tp
+    # Gemma 2's final soft-capping: tanh's saved bf16 output lives from the loss forward into the backward.
+    softcap = LOGIT_SOFTCAP_BYTES_PER_LOGIT * logits if a.logit_softcap else 0
     if a.te_cross_entropy:
-        return TE_LOSS_FORWARD_BYTES_PER_LOGIT * logits, TE_LOSS_BACKWARD_BYTES_PER_LOGIT * logits + weight_grad
-    loss_forward = LOSS_FORWARD_BYTES_PER_LOGIT * logits
-    start_backward = (4 + 2) * logits + weight_grad
-    return loss_forward, start_backward
+        forward, backward = TE_LOSS_FORWARD_BYTES_PER_LOGIT, TE_LOSS_BACKWARD_BYTES_PER_LOGIT
+    elif not a.fused_cross_entropy:
+        forward, backward = UNFUSED_LOSS_FORWARD_BYTES_PER_LOGIT, UNFUSED_LOSS_BACKWARD_BYTES_PER_LOGIT
+    else:
+        forward, backward = LOSS_FORWARD_BYTES_PER_LOGIT, 4 + 2
+    return forward * logits + softcap, backward * logits + weight_grad + softcap
 
 
 def loss_forward_headroom(shape: Shape, a: ActivationSettings, *, tp: int = 1, pp: int = 1, cp: int = 1) -> float:
@@ -482,6 +547,9 @@ def mamba_unfused_extra_bytes(s: int, b: int, d_inner: int, bc: int) -> float:
     return 2.0 * s * b * extra
 
 
+# The decoder linears a LoRA target name adapts in a GPT layer (Bridge peft/lora.py: linear_fc1/linear_fc2 also
+# match routed and shared experts' linears).
+DECODER_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 MCORE_HIDDEN_DROPOUT = 0.1  # TransformerConfig.hidden_dropout default
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
@@ -507,7 +575,10 @@ def activation_settings(
     dp: int = 1,
     builtin: bool = False,
     bare: bool | None = None,
+    lora_targets: tuple | None = None,
 ) -> ActivationSettings:
+    """The activation switches of ``cfg``. ``lora_targets``: under PEFT, the linear module names the adapters wrap
+    (``estimate.lora_from_config``); every other decoder linear is frozen and saves no input."""
     seq = (
         _int(seq_length, "seq_length")
         or _int(_first(cfg, ("model.seq_length", "dataset.seq_length")), "model.seq_length")
@@ -548,6 +619,11 @@ def activation_settings(
         gradient_accumulation_fusion=_bool(_get(cfg, "model.gradient_accumulation_fusion"), llama),
         te_cross_entropy=_bool(_get(cfg, "model.cross_entropy_loss_fusion"))
         and _get(cfg, "model.cross_entropy_fusion_impl") == "te",
+        # Said nowhere: on, as Bridge's GPTModelProvider sets it (and the larger of the two losses).
+        fused_cross_entropy=_bool(_get(cfg, "model.cross_entropy_loss_fusion"), True),
+        peft=lora_targets is not None,
+        logit_softcap=float(_get(cfg, "model.final_logit_softcapping") or 0) > 0,
+        frozen_linears=tuple(m for m in DECODER_LINEARS if m not in lora_targets) if lora_targets is not None else (),
         unfused_attention=str(backend).rsplit(".", 1)[-1].lower() in ("unfused", "local"),
         sequence_parallel=_bool(_get(cfg, "model.sequence_parallel")),
         recompute_granularity=granularity,
