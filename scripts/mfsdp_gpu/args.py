@@ -35,7 +35,10 @@ def parse_value(text: str):
     low = t.lower()
     if low in ("true", "false"):
         return low == "true"
-    if low in ("null", "none", "~"):
+    # Hydra's override grammar (Bridge's override path) reads only "null", in any case, as None: "none" is
+    # the string megatron-core's enum-like fields take (model.dsa_kernel_backend=none, the router's
+    # load-balancing type), as scripts/mfsdp_lib/config_io.parse_value reads it on the CPU side.
+    if low == "null":
         return None
     try:
         return int(t)

@@ -107,6 +107,9 @@ def test_fake_pg_defaults_to_worlds_larger_than_one():
         ("true", True),
         ("False", False),
         ("null", None),
+        ("NULL", None),
+        ("none", "none"),  # a string to Hydra: megatron-core's fields take it (model.dsa_kernel_backend=none)
+        ("None", "None"),
         ("8", 8),
         ("-3", -3),
         ("1e-4", 1e-4),
@@ -151,3 +154,12 @@ def test_profile_needs_perf():
     )
     args.check_args(a)
     assert a.profile and a.te_grad_accum_fusion
+
+
+@pytest.mark.parametrize("text", ["null", "NULL", "none", "None", "~", "true", "False", "8", "1e-4", "[1, 2]", "fp32"])
+def test_engine_reads_scalar_overrides_as_the_cpu_tools_do(text):
+    # one KEY=VALUE means the same to check/enable (Hydra's grammar, config_io) and to the engine
+    from mfsdp_lib import config_io
+
+    assert args.parse_value(text) == config_io.parse_value(text)
+    assert type(args.parse_value(text)) is type(config_io.parse_value(text))
