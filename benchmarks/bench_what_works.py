@@ -173,6 +173,7 @@ try:
 except Exception:
     out["deep_ep"] = out["hybrid_ep"] = False
 out["mamba_ssm"] = u.find_spec("mamba_ssm") is not None
+out["fla"] = u.find_spec("fla") is not None
 out["flash_mla"] = u.find_spec("flash_mla") is not None
 out["tilelang"] = u.find_spec("tilelang") is not None
 print(json.dumps(out))
@@ -481,6 +482,8 @@ def needs_of(cfg: dict) -> dict:
         "mamba_ssm": "M" in pattern,
         "moe_dispatcher": f"flex/{backend}" if dispatcher == "flex" and model.get("num_moe_experts") else None,
         "dsa_kernels": dsa if dsa and dsa != "none" else None,
+        # gated delta net layers import flash-linear-attention (mfsdp_gpu.kernels.GDN_MODULE): fla-core's wheel
+        "fla": model.get("experimental_attention_variant") == "gated_delta_net",
     }
 
 
@@ -528,6 +531,8 @@ def expected_outcome(row: dict, rec: dict, cfg: dict) -> dict:
     notes = []
     if row["needs"]["mamba_ssm"]:
         notes.append("needs mamba-ssm on the GPU machine")
+    if row["needs"].get("fla"):
+        notes.append("needs flash-linear-attention (fla-core) on the GPU machine")
     if row["needs"]["moe_dispatcher"]:
         notes.append(f"the recipe's {row['needs']['moe_dispatcher']} dispatcher needs DeepEP; without it, all-to-all")
     if row["memory_gib"]["predicted_peak"] is None:

@@ -254,3 +254,21 @@ def fp8_scale_deviation(state: dict) -> dict:
         "time_effect": "the amax all-reduce a real job makes here is not timed (one small collective per step); "
         "the scale copies take a few kernel launches per step",
     }
+
+
+def tp_comm_overlap_deviation() -> dict:
+    """The deviation a fake world's rehearsal lists when the config overlaps tensor-parallel communication
+    with GEMMs: Bridge's ``_initialize_tp_communicators`` (training/initialize.py) calls Transformer Engine's
+    ``initialize_ub``, whose userbuffers map the other tensor-parallel ranks' GPU memory (CUDA multicast, or
+    IPC with UB_SKIPMC=1); one GPU playing a rank of a fake world has no such peers, and the set-up fails
+    ("does not support comm+GEMM overlap with CUDA Multicast")."""
+    return {
+        "id": "tp-comm-overlap-off",
+        "what": "comm_overlap.tp_comm_overlap: true -> false",
+        "why": "Transformer Engine's userbuffers need the tensor-parallel group's GPUs (CUDA multicast or IPC); "
+        "a rank of a fake world has none",
+        "memory_effect": "too low by the userbuffers the real job allocates at start (initialize_ub: buffers of "
+        "[sequence x micro-batch / CP, hidden] per overlapped GEMM kind, 16-bit or FP8)",
+        "time_effect": "the overlapped GEMMs run as plain GEMMs; tensor-parallel communication is not timed in "
+        "a fake world anyway (it is counted)",
+    }

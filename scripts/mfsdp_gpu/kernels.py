@@ -4,7 +4,7 @@ A recipe can name a part that lives in a package of its own: megatron-core's ``f
 dispatcher runs DeepEP's or HybridEP's kernels (``deep_ep.Buffer``, ``deep_ep.HybridEPBuffer``) or
 Transformer Engine's ``ep`` module (megatron/core/transformer/moe/fused_a2a.py, 0.19.2: each
 import in a ``try``, ``HAVE_DEEP_EP`` / ``HAVE_HYBRIDEP`` / ``HAVE_TE_EP``), and hybrid models' Mamba
-layers run mamba-ssm's kernels (``mamba.py``). Without the package the model fails at build or at
+layers run mamba-ssm's kernels (``mamba.py``), and gated delta net layers flash-linear-attention's. Without the package the model fails at build or at
 the first dispatch, minutes into a GPU call, with an error that does not name the setting. The
 rehearsal looks first (:func:`missing_for`) and refuses in one line, naming the setting, the
 package and the labelled way around it (``--moe-dispatcher alltoall``: :func:`dispatcher_fallback`).
@@ -24,6 +24,12 @@ FLEX_BACKENDS = {
     "ncclep": ("Transformer Engine's ep module", "transformer_engine.pytorch.ep", None),
 }
 FALLBACK_DISPATCHERS = ("alltoall", "allgather")  # need nothing beyond megatron-core
+# Gated delta net (linear attention) layers: megatron-core 0.19.2 ssm/gated_delta_net/common.py:44-54 imports
+# flash-linear-attention's kernels (fla.modules.convolution, fla.modules.l2norm, fla.ops.gated_delta_rule) in a
+# try and raises "FLA is not installed" when the layer is built (:141). The package is fla-core (pure Python,
+# Triton kernels); megatron-core's dev extra pins flash-linear-attention~=0.4.0.
+GDN_VARIANT = "gated_delta_net"
+GDN_MODULE, GDN_ATTR = "fla.ops.gated_delta_rule", "chunk_gated_delta_rule"
 
 
 def flex_backend(dispatcher: str | None, backend: str | None, enable_deepep: bool | None) -> str | None:
@@ -64,6 +70,18 @@ def missing_for(model, has_mamba: bool, mamba_importable: bool, importer: Callab
                     "with --moe-dispatcher alltoall (a labelled deviation)",
                 }
             )
+    if getattr(model, "experimental_attention_variant", None) == GDN_VARIANT and not have_module(
+        GDN_MODULE, GDN_ATTR, importer
+    ):
+        out.append(
+            {
+                "package": "flash-linear-attention",
+                "setting": f"model.experimental_attention_variant={GDN_VARIANT}",
+                "refusal": f"the config builds gated delta net layers (model.experimental_attention_variant="
+                f"{GDN_VARIANT}), which need flash-linear-attention's kernels ({GDN_MODULE}.{GDN_ATTR}); it is not "
+                "installed in this Python (the pure-Python fla-core wheel, 0.4.x, is enough)",
+            }
+        )
     if has_mamba and not mamba_importable:
         out.append(
             {

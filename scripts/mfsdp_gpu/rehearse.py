@@ -96,6 +96,14 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
     if fake:
         for key, (value, why) in fakeworld.FAKE_BACKEND_SETTINGS.items():
             s.apply(key, value, "fake-backend", why)
+    if fake and get_dotted(cfg, "comm_overlap.tp_comm_overlap") is True:
+        s.apply(
+            "comm_overlap.tp_comm_overlap",
+            False,
+            "fake-backend",
+            "Transformer Engine's userbuffers need the tensor-parallel group's GPUs (CUDA multicast or IPC)",
+        )
+        facts.setdefault("deviations", []).append(fakeworld.tp_comm_overlap_deviation())
     # Rehearsal: short, offline, no checkpoint reads.
     s.apply("train.train_iters", a.iters, "rehearsal", "run only K steps")
     s.apply("train.train_samples", None, "rehearsal", "the run is counted in iterations", only_if_present=True)

@@ -111,3 +111,18 @@ def test_the_keeper_deviation_names_the_counts():
     d = fakeworld.fp8_scale_deviation({"kept_last_call": 112, "weights_last_call": 128})
     assert d["id"] == "fp8-unowned-scales-kept" and "112 of 128" in d["what"]
     assert {"why", "memory_effect", "time_effect"} <= set(d)
+
+
+def test_tp_comm_overlap_is_turned_off_in_a_fake_world_and_says_what_that_changes():
+    """Bridge's userbuffers set-up needs the tensor-parallel peers' GPUs; the rehearsal turns the overlap off
+    only under the fake backend, as a labelled deviation with its memory and time effect."""
+    import inspect
+
+    from mfsdp_gpu import rehearse
+
+    d = fakeworld.tp_comm_overlap_deviation()
+    assert d["id"] == "tp-comm-overlap-off" and d["what"] == "comm_overlap.tp_comm_overlap: true -> false"
+    assert d["memory_effect"].startswith("too low") and "initialize_ub" in d["memory_effect"]
+    src = inspect.getsource(rehearse.configure)
+    guard = 'if fake and get_dotted(cfg, "comm_overlap.tp_comm_overlap") is True:'
+    assert guard in src and src.index(guard) < src.index("fakeworld.tp_comm_overlap_deviation()")

@@ -68,6 +68,17 @@ def test_mamba_layers_without_mamba_ssm_are_refused():
     assert kernels.missing_for(SimpleNamespace(), True, True, _importer({})) == []
 
 
+def test_gated_delta_net_layers_without_fla_are_refused_in_one_line():
+    gdn = SimpleNamespace(experimental_attention_variant="gated_delta_net")
+    got = kernels.missing_for(gdn, False, True, _importer({}))
+    assert [m["package"] for m in got] == ["flash-linear-attention"]
+    assert "\n" not in got[0]["refusal"] and "experimental_attention_variant=gated_delta_net" in got[0]["refusal"]
+    present = {"fla.ops.gated_delta_rule": ["chunk_gated_delta_rule"]}
+    assert kernels.missing_for(gdn, False, True, _importer(present)) == []
+    other = SimpleNamespace(experimental_attention_variant="dsa")  # another variant needs nothing from fla
+    assert kernels.missing_for(other, False, True, _importer({})) == []
+
+
 def test_the_fallback_is_labelled_with_its_memory_and_time_effect():
     d = kernels.dispatcher_fallback("hybridep", "alltoall")
     assert d["id"] == "moe-dispatcher-fallback" and d["what"].endswith("flex (hybridep) -> alltoall")
