@@ -110,16 +110,20 @@ NOT_RECOMMENDED = {
 }
 
 # Settings that mean something only beside another one: applied together.
-# Full-iteration CUDA graphs need all three of their settings (families.md, rules MFSDP-FULL-ITER-*).
+# Full-iteration CUDA graphs need all of their settings (families.md, rules MFSDP-FULL-ITER-*, and the TE RNG
+# tracker every CUDA graph needs on a GPT model, MFSDP-CUDA-GRAPH-TE-RNG: without it the model build asserts).
 FULL_ITERATION = [
     "model.cuda_graph_impl=full_iteration",
+    "model.use_te_rng_tracker=true",
     "ddp.megatron_fsdp_cuda_graph_mode=true",
     "ddp.fsdp_all_gather_in_start_param_sync=false",
     "rerun_state_machine.check_for_nan_in_loss=false",
 ]
+PER_LAYER_GRAPHS = ["model.cuda_graph_impl=transformer_engine", "model.use_te_rng_tracker=true"]
 CONTEXT = {
     "ddp.nccl_ub": ["ddp.fsdp_double_buffer=true"],
-    "ddp.megatron_fsdp_cuda_graph_mode": ["model.cuda_graph_impl=transformer_engine"],
+    "ddp.megatron_fsdp_cuda_graph_mode": PER_LAYER_GRAPHS,
+    "model.use_te_rng_tracker": ["model.cuda_graph_impl=transformer_engine"],
     "ddp.fsdp_all_gather_in_start_param_sync": FULL_ITERATION,
     "rerun_state_machine.check_for_nan_in_loss": FULL_ITERATION,
     "model.sequence_parallel": ["model.tensor_model_parallel_size=2"],  # sequence parallelism splits over TP
@@ -127,6 +131,7 @@ CONTEXT = {
     "model.recompute_method": ["model.recompute_granularity=full"],
     "model.recompute_num_layers": ["model.recompute_granularity=full", "model.recompute_method=uniform"],
 }
+OVERRIDE_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")  # a KEY=VALUE word of an engine command line
 FP8 = "mixed_precision=bf16_with_fp8_current_scaling_mixed"  # FP8 current scaling: Hopper runs it
 BLACKWELL_ONLY = ("mxfp8", "nvfp4", "fp4")
 
@@ -415,6 +420,13 @@ def run_batch(plan: dict, batch: int, out: Path, python: str, budget_s: int, max
     return summary
 
 
+def ran_overrides(command: str | None) -> list[str] | None:
+    """The KEY=VALUE words of a recorded engine command line (``engine_command``), in order; None without one."""
+    if not isinstance(command, str):
+        return None
+    return [w for w in shlex.split(command) if "=" in w and not w.startswith("-") and OVERRIDE_WORD.match(w)]
+
+
 def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     """Result rows (one per override and baseline run) from raw batches; later batches win."""
     import what_works_result as wr
@@ -429,19 +441,24 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 continue
             rank = ((raw.get("summary") or {}).get("ranks") or [{}])[0]
             phases = wr.fold_phases(rank.get("phases") or [], r.get("job") == "checkpoint")
+            ran = ran_overrides(raw.get("command"))
             out[r["id"]] = {
                 "id": r["id"],
                 "key": r.get("key"),
                 "value": r.get("value"),
                 "where": r.get("where"),
                 "job": r["job"],
-                "overrides": r["overrides"],
+                # what the engine was given (its command line), not what the plan says today
+                "overrides": ran if ran is not None else r["overrides"],
+                # the plan's job for this override changed after the run (a fix the run led to): run it again
+                "plan_changed": ran is not None and ran != r["overrides"],
+                "planned_overrides": r["overrides"],
                 # an engine that never reached a phase (refused: no CUDA, no Bridge) ran nothing: no verdict
                 "result": ("passed" if rank.get("result") == "passed" else "failed")
                 if rank.get("phases")
                 else "not run",
                 "phases": phases,
-                "first_error": wr.first_error(rank),
+                "first_error": wr.first_error(rank, wr._read(p.parent / "report.json")),
                 "device": rank.get("device"),
                 "date": str(raw.get("date") or "")[:10] or None,
                 "raw": wr.repo_path(p.parent),
@@ -474,6 +491,16 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
         ],
         "notes": [
             f"{len(ran)} of {len(rows)} runs reached a phase; {sum(r['result'] == 'failed' for r in ran)} failed.",
+            *(
+                [
+                    "Runs whose job the plan has changed since (plan_changed: a fix they led to, in the text, the "
+                    "rules and the job; planned_overrides is the job now): "
+                    + ", ".join(r["id"] for r in rows if r.get("plan_changed"))
+                    + ". They are run again."
+                ]
+                if any(r.get("plan_changed") for r in rows)
+                else []
+            ),
             f"{sum(1 for r in plan['overrides'] if not r['job'])} recommended values are not run (listed in "
             "not_run with why: a user's path, a value the text shows failing, MXFP8 on Hopper).",
         ],

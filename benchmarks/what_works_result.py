@@ -119,17 +119,28 @@ def fold_phases(engine_phases: list[dict], asked_save_load: bool) -> dict:
     return out
 
 
-def first_error(rank: dict) -> dict | None:
+def first_error(rank: dict, report: dict | None = None) -> dict | None:
+    """The run's first error as the matrix shows it. The rule is the one recorded with the run; when none was,
+    the engine report's raw failure (type, message, frames) is explained again with the current rule table
+    (``mfsdp_lib.runs.rehearse.explain_failure``), so a rule added after the run names its cause."""
     f = rank.get("failure")
     if not isinstance(f, dict):
         return None
+    rule, category = f.get("rule"), f.get("category")
+    raw_failure = (report or {}).get("first_failure") if isinstance(report, dict) else None
+    if not rule and isinstance(raw_failure, dict):
+        from mfsdp_lib.runs.rehearse import explain_failure
+
+        again = explain_failure(raw_failure, report.get("request")) or {}
+        if again.get("rule"):
+            rule, category = again["rule"], again.get("category")
     return {
         "message": str(f.get("message") or "")[:500],
         "type": f.get("type"),
         "where": f.get("site"),
         "phase": f.get("phase"),
-        "rule": f.get("rule") or "no rule",
-        "category": f.get("category"),
+        "rule": rule or "no rule",
+        "category": category,
     }
 
 
@@ -193,7 +204,7 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     report = _read(batch_dir / main["dir"] / "report.json") if main and main.get("dir") else None
     asked_sl = bool(plan_row.get("save_load"))
     row["phases"] = fold_phases(rank.get("phases") or [], asked_sl)
-    row["first_error"] = first_error(rank) if rank else None
+    row["first_error"] = first_error(rank, report) if rank else None
     if main and main.get("stopped"):
         row["first_error"] = row["first_error"] or {
             "message": f"stopped: {main['stopped']}",
@@ -217,8 +228,11 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     # The perf summary's count (mfsdp_lib.perf.report.timed_numerics) when the run has one: it holds the engine's
     # verdict, with +inf losses under finite gradient norms from the fake backend's tensor-parallel
     # cross-entropy counted as finite (loss_inf_tp_steps); else the losses the engine recorded.
-    if isinstance(perf.get("nonfinite_timed_steps"), int) and not isinstance(perf.get("nonfinite_timed_steps"), bool):
-        bad = perf["nonfinite_timed_steps"]
+    # Only when the summary checked the timed losses (a report that predates them has none: then every recorded
+    # loss is counted here).
+    counted = perf.get("nonfinite_timed_steps")
+    if isinstance(counted, int) and not isinstance(counted, bool) and perf.get("timed_losses"):
+        bad = counted
     else:
         bad = nonfinite_timed(report, int(((report or {}).get("request") or {}).get("warmup") or 0))
     tps = perf.get("tokens_per_s_per_gpu") if perf.get("available") else None

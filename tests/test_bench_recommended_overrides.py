@@ -149,3 +149,22 @@ def test_result_file_has_the_project_result_shape(tmp_path):
     data = mr._load_one(out, out.name)
     assert data["benchmark"] == "recommended_overrides_1xh200" and data["date"] == "2026-01-02"
     assert data["table_rows"] == [[f"{row['key']}={row['value']}", "moe", "", "passed", ""]]
+
+
+def test_collect_reports_what_the_engine_ran_and_flags_a_job_changed_since(tmp_path):
+    """The recorded run of the full-iteration CUDA graph override failed at the build; the job now adds the TE RNG
+    tracker (the fix). The result shows the overrides the engine was given, flags the changed job, and names the
+    rule the failure now has."""
+    import raw_store
+
+    plan = json.loads((ROOT / "benchmarks" / "recommended_overrides_plan.json").read_text())
+    got = bro.collect([raw_store.path("recommended_overrides_1xh200") / "batch_5"], plan, None)
+    row = next(r for r in got["rows"] if r["id"] == "rerun_state_machine.check_for_nan_in_loss_false")
+    assert row["result"] == "failed" and row["plan_changed"] is True
+    assert "model.use_te_rng_tracker=true" not in row["overrides"]
+    assert "model.use_te_rng_tracker=true" in row["planned_overrides"]
+    assert row["first_error"]["rule"] == "MFSDP-CUDA-GRAPH-TE-RNG"
+    assert any("plan_changed" in n and row["id"] in n for n in got["notes"])
+    assert all(r["plan_changed"] is False for r in got["rows"] if r["result"] == "passed")
+    assert bro.ran_overrides("python3 x.py --model-preset tiny --out /o a.b=1 c.d=[1,2]") == ["a.b=1", "c.d=[1,2]"]
+    assert bro.ran_overrides(None) is None

@@ -467,3 +467,24 @@ def test_result_file_has_the_project_result_shape(tmp_path):
     assert data["benchmark"] == "what_works_1xh200" and len(data["table_rows"]) == 1
     assert data["table_rows"][0][5] == "failed at wrap"
     assert what_works.load(str(out))[0]["id"] == PLAN["rows"][0]["id"]  # and the lookup reads it
+
+
+def test_measured_batches_fill_the_matrix_and_keep_fixed_faults_apart():
+    """The H200 batches as recorded: runs that failed on a since-fixed fault of the rehearsal or the machine's
+    set-up are kept in rehearsal_faults with the fault and the fix, never as the recipe's verdict; tensor-parallel
+    MoE rows whose timed losses were +inf under finite gradient norms have their throughput (the engine's count)."""
+    batches = sorted((RAW / "what_works_1xh200").glob("batch_*"))
+    assert batches
+    res = wr.collect(batches, PLAN, None)
+    faults = {f["id"]: f for f in res["rehearsal_faults"]}
+    rows = {r["id"]: r for r in res["rows"]}
+    assert not set(faults) & set(rows)
+    assert faults["glm52_pretrain_416gpu_h100_bf16"]["first_error"]["message"].startswith("dsa_kernel_backend must")
+    assert "Hydra" in faults["glm52_pretrain_416gpu_h100_bf16"]["fixed"]
+    assert faults["gpt3_175b_pretrain_32gpu_h100_bf16"]["fixed"].endswith("tp-comm-overlap-off")
+    assert all(f["fault"] and f["fixed"] and f["raw"] for f in faults.values())
+    moe = rows["qwen3_30b_a3b_pretrain_8gpu_h100_bf16"]
+    assert moe["loss_inf_tp_steps"] and moe["nonfinite_timed_steps"] == 0 and moe["tokens_per_s_per_gpu"] > 0
+    for r in rows.values():  # a figure is never from a non-finite step
+        assert r["tokens_per_s_per_gpu"] is None or r["nonfinite_timed_steps"] == 0
+    assert any("rehearsal_faults" in n for n in res["notes"])

@@ -358,6 +358,13 @@ def _plan_runtime_fixes(work: dict, change, strategy: str, perf: bool) -> None:
             True,
             f"cuda_graph_impl={impl}: keeps the gradient references graph replay needs (what Megatron-LM sets)",
         )
+    if rules.cuda_graph_needs_te_rng(e):
+        change(
+            "model.use_te_rng_tracker",
+            True,
+            f"MFSDP-CUDA-GRAPH-TE-RNG: cuda_graph_impl={impl} builds only with Transformer Engine's RNG tracker "
+            "(the model build asserts; dropout draws from TE's graph-safe generator)",
+        )
     if impl == "full_iteration" and e.get("ddp.fsdp_all_gather_in_start_param_sync"):
         change(
             "ddp.fsdp_all_gather_in_start_param_sync",

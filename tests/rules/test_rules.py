@@ -300,6 +300,11 @@ CASES = {
         (["model.cuda_graph_impl=full_iteration"], {}),
         (["model.cuda_graph_impl=full_iteration", "rerun_state_machine.check_for_nan_in_loss=false"], {}),
     ),
+    # GPTModelProvider.provide asserts the TE RNG tracker under any CUDA graph; hybrid (Mamba) providers do not
+    "MFSDP-CUDA-GRAPH-TE-RNG": (
+        (["model.cuda_graph_impl=transformer_engine"], {}),
+        (["model.cuda_graph_impl=transformer_engine", "model.use_te_rng_tracker=true"], {}),
+    ),
     "MFSDP-CUDA-GRAPH-SAFE-MODE": (
         (["model.cuda_graph_impl=transformer_engine"], {}),
         (["model.cuda_graph_impl=transformer_engine", "ddp.megatron_fsdp_cuda_graph_mode=true"], {}),

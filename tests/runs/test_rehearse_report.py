@@ -183,3 +183,16 @@ def test_a_string_dtype_at_the_wrap_is_explained_with_the_dtype_rule():
     # the same message from elsewhere is not this cause
     other = dict(ff, frames={"innermost": "some/other/module.py:1 in f"})
     assert rh.explain_failure(other)["rule"] is None
+
+
+def test_a_cuda_graph_build_without_the_te_rng_tracker_is_explained_with_its_rule():
+    """The recorded H200 run of the full-iteration CUDA graph settings without model.use_te_rng_tracker (the
+    engine's first failure, as report.json keeps it) names the rule that check now has for it."""
+    run = raw_store.path("recommended_overrides_1xh200") / "batch_5" / "rerun_state_machine.check_for_nan_in_loss_false"
+    report = json.loads((run / "report.json").read_text())
+    out = rh.explain_failure(report["first_failure"], report.get("request"))
+    assert out["rule"] == "MFSDP-CUDA-GRAPH-TE-RNG" and out["category"] == "config"
+    assert out["fix"] == "model.use_te_rng_tracker=true"
+    # the same message raised outside Bridge's GPT provider is not this cause
+    other = dict(report["first_failure"], frames={"innermost": "some/other/module.py:1 in f"})
+    assert rh.explain_failure(other)["rule"] is None

@@ -41,6 +41,7 @@ from .context import (
     resolve_mixed_precision,
     train_batch_problem,
 )
+from .cuda_graphs import cuda_graph_needs_te_rng
 from .model import SEVERITIES, STAGES, Rule
 
 # The topic modules, in the order ``rules`` lists them (within one severity).
@@ -140,6 +141,7 @@ __all__ = [
     "evaluate",
     "fmt",
     "moe_ep_overlap",
+    "cuda_graph_needs_te_rng",
     "pp_size",
     "normalize_arch",
     "raw_get",

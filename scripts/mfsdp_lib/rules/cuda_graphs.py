@@ -14,6 +14,22 @@ PER_LAYER_GRAPHS = ("local", "transformer_engine")
 SRC_MFSDP_MAIN = "megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py"
 
 
+def _gpt_provider(e) -> bool:
+    """A GPT-family model provider (Bridge's GPTModelProvider and its subclasses). Hybrid (Mamba) providers
+    derive from HybridModelProvider (models/hybrid/hybrid_provider.py), which has no such assert; they carry a
+    layer pattern, GPT providers have neither field."""
+    return e.get("model.hybrid_layer_pattern") is None and e.get("model.hybrid_override_pattern") is None
+
+
+def cuda_graph_needs_te_rng(e) -> bool:
+    """CUDA graphs on a GPT-family model without Transformer Engine's RNG tracker: the build asserts."""
+    return (
+        e.get("model.cuda_graph_impl") not in (None, "none")
+        and not e.get("model.use_te_rng_tracker")
+        and _gpt_provider(e)
+    )
+
+
 def _full_iteration_unsafe(e) -> bool:
     return not e.get("ddp.megatron_fsdp_cuda_graph_mode") or bool(e.get("ddp.fsdp_all_gather_in_start_param_sync"))
 
@@ -31,6 +47,21 @@ RULES: list[Rule] = [
         message=lambda e: f"model.cpu_offloading=true with {kv(e, 'model.cuda_graph_impl')}.",
         fix="model.cuda_graph_impl=none (or model.cpu_offloading=false)",
         source=f"{S.MC_TC}: TransformerConfig.__post_init__: ValueError 'CUDA graphs not supported with CPU offloading.'",
+    ),
+    Rule(
+        id="MFSDP-CUDA-GRAPH-TE-RNG",
+        severity="error",
+        stage="runtime",
+        topic="cuda_graphs",
+        paths=("model.use_te_rng_tracker", "model.cuda_graph_impl"),
+        when=cuda_graph_needs_te_rng,
+        message=lambda e: (
+            f"{kv(e, 'model.cuda_graph_impl')} with model.use_te_rng_tracker=false: the model build asserts that "
+            "CUDA graphs run with Transformer Engine's RNG tracker (validate() does not check it)."
+        ),
+        fix="model.use_te_rng_tracker=true",
+        source=f"{S.B_GPT}: GPTModelProvider.provide (line 233): assert 'Transformer engine's RNG tracker is required "
+        "for cudagraphs'",
     ),
     Rule(
         id="MFSDP-FULL-ITER-NAN-CHECK",
@@ -61,11 +92,13 @@ RULES: list[Rule] = [
             f"{kv(e, 'model.cuda_graph_impl')} (per-layer CUDA graphs) with the expert-parallel A2A overlap "
             "(overlap_moe_expert_parallel_comm) under Megatron FSDP: the wrapper asserts when the model is wrapped."
         ),
-        # full_iteration alone is no fix: validate() then asserts on the NaN check (MFSDP-FULL-ITER-NAN-CHECK) and the
-        # captured iteration needs two ddp settings (MFSDP-FULL-ITER-CUDA-GRAPH); it is offered with all three.
+        # full_iteration alone is no fix: validate() then asserts on the NaN check (MFSDP-FULL-ITER-NAN-CHECK), the
+        # captured iteration needs two ddp settings (MFSDP-FULL-ITER-CUDA-GRAPH) and the build the TE RNG tracker
+        # (MFSDP-CUDA-GRAPH-TE-RNG); it is offered with all four.
         fix="model.cuda_graph_impl=none, or model.cuda_graph_impl=full_iteration with "
-        "rerun_state_machine.check_for_nan_in_loss=false, ddp.megatron_fsdp_cuda_graph_mode=true and "
-        "ddp.fsdp_all_gather_in_start_param_sync=false, or turn the expert-parallel overlap off",
+        "rerun_state_machine.check_for_nan_in_loss=false, ddp.megatron_fsdp_cuda_graph_mode=true, "
+        "ddp.fsdp_all_gather_in_start_param_sync=false and model.use_te_rng_tracker=true, or turn the "
+        "expert-parallel overlap off",
         source=f"{SRC_MCORE_FSDP}: FullyShardedDataParallel.__init__ (line 173): assert '1F1B overlap with FSDP does not "
         "support per-layer CUDA graphs'",
     ),

@@ -60,6 +60,7 @@ NCCL_BASIS = (
 # installed rule table has the id, its fix text is used; the text here is the fallback.
 RULE_PIPELINE = "MFSDP-PIPELINE-PARALLEL"
 RULE_DTYPE_STRING = "MFSDP-DTYPE-STRING"
+RULE_CUDA_GRAPH_TE_RNG = "MFSDP-CUDA-GRAPH-TE-RNG"
 
 # What the engine's own settings mean for the user (shown once, under the verdict).
 LIMITS = (
@@ -235,6 +236,20 @@ def explain_failure(ff: Mapping | None, request: Mapping | None = None) -> dict 
                 "give the dtype itself: 'ddp.megatron_fsdp_main_grads_dtype={_target_:torch.float32,_call_:false}' "
                 "(YAML: {_target_: torch.float32, _call_: false}; Python: torch.float32)",
             ),
+        )
+    elif (
+        etype == "AssertionError"
+        and first_line.startswith("Transformer engine's RNG tracker is required for cudagraphs")
+        and "gpt_provider.py" in str(frames.get("bridge") or frames.get("innermost") or "")
+    ):
+        # megatron/bridge/models/gpt_provider.py :: GPTModelProvider.provide asserts use_te_rng_tracker whenever
+        # cuda_graph_impl is not "none"; validate() does not check it
+        out.update(
+            rule=RULE_CUDA_GRAPH_TE_RNG,
+            category="config",
+            why="CUDA graphs on a GPT-family model need Transformer Engine's RNG tracker (model.use_te_rng_tracker); "
+            "the model build asserts it",
+            fix=_rule_fix(RULE_CUDA_GRAPH_TE_RNG, "model.use_te_rng_tracker=true"),
         )
     elif etype in ("ImportError", "ModuleNotFoundError") and ("mamba" in core or "MambaSSM" in first_line):
         out.update(
