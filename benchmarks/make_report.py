@@ -144,6 +144,21 @@ EXPECTED = (
         "`python3 benchmarks/ckpt_migration_result.py RAW --out benchmarks/results/ckpt_migration_1xh200.json`",
     ),
     Expected(
+        "what-works",
+        "What works with Megatron FSDP: Bridge's recipes per family and mode through the skill's route, rehearsed "
+        "as one rank of their real world on one H200",
+        lambda r: _bid(r) == "what_works_1xh200",
+        "`python3 benchmarks/bench_what_works.py --run --batch K --out RAW` on one H200 (one call per batch), then "
+        "`python3 benchmarks/what_works_result.py RAW... --out benchmarks/results/what_works_1xh200.json`",
+    ),
+    Expected(
+        "recommended-overrides",
+        "Every override the skill recommends, rehearsed through wrap and two steps on the job it is meant for",
+        lambda r: _bid(r) == "recommended_overrides_1xh200",
+        "`python3 benchmarks/bench_recommended_overrides.py --run --batch K --out RAW` on one H200, then "
+        "`--collect RAW... --out benchmarks/results/recommended_overrides_1xh200.json`",
+    ),
+    Expected(
         "evals-claude-code",
         "Skill evals with a real model in Claude Code (with and without the skill)",
         _real_eval("claude-code"),

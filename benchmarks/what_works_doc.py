@@ -15,6 +15,7 @@ exits 1 ("not measured yet"), so the reference never shows a planned row as a re
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -56,8 +57,17 @@ def cell(row: dict, notes: list[str]) -> str:
     err = row.get("first_error")
     if v.startswith("failed") and isinstance(err, dict):
         rule = err.get("rule") or "no rule"
-        where = f" ({err['where']})" if err.get("where") else ""
-        note(f"{row['recipe']}: {v}: `{str(err.get('message') or '').splitlines()[0][:240]}`{where}; rule: {rule}")
+        # the file and function, no line number: line citations in the references are anchored (mfsdp.py anchors)
+        where = f" ({re.sub(r':[0-9]+ in ', ', ', str(err['where']))})" if err.get("where") else ""
+        why = err.get("why") or (
+            (row.get("expected") or {}).get("why")
+            if "limit" in str((row.get("expected") or {}).get("outcome"))
+            else None
+        )
+        note(
+            f"{row['recipe']}: {v}: `{str(err.get('message') or '').splitlines()[0][:240]}`{where}; rule: {rule}"
+            + (f"; {why}" if why else "")
+        )
     for fb in row.get("fallbacks") or []:
         note(f"{row['recipe']}: ran with `{fb}` (the package the recipe's setting needs was not installed)")
     for ov in row.get("rehearsal_overrides") or []:

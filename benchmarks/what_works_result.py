@@ -119,6 +119,14 @@ def fold_phases(engine_phases: list[dict], asked_save_load: bool) -> dict:
     return out
 
 
+# First errors of recipes that fail whatever the data-parallel strategy (no rule of ours quotes them, and none
+# should: check is about Megatron FSDP): the message's start -> why, shown with the row.
+NOT_FSDP = {
+    "Invalid choices for recompute_modules": "the recipe as shipped names a selective-recompute module that "
+    "megatron-core 0.19.2 does not accept (TransformerConfig.__post_init__); it fails with or without Megatron FSDP",
+}
+
+
 def first_error(rank: dict, report: dict | None = None) -> dict | None:
     """The run's first error as the matrix shows it. The rule is the one recorded with the run; when none was,
     the engine report's raw failure (type, message, frames) is explained again with the current rule table
@@ -134,13 +142,18 @@ def first_error(rank: dict, report: dict | None = None) -> dict | None:
         again = explain_failure(raw_failure, report.get("request")) or {}
         if again.get("rule"):
             rule, category = again["rule"], again.get("category")
+    message = str(f.get("message") or "")
+    why = next((w for start, w in NOT_FSDP.items() if message.startswith(start)), None)
+    if why:
+        category = "not-fsdp"
     return {
-        "message": str(f.get("message") or "")[:500],
+        "message": message[:500],
         "type": f.get("type"),
         "where": f.get("site"),
         "phase": f.get("phase"),
         "rule": rule or "no rule",
         "category": category,
+        "why": why or f.get("why"),
     }
 
 
@@ -222,8 +235,11 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
         "predicted_peak": pred.get("predicted_peak"),
         "measured_peak": mem.get("peak_allocated_gib"),
     }
+    if row["phases"].get("wrap") != "passed" and not memory_gib["measured_peak"]:
+        memory_gib["measured_peak"] = None  # nothing was built: no measurement, not a measured 0
     row["memory_gib"] = memory_gib
-    row["memory_check"] = memory_check(memory_gib)
+    # memory predicts training: compared only where the steps ran
+    row["memory_check"] = memory_check(memory_gib) if row["phases"].get("first_steps") == "passed" else None
     perf = rank.get("perf") or {}
     # The perf summary's count (mfsdp_lib.perf.report.timed_numerics) when the run has one: it holds the engine's
     # verdict, with +inf losses under finite gradient norms from the fake backend's tensor-parallel
