@@ -11,7 +11,8 @@ results together with what the analysis needs (``mfsdp_lib.perf.report`` reads i
   (``megatron/bridge/training/utils/flop_utils.py`` :: ``num_floating_point_operations(cfg,
   batch_size=global_batch_size)``, as ``megatron/bridge/training/train.py`` calls it each step);
 * for a Wan (diffusion) job, no sequence length and the reason (``DIFFUSION_TOKENS_WHY``): its step trains on
-  patchified latents, so the analysis reports no tokens/s;
+  patchified latents, so the analysis reports no tokens/s; its FLOPs come from the same Bridge function, given
+  the sequence sums of the mock data's step (``workload.wan_flops_stats``);
 * the precision the GEMMs run in (``model.fp8`` set: FP8) and the GPU's name, for the peak;
 * the parameter counts and the bytes per gathered parameter and reduced gradient, for the
   analytic volumes;
@@ -124,11 +125,18 @@ def _itemsize(dtype) -> int | None:
 
 
 def model_flops(cfg) -> tuple[float | None, str | None]:
-    """(Bridge's model FLOPs per step for the whole job, None) or (None, why not)."""
+    """(Bridge's model FLOPs per step for the whole job, None) or (None, why not). A Wan job's formula needs
+    the step's sequence sums, which its mock data fixes (``workload.wan_flops_stats``)."""
+    from . import workload
+
     try:
         from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
 
-        return float(num_floating_point_operations(cfg, batch_size=int(cfg.train.global_batch_size))), None
+        stats = {}
+        if workload.choose(_get(cfg, "model")).kind == "wan":
+            fields = {k: _get(cfg, f"dataset.{k}") for k in workload.WAN_MOCK_SHAPE_FIELDS}
+            stats = workload.wan_flops_stats(fields, int(cfg.train.global_batch_size), int(cfg.train.micro_batch_size))
+        return float(num_floating_point_operations(cfg, batch_size=int(cfg.train.global_batch_size), **stats)), None
     except Exception as exc:  # a measurement, never a reason to fail the run
         return None, f"{type(exc).__name__}: {str(exc)[:300]}"
 

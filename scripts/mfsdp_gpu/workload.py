@@ -142,6 +142,27 @@ def wan_latent_tokens(fields: dict) -> int:
     return per_sample * fields["number_packed_samples"]
 
 
+def wan_flops_stats(fields: dict, global_batch_size: int, micro_batch_size: int) -> dict:
+    """The sequence sums Bridge's Wan FLOPs need for one step of the mock data, whole job.
+
+    ``WanModelProvider._get_num_floating_point_operations_with_runtime_stats`` raises without them; in a run
+    ``WanForwardStep`` accumulates them per micro-batch (``flop_utils.accumulate_flops_metadata`` from the
+    batch's ``cu_seqlens``: Σ q, Σ q², and for cross-attention Σ k, Σ q·k over the packed samples) and
+    ``train.py`` sums them over the data-parallel ranks. Every mock micro-batch is the same pack of
+    ``number_packed_samples`` samples of q latent tokens and k = ``context_seq_len`` text tokens, and a step
+    runs global batch / micro-batch of them (one pack per micro-batch, whatever its size)."""
+    n = fields["number_packed_samples"]
+    q = wan_latent_tokens(fields) // n
+    k = fields["context_seq_len"]
+    packs = max(int(global_batch_size) // max(int(micro_batch_size), 1), 1)
+    return {
+        "seqlen_sum": packs * n * q,
+        "seqlen_squared_sum": packs * n * q * q,
+        "cross_seqlen_sum": packs * n * k,
+        "cross_seqlen_product_sum": packs * n * q * k,
+    }
+
+
 def wan_mock_label(fields: dict) -> str:
     """``WanMockDataModuleConfig(...)`` with the fields that size a batch, for the report's settings."""
     shown = ", ".join(f"{k}={fields[k]}" for k in WAN_MOCK_SHAPE_FIELDS)

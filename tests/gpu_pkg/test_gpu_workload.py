@@ -348,3 +348,67 @@ def test_the_mock_batch_ignores_the_samples_and_packs_patchified_latents(bridge_
         assert line in text, line
     provider = _path(bridge_src, workload.WAN_PROVIDER.rsplit(".", 1)[0]).read_text()
     assert "unused for images/videos" in provider  # model.seq_length: why --perf makes no token rate
+
+
+# --------------------------------------------------------------------------- --perf: Bridge's Wan FLOPs
+
+
+def test_the_flops_sums_of_a_mock_step_are_those_of_its_packs():
+    fields = dict(workload.WAN_MOCK_DEFAULTS)
+    got = workload.wan_flops_stats(fields, global_batch_size=2, micro_batch_size=1)
+    q, k = 37440, 512
+    assert got == {
+        "seqlen_sum": 2 * q,
+        "seqlen_squared_sum": 2 * q * q,  # attention is per sample: Σ q², not (Σ q)²
+        "cross_seqlen_sum": 2 * k,
+        "cross_seqlen_product_sum": 2 * q * k,
+    }
+    fields["number_packed_samples"] = 3  # three samples per pack, one pack per micro-batch of any size
+    got = workload.wan_flops_stats(fields, global_batch_size=8, micro_batch_size=2)
+    assert got["seqlen_sum"] == 4 * 3 * q and got["seqlen_squared_sum"] == 4 * 3 * q * q
+    assert got["cross_seqlen_product_sum"] == 4 * 3 * q * k
+
+
+def test_perf_gives_bridges_flops_function_the_wan_sums_and_the_gpt_call_is_unchanged(monkeypatch):
+    calls = []
+
+    def num_floating_point_operations(cfg, batch_size=1, **kw):  # STAND-IN: records its arguments
+        calls.append({"batch_size": batch_size, **kw})
+        return 1e15
+
+    _stub(
+        monkeypatch,
+        "megatron.bridge.training.utils.flop_utils",
+        num_floating_point_operations=num_floating_point_operations,
+    )
+    ns = SimpleNamespace
+    cfg = ns(
+        model=_model(Wan), dataset=ns(**workload.WAN_MOCK_DEFAULTS), train=ns(global_batch_size=2, micro_batch_size=1)
+    )
+    assert perf.model_flops(cfg) == (1e15, None)
+    assert calls[-1] == {"batch_size": 2, **workload.wan_flops_stats(workload.WAN_MOCK_DEFAULTS, 2, 1)}
+    cfg.model = _model(GPT)
+    perf.model_flops(cfg)
+    assert calls[-1] == {"batch_size": 2}
+
+
+def test_the_flops_sums_mean_what_bridge_accumulates(bridge_src):
+    """Per micro-batch Bridge adds mbs x the pack's length, Σ q² from cu_seqlens and, for cross-attention,
+    Σ k and Σ q·k; a Wan pack is [1, n·q] after the step's transpose; the sums are taken over data parallel."""
+    flop = (bridge_src / "megatron/bridge/training/utils/flop_utils.py").read_text()
+    for line in (
+        '_add_flops_accumulator(state, "_flops_seqlen_sum", mbs * tensor_seq_len)',
+        '_add_flops_accumulator(state, "_flops_seqlen_sq_sum", _scalar_sum_for_accumulator(sub_seq_lens.long() ** 2))',
+        "_scalar_sum_for_accumulator(sub_seq_lens * cross_sub_seq_lens)",
+        "seqlen_sum = local_seqlen_sum * data_parallel_size",
+    ):
+        assert line in flop, line
+    tree = ast.parse(flop)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "num_floating_point_operations")
+    params = {a.arg for a in fn.args.args}
+    assert set(workload.wan_flops_stats(workload.WAN_MOCK_DEFAULTS, 1, 1)) <= params
+    step = _path(bridge_src, workload.WAN_STEP.rsplit(".", 1)[0]).read_text()
+    assert 'batch["video_latents"] = batch["video_latents"].transpose(0, 1)' in step
+    assert "cu_seqlens=self_attention.cu_seqlens_q_padded," in step
+    mock = _path(bridge_src, workload.WAN_MOCK_DATA.rsplit(".", 1)[0]).read_text()
+    assert "video_latents=video_latents_packed.unsqueeze(1)," in mock  # [n·q, 1, C]: one pack per micro-batch
