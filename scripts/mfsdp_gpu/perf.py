@@ -257,6 +257,8 @@ def record(
     if workload.choose(_get(cfg, "model")).kind == "wan":
         tokens = workload.wan_latent_tokens({k: _get(cfg, f"dataset.{k}") for k in workload.WAN_MOCK_SHAPE_FIELDS})
         diffusion = {"seq_length": None, "tokens_why": DIFFUSION_TOKENS_WHY.format(tokens=tokens)}
+        if flops is not None:
+            diffusion["flops_source"] = FLOPS_SOURCE + ", with the mock step's sequence sums (Wan)"
     return {
         "schema": PERF_SCHEMA,
         **timed_numerics(steps or [], steps_done, tp),

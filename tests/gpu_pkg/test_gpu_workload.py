@@ -386,6 +386,10 @@ def test_perf_gives_bridges_flops_function_the_wan_sums_and_the_gpt_call_is_unch
         model=_model(Wan), dataset=ns(**workload.WAN_MOCK_DEFAULTS), train=ns(global_batch_size=2, micro_batch_size=1)
     )
     assert perf.model_flops(cfg) == (1e15, None)
+    clock = ns(records=[{"iteration": 2, "step_s": 1.5}], warmup=1)
+    recorder = ns(errors=[], patched=[], calls=0, overhead_s=0.0, log=lambda *a: {})
+    rec = perf.record(cfg, ns(pg_collection=None, model=[]), clock, recorder, 1, 0, {}, "NVIDIA H200")
+    assert rec["model_flops_per_step"] == 1e15 and rec["flops_source"].endswith("sequence sums (Wan)")
     assert calls[-1] == {"batch_size": 2, **workload.wan_flops_stats(workload.WAN_MOCK_DEFAULTS, 2, 1)}
     cfg.model = _model(GPT)
     perf.model_flops(cfg)
