@@ -66,6 +66,7 @@ if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
 from bench_rehearse import stop_process_group as stop_group  # noqa: E402  (the rehearsal matrix's own stop)
+from mfsdp_gpu import workload  # noqa: E402  (which step and mock data the engine drives: one definition)
 from mfsdp_lib import what_works  # noqa: E402  (the lookup's model fingerprint: one definition)
 
 MFSDP = SCRIPTS / "mfsdp.py"
@@ -502,6 +503,39 @@ def estimate_gpu_s(cfg: dict, mem: dict, layout: dict, needs: dict, save_load: b
     return int(math.ceil(t))
 
 
+def diffusion_outcome(cfg: dict) -> dict | None:
+    """A diffusion row: Wan models run Bridge's WanForwardStep on Bridge's Wan mock data (the engine's
+    ``mfsdp_gpu.workload``), so they go on to the memory check like any row (None), with a note of the latent
+    tokens the mock feeds; any other diffusion model still meets the GPT step it cannot run."""
+    model = cfg.get("model") or {}
+    if model.get("_target_") != workload.WAN_PROVIDER:
+        return {
+            "outcome": "fails (rehearsal limit)",
+            "why": "the rehearsal drives Bridge's GPT forward step for every model but Wan "
+            f"({workload.WAN_STEP}); this diffusion model trains with its own step and data",
+        }
+    return None
+
+
+def diffusion_note(cfg: dict) -> str | None:
+    """What a Wan row's rehearsal runs, and how its mock batch compares with the sequence memory assumed."""
+    model = cfg.get("model") or {}
+    if model.get("_target_") != workload.WAN_PROVIDER:
+        return None
+    data = cfg.get("dataset") or {}
+    fields = {k: int(data.get(k) or workload.WAN_MOCK_DEFAULTS[k]) for k in workload.WAN_MOCK_SHAPE_FIELDS}
+    tokens = workload.wan_latent_tokens(fields)
+    seq = model.get("seq_length")
+    note = (
+        f"Wan: Bridge's WanForwardStep on its own Wan mock data, {tokens} latent tokens per micro-batch "
+        f"({fields['F_latents']}x{fields['H_latents']}x{fields['W_latents']} latents, patches "
+        f"{fields['patch_temporal']}x{fields['patch_spatial']}x{fields['patch_spatial']}); no tokens/s for diffusion"
+    )
+    if isinstance(seq, int) and tokens > seq:
+        note += f"; memory's prediction counts model.seq_length={seq} tokens, fewer than the mock feeds"
+    return note
+
+
 def expected_outcome(row: dict, rec: dict, cfg: dict) -> dict:
     """What the row is expected to do on the GPU, and why (from the CPU route and Bridge's recorded verdict)."""
     v = corpus_verdict(rec) or {}
@@ -518,11 +552,9 @@ def expected_outcome(row: dict, rec: dict, cfg: dict) -> dict:
             "why": f"Bridge's verdict on enable's output: {v.get('error_type')}: {err}",
         }
     if "diffusion" in row["kinds"]:
-        return {
-            "outcome": "fails (rehearsal limit)",
-            "why": "the rehearsal drives Bridge's GPT forward step on mock GPT data; Wan trains with its own "
-            "flow-matching step and data (megatron/bridge/diffusion/models/wan/wan_step.py :: WanForwardStep)",
-        }
+        diffusion = diffusion_outcome(cfg)
+        if diffusion is not None:
+            return diffusion
     if re.search(BLACKWELL_ONLY, row["id"]):
         return {"outcome": "fails (hardware)", "why": "MXFP8/NVFP4 training needs a Blackwell GPU"}
     peak = row["memory_gib"]["predicted_peak"]
@@ -539,6 +571,8 @@ def expected_outcome(row: dict, rec: dict, cfg: dict) -> dict:
         notes.append(
             "memory gives no prediction: " + str(row["memory_route"].get("error", "")).split("error: ")[-1][:160]
         )
+    if diffusion_note(cfg):
+        notes.append(str(diffusion_note(cfg)))
     if "vlm" in row["kinds"]:
         notes.append(
             "vision-language: mock text-only batches through the GPT step (the vision tower is built, not fed)"

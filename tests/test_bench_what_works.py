@@ -488,3 +488,25 @@ def test_measured_batches_fill_the_matrix_and_keep_fixed_faults_apart():
     for r in rows.values():  # a figure is never from a non-finite step
         assert r["tokens_per_s_per_gpu"] is None or r["nonfinite_timed_steps"] == 0
     assert any("rehearsal_faults" in n for n in res["notes"])
+
+
+def test_wan_rows_are_expected_to_run_wans_own_step_and_other_diffusion_models_are_not():
+    """The engine drives Wan providers with Bridge's WanForwardStep on Bridge's Wan mock data
+    (mfsdp_gpu.workload): a Wan row goes on to the memory check like any row, with a note of the latent
+    tokens its mock batches hold; a diffusion model of another provider still meets the GPT step."""
+    import yaml
+
+    cfg = yaml.safe_load(
+        (ROOT / "tests/fixtures/recipes/yaml/wan_1_3b_text2image_pretrain_1gpu_h100_bf16.yaml").read_text()
+    )
+    assert bw.diffusion_outcome(cfg) is None
+    note = bw.diffusion_note(cfg)
+    assert note and "WanForwardStep" in note and "37440 latent tokens per micro-batch" in note
+    assert "model.seq_length=4096" in note  # memory's prediction counts fewer tokens than the mock feeds
+    flux = {"model": {"_target_": "megatron.bridge.diffusion.models.flux.flux_provider.FluxProvider"}}
+    assert bw.diffusion_outcome(flux)["outcome"] == "fails (rehearsal limit)"
+    assert bw.diffusion_note(flux) is None
+    for row in PLAN["rows"]:
+        if "diffusion" in row["kinds"] and row["id"].startswith("wan_"):
+            assert row["expected"]["outcome"] != "fails (rehearsal limit)", row["id"]
+            assert "WanForwardStep" in row["expected"]["why"], row["id"]

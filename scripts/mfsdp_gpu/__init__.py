@@ -23,6 +23,8 @@ benchmarks. One module per concern:
 * ``checkpoint``  save/load helpers: forward-only loss, the round-trip verdict, checkpoint listings
 * ``mamba``       hybrid (Mamba) models: preparing mamba-ssm before megatron, labelled deviations
 * ``report``      the JSON records (``rehearse-run/1``, the smoke rank records), progress, versions, failures
+* ``workload``    which forward step and mock data a model trains with: Bridge's GPT step, or Wan's
+                  flow-matching step on Bridge's Wan mock data
 * ``phases``      Bridge's ``setup()`` timed and measured phase by phase
 * ``rehearse``    one rehearsal run (``rehearse_train.py``); ``parity`` its DDP-vs-FSDP mode
 * ``smoke``       one smoke / strategy-benchmark rank (``smoke_train.py``)

@@ -231,6 +231,14 @@ def mock_dataset(seq_length: int):
     )
 
 
+def wan_mock_dataset(fields: dict):
+    """Bridge's own Wan mock data (``WanMockDataModuleConfig``), with the fields ``workload.wan_mock_fields``
+    chose: nothing is read or downloaded; each micro-batch is one packed batch of random latents."""
+    from megatron.bridge.diffusion.data.wan.wan_mock_datamodule import WanMockDataModuleConfig
+
+    return WanMockDataModuleConfig(**fields)
+
+
 def null_tokenizer(vocab_size: int = NULL_TOKENIZER_VOCAB):
     """NullTokenizer (no tokenizer files): it needs an explicit vocabulary size."""
     from megatron.bridge.training.config import TokenizerConfig

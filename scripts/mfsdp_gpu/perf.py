@@ -10,6 +10,9 @@ results together with what the analysis needs (``mfsdp_lib.perf.report`` reads i
 * the model FLOPs per step from Bridge's own formula, called on the job's config
   (``megatron/bridge/training/utils/flop_utils.py`` :: ``num_floating_point_operations(cfg,
   batch_size=global_batch_size)``, as ``megatron/bridge/training/train.py`` calls it each step);
+* for a Wan (diffusion) job, no sequence length and the reason (``DIFFUSION_TOKENS_WHY``): its step trains on
+  patchified latents, so the analysis reports no tokens/s; its FLOPs come from the same Bridge function, given
+  the sequence sums of the mock data's step (``workload.wan_flops_stats``);
 * the precision the GEMMs run in (``model.fp8`` set: FP8) and the GPU's name, for the peak;
 * the parameter counts and the bytes per gathered parameter and reduced gradient, for the
   analytic volumes;
@@ -27,6 +30,12 @@ import math
 import os
 
 PERF_SCHEMA = "mfsdp-perf/1"
+# Tokens per step are global batch x model.seq_length for a GPT job. A Wan model's seq_length is unused
+# (wan_provider.py: "unused for images/videos"): a step trains on patchified latents, so no token rate is made up.
+DIFFUSION_TOKENS_WHY = (
+    "not reported for a diffusion model: a Wan step trains on patchified latents "
+    "({tokens} latent tokens per micro-batch in the mock data), not on model.seq_length tokens"
+)
 GPU_LOCK_ENV = "MFSDP_GPU_LOCK"
 FLOPS_SOURCE = "megatron/bridge/training/utils/flop_utils.py :: num_floating_point_operations(cfg, batch_size=GBS)"
 _LOCK: list = []  # the lock's open descriptor, held until the process exits
@@ -116,11 +125,18 @@ def _itemsize(dtype) -> int | None:
 
 
 def model_flops(cfg) -> tuple[float | None, str | None]:
-    """(Bridge's model FLOPs per step for the whole job, None) or (None, why not)."""
+    """(Bridge's model FLOPs per step for the whole job, None) or (None, why not). A Wan job's formula needs
+    the step's sequence sums, which its mock data fixes (``workload.wan_flops_stats``)."""
+    from . import workload
+
     try:
         from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
 
-        return float(num_floating_point_operations(cfg, batch_size=int(cfg.train.global_batch_size))), None
+        stats = {}
+        if workload.choose(_get(cfg, "model")).kind == "wan":
+            fields = {k: _get(cfg, f"dataset.{k}") for k in workload.WAN_MOCK_SHAPE_FIELDS}
+            stats = workload.wan_flops_stats(fields, int(cfg.train.global_batch_size), int(cfg.train.micro_batch_size))
+        return float(num_floating_point_operations(cfg, batch_size=int(cfg.train.global_batch_size), **stats)), None
     except Exception as exc:  # a measurement, never a reason to fail the run
         return None, f"{type(exc).__name__}: {str(exc)[:300]}"
 
@@ -201,6 +217,7 @@ def record(
 ) -> dict:
     """The ``perf`` record of one rehearsal (see the module docstring). ``steps``: the step meter's
     records (losses); ``scaling``: ``--perf-micro-batches``' facts (the step's M, the K run)."""
+    from . import workload
     from .collectives import parallel_groups_of
 
     gbs = int(_get(cfg, "train.global_batch_size") or 0)
@@ -236,6 +253,12 @@ def record(
             "flops": "Bridge's FLOPs of the K micro-batches run x M/K (linear in the batch)",
             "communication": "counted over the K micro-batches run, not scaled",
         }
+    diffusion = {}
+    if workload.choose(_get(cfg, "model")).kind == "wan":
+        tokens = workload.wan_latent_tokens({k: _get(cfg, f"dataset.{k}") for k in workload.WAN_MOCK_SHAPE_FIELDS})
+        diffusion = {"seq_length": None, "tokens_why": DIFFUSION_TOKENS_WHY.format(tokens=tokens)}
+        if flops is not None:
+            diffusion["flops_source"] = FLOPS_SOURCE + ", with the mock step's sequence sums (Wan)"
     return {
         "schema": PERF_SCHEMA,
         **timed_numerics(steps or [], steps_done, tp),
@@ -284,4 +307,5 @@ def record(
             "errors": list(recorder.errors),
         },
         "collectives": recorder.log(rank, world_size, steps_done, groups),
+        **diffusion,  # a Wan job: no token rate (DIFFUSION_TOKENS_WHY)
     }

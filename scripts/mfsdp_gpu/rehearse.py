@@ -22,6 +22,10 @@ Settings changed for the fake backend (each recorded in the report with its reas
 offline (mock data, NullTokenizer, K iterations, no checkpoint reads) are recorded
 separately, as are those forced by the environment (no APEX).
 
+The training step and its mock data follow the model provider (``workload.choose``): Bridge's GPT step
+on mock GPT data, or for a Wan model (``WanModelProvider``) Bridge's ``WanForwardStep`` on Bridge's Wan
+mock data shaped as the recipe's dataset; the save/load check's forward-only loss uses the same step.
+
 Mixture of experts: with plain fake collectives the all-to-all token dispatcher
 sizes its buffers from token counts read from memory nobody wrote. With
 ``--mirror-collectives`` (on by default when the model has experts, and for every fake
@@ -62,7 +66,7 @@ import os
 import signal
 import sys
 
-from . import bridge, checkpoint, collectives, fakeworld, hfhub, kernel_profile, kernels, mamba, perf
+from . import bridge, checkpoint, collectives, fakeworld, hfhub, kernel_profile, kernels, mamba, perf, workload
 from .args import InputError, check_args, parse_overrides, rehearse_parser, use_fake_pg
 from .bridge import Settings, get_dotted
 from .collectives import install_mirror_collectives
@@ -120,7 +124,29 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
         s.apply("scheduler.lr_warmup_iters", 0, "rehearsal", "warm-up longer than K steps")
     if get_dotted(cfg, "scheduler.lr_decay_iters") is not None and cfg.scheduler.lr_decay_iters < a.iters:
         s.apply("scheduler.lr_decay_iters", a.iters, "rehearsal", "decay shorter than K steps")
-    if not isinstance(cfg.dataset, MockGPTDatasetConfig):
+    choice = workload.choose(get_dotted(cfg, "model"))
+    if choice.kind == "wan":
+        facts["workload"] = choice._asdict()
+        fields = workload.wan_mock_fields(
+            cfg.dataset,
+            get_dotted(cfg, "model.seq_length") or a.seq_length,
+            get_dotted(cfg, "train.micro_batch_size") or 1,
+            get_dotted(cfg, "train.global_batch_size") or 1,
+        )
+        old = type(cfg.dataset).__name__
+        cfg.dataset = bridge.wan_mock_dataset(fields)
+        facts["workload"]["latent_tokens_per_micro_batch"] = workload.wan_latent_tokens(fields)
+        s.rows.append(
+            {
+                "key": "dataset",
+                "value": workload.wan_mock_label(fields),
+                "was": old,
+                "category": "rehearsal",
+                "why": "Bridge's own Wan mock data (what WanDatasetConfig builds without a path), its latent and "
+                "text shapes from the recipe: nothing is read or downloaded; batches made in this process",
+            }
+        )
+    elif not isinstance(cfg.dataset, MockGPTDatasetConfig):
         seq = get_dotted(cfg, "model.seq_length") or a.seq_length
         old = type(cfg.dataset).__name__
         cfg.dataset = bridge.mock_dataset(seq)
@@ -346,6 +372,10 @@ def run_once(a, report: Report, fake: bool) -> int:
     cfg, est, source = bridge.load_config(a)
     settings, facts = configure(a, cfg, est, fake, out, ckpt_dir, mamba_env)
     report.data["source"] = source
+    if "workload" in facts:  # a model that Bridge's GPT step (imported above) cannot drive: workload.choose
+        forward_step = workload.forward_step(
+            workload.Choice(**{k: facts["workload"][k] for k in workload.Choice._fields})
+        )
     report.data["deviations"] = facts.pop("deviations", [])
     report.data["facts"] = facts
     report.data["settings_applied"] = settings.rows

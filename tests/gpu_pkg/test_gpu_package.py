@@ -67,9 +67,11 @@ def test_the_bridge_set_up_exists_once():
         "HybridModelProvider",
         "ConfigContainer",
         "MockGPTDatasetConfig",
+        "WanMockDataModuleConfig",
         "TokenizerConfig",
     ):
         assert set(_calls(ctor)) == {"bridge"}, (ctor, _calls(ctor))
+    assert set(_calls("WanForwardStep")) == {"workload"}  # the forward step: chosen in one place
     assert set(_calls("runtime_config_update")) <= {"bridge", "checkpoint", "rehearse"}
     assert set(_calls("bridge_setup")) == {"bridge"}  # Bridge's setup(): through bridge.setup only
     assert set(_calls("train")) == {"steps"}  # Bridge's train(): through steps.run_train only

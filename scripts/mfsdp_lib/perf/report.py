@@ -132,6 +132,7 @@ def summarize(perf: Mapping | None, links: predict.Links | None = None) -> dict:
         },
         "tokens_per_step_per_gpu": tokens,
         "tokens_per_s_per_gpu": tokens / compute if tokens else None,
+        **({"tokens_why": perf["tokens_why"]} if perf.get("tokens_why") else {}),
         "model_flops_per_step": f_step,
         "flops_source": perf.get("flops_source"),
         "model_tflops_per_gpu": tflops,
@@ -324,7 +325,9 @@ def render(p: Mapping, indent: str = "  ") -> list[str]:
     tf = p.get("model_tflops_per_gpu")
     mfu = (p.get("mfu") or {}).get("mfu")
     lines.append(
-        f"{indent}  compute-only: {tps:,.0f} tokens/s/GPU" if tps else f"{indent}  compute-only: tokens/s/GPU -"
+        f"{indent}  compute-only: {tps:,.0f} tokens/s/GPU"
+        if tps
+        else f"{indent}  compute-only: tokens/s/GPU -" + (f" ({p['tokens_why']})" if p.get("tokens_why") else "")
     )
     if tf:
         peak = (p.get("mfu") or {}).get("peak_tflops")
