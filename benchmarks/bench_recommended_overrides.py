@@ -441,7 +441,7 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 continue
             rank = ((raw.get("summary") or {}).get("ranks") or [{}])[0]
             phases = wr.fold_phases(rank.get("phases") or [], r.get("job") == "checkpoint")
-            ran = ran_overrides(raw.get("command"))
+            given = ran_overrides(raw.get("command"))
             out[r["id"]] = {
                 "id": r["id"],
                 "key": r.get("key"),
@@ -449,9 +449,9 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 "where": r.get("where"),
                 "job": r["job"],
                 # what the engine was given (its command line), not what the plan says today
-                "overrides": ran if ran is not None else r["overrides"],
+                "overrides": given if given is not None else r["overrides"],
                 # the plan's job for this override changed after the run (a fix the run led to): run it again
-                "plan_changed": ran is not None and ran != r["overrides"],
+                "plan_changed": given is not None and given != r["overrides"],
                 "planned_overrides": r["overrides"],
                 # an engine that never reached a phase (refused: no CUDA, no Bridge) ran nothing: no verdict
                 "result": ("passed" if rank.get("result") == "passed" else "failed")

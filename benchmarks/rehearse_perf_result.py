@@ -399,7 +399,8 @@ FP8_RERUN_DRIVER = "driver_fp8_rerun.json"
 
 def fp8_rerun_conditions(rerun: dict | None) -> list[str]:
     """Rows measured again after the FP8 scale fix, with when and how."""
-    rows = (rerun or {}).get("rows") or []
+    rerun = rerun or {}
+    rows = rerun.get("rows") or []
     if not rows:
         return []
     names = ", ".join(str(r.get("row")) for r in rows)

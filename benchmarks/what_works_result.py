@@ -139,7 +139,7 @@ def first_error(rank: dict, report: dict | None = None) -> dict | None:
     if not rule and isinstance(raw_failure, dict):
         from mfsdp_lib.runs.rehearse import explain_failure
 
-        again = explain_failure(raw_failure, report.get("request")) or {}
+        again = explain_failure(raw_failure, (report or {}).get("request")) or {}
         if again.get("rule"):
             rule, category = again["rule"], again.get("category")
     message = str(f.get("message") or "")
@@ -235,11 +235,12 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
         "predicted_peak": pred.get("predicted_peak"),
         "measured_peak": mem.get("peak_allocated_gib"),
     }
-    if row["phases"].get("wrap") != "passed" and not memory_gib["measured_peak"]:
+    phases: dict = row["phases"] or {}
+    if phases.get("wrap") != "passed" and not memory_gib["measured_peak"]:
         memory_gib["measured_peak"] = None  # nothing was built: no measurement, not a measured 0
     row["memory_gib"] = memory_gib
     # memory predicts training: compared only where the steps ran
-    row["memory_check"] = memory_check(memory_gib) if row["phases"].get("first_steps") == "passed" else None
+    row["memory_check"] = memory_check(memory_gib) if phases.get("first_steps") == "passed" else None
     perf = rank.get("perf") or {}
     # The perf summary's count (mfsdp_lib.perf.report.timed_numerics) when the run has one: it holds the engine's
     # verdict, with +inf losses under finite gradient norms from the fake backend's tensor-parallel
@@ -247,6 +248,7 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     # Only when the summary checked the timed losses (a report that predates them has none: then every recorded
     # loss is counted here).
     counted = perf.get("nonfinite_timed_steps")
+    bad: int | None
     if isinstance(counted, int) and not isinstance(counted, bool) and perf.get("timed_losses"):
         bad = counted
     else:
