@@ -14,7 +14,7 @@ and fails on any override the committed plan does not cover):
 * what ``enable`` and ``enable --perf`` write (``scripts/mfsdp_lib/enable.py``): the minimal and perf settings, the
   pipeline-only keys ``--set-pp-1`` resets, and every ``change("KEY", VALUE, ...)`` with literal values (the
   calls whose key or value comes from the config or the command line are listed in ``ENABLE_COMPUTED``);
-* SKILL.md and every ``references/*.md``: ``section.key=value`` with a Bridge ``ConfigContainer`` section, the
+* SKILL.md and every ``references/*.md`` but the generated record of measurements (``what-works.md``): ``section.key=value`` with a Bridge ``ConfigContainer`` section, the
   Python form ``cfg.section.key = value``, and ``mixed_precision=PRESET``.
 
 Each (key, value) gets a job (``job_for``): a dense Llama-shaped trunk (preset ``tiny``), the MoE trunk with
@@ -131,6 +131,9 @@ CONTEXT = {
     "model.recompute_method": ["model.recompute_granularity=full"],
     "model.recompute_num_layers": ["model.recompute_granularity=full", "model.recompute_method=uniform"],
 }
+# Generated references that record measurements, not advice: the what-works matrix lists the settings its runs
+# were made with (a dispatcher fallback, a shorter timed batch), which no user is told to set.
+MEASUREMENT_RECORDS = ("what-works.md",)
 OVERRIDE_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")  # a KEY=VALUE word of an engine command line
 FP8 = "mixed_precision=bf16_with_fp8_current_scaling_mixed"  # FP8 current scaling: Hopper runs it
 BLACKWELL_ONLY = ("mxfp8", "nvfp4", "fp4")
@@ -249,7 +252,12 @@ def from_enable(found: dict) -> None:
 
 
 def from_text(found: dict) -> None:
-    files = [ROOT / "SKILL.md", *sorted(Path(p) for p in glob.glob(str(ROOT / "references" / "*.md")))]
+    files = [
+        ROOT / "SKILL.md",
+        *sorted(
+            Path(p) for p in glob.glob(str(ROOT / "references" / "*.md")) if Path(p).name not in MEASUREMENT_RECORDS
+        ),
+    ]
     for f in files:
         rel = f.relative_to(ROOT).as_posix()
         for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
