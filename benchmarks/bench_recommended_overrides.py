@@ -514,7 +514,8 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
         ],
         "raw": "benchmarks/results/raw/recommended_overrides_1xh200",
         "schema": RESULT_SCHEMA,
-        "generated_by": "python3 benchmarks/bench_recommended_overrides.py --collect " + " ".join(map(str, dirs)),
+        "generated_by": "python3 benchmarks/bench_recommended_overrides.py --collect "
+        + " ".join(wr.repo_path(d) for d in dirs),
         "not_run": [
             {"key": r["key"], "value": r["value"], "why": r["not_run_why"]} for r in plan["overrides"] if not r["job"]
         ],
