@@ -8,6 +8,7 @@ recipes that now get a prediction.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -74,9 +75,10 @@ def test_linear_attention_freq_decides_the_layer_kinds(mcore_src):
     assert "Invalid length of linear_attention_pattern" in src
     with pytest.raises(m.ModelError, match="3 entries for 8 layers"):
         m.shape_from_config(dict(SMALL, linear_attention_freq=[1, 1, 0]))
-    assert "linear_attention_freq must be set for linear gated_delta_net" in (
-        mcore_src / MCORE / "transformer/transformer_config.py"
-    ).read_text()
+    assert (
+        "linear_attention_freq must be set for linear gated_delta_net"
+        in (mcore_src / MCORE / "transformer/transformer_config.py").read_text()
+    )
     with pytest.raises(m.ModelError, match="needs model.linear_attention_freq"):
         m.shape_from_config(dict(SMALL, linear_attention_freq=None))
     with pytest.raises(m.ModelError, match="multiple of model.linear_num_key_heads"):
@@ -166,7 +168,7 @@ def test_published_totals():
 
 
 def _settings(**kw) -> terms.ActivationSettings:
-    base = dict(seq_length=256, micro_batch_size=2, hidden_dropout=0.0)
+    base: dict[str, Any] = dict(seq_length=256, micro_batch_size=2, hidden_dropout=0.0)
     base.update(kw)
     return terms.ActivationSettings(**base)
 

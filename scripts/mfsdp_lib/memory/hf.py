@@ -237,7 +237,16 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         notes.append("attention_bias: the output projection's bias is not counted (Bridge maps QKV biases only)")
     if mtype == "qwen2":
         m["add_qkv_bias"] = True  # Qwen2 has q/k/v biases and no attention_bias field (qwen2 bridge)
-    if mtype in ("qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3_text", "olmo2", "olmoe", "qwen3_next"):
+    if mtype in (
+        "qwen3",
+        "qwen3_moe",
+        "qwen3_vl_text",
+        "qwen3_vl_moe_text",
+        "gemma3_text",
+        "olmo2",
+        "olmoe",
+        "qwen3_next",
+    ):
         m["qk_layernorm"] = True
     if mtype == "olmoe":
         m["qk_layernorm_full_width"] = True  # q_norm/k_norm over all heads (Bridge olmoe_provider.py:120-135)

@@ -706,9 +706,7 @@ def activation_settings(
         fused_cross_entropy=_bool(_get(cfg, "model.cross_entropy_loss_fusion"), True),
         peft=lora_targets is not None,
         logit_softcap=float(_get(cfg, "model.final_logit_softcapping") or 0) > 0,
-        frozen_linears=tuple(m for m in DECODER_LINEARS + GDN_LINEARS if m not in lora_targets)
-        if lora_targets is not None
-        else (),
+        frozen_linears=tuple(m for m in _linears(shape) if m not in lora_targets) if lora_targets is not None else (),
         unfused_attention=str(backend).rsplit(".", 1)[-1].lower() in ("unfused", "local"),
         sequence_parallel=_bool(_get(cfg, "model.sequence_parallel")),
         recompute_granularity=granularity,
@@ -723,6 +721,12 @@ def activation_settings(
         recompute_modules=_recompute_modules(cfg),
         mamba_mem_eff_path=_bool(_get(cfg, "model.use_mamba_mem_eff_path"), True),
     )
+
+
+def _linears(shape: Shape | None) -> tuple:
+    """The decoder linears a LoRA target list can leave frozen: GPT's, and a gated delta net mixer's when it has one."""
+    gdn = shape is not None and any("gdn" in k for k in shape.layer_kinds())
+    return DECODER_LINEARS + (GDN_LINEARS if gdn else ())
 
 
 def _recompute_modules(cfg) -> tuple:
