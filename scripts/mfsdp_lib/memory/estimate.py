@@ -117,6 +117,11 @@ def _resolve_strategies(strategies: Iterable[str] | str) -> list[str]:
     return chosen
 
 
+# Said in the output of every model with MTP depths (references/memory.md section 9, "Not modelled").
+MTP_NOTE = (
+    "MTP depths: their parameters are counted, their activations are not (per depth about one more decoder layer "
+    "and the second loss's fp32 softmax of the logits, 4 bytes a logit): the peak is low by that much"
+)
 # Said in the output of every model with gated delta net layers (references/memory.md, "Gated delta net layers").
 GDN_NOTE = (
     "gated delta net layers: their activations are traced from megatron-core 0.19.2 and flash-linear-attention 0.4 "
@@ -415,6 +420,8 @@ def estimate(
         if shape.num_layers < par.pp:
             raise ModelError(f"pipeline size {par.pp} exceeds num_layers {shape.num_layers}")
         counts = count_parameters(shape, par.tp, par.pp, par.ep, par.etp, lora=lora, stages=stages)
+        if counts.mtp:
+            notes.append(MTP_NOTE)
     else:
         if lora is not None:
             raise ModelError(
