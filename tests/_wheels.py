@@ -2,7 +2,8 @@
 
 Bridge 0.6.x needs Python >= 3.12 and a CUDA build of Transformer Engine to
 *import*, but its wheel is pure Python and Megatron-Core's wheel is a zip with
-Python sources: tests read them as text and never import them. The wheels are
+Python sources: tests read them as text and never import them (so is fla-core's, the
+flash-linear-attention kernels megatron-core's gated delta net calls). The wheels are
 downloaded once with ``pip download --no-deps`` (the real PyPI artefacts) into a
 cache folder, then reused; tests skip with the reason when no registry is
 reachable and nothing is cached.
@@ -27,6 +28,9 @@ BRIDGE_REQ = "megatron-bridge==0.6.2"
 MCORE_REQ = "megatron-core==0.19.2"
 # megatron-core ships platform wheels only; any of them holds the same Python sources.
 MCORE_PLATFORM = "manylinux_2_28_x86_64"
+# flash-linear-attention's kernels, which megatron-core's gated delta net calls (its dev extra pins
+# flash-linear-attention~=0.4.0; the kernels ship in fla-core, a pure-Python wheel).
+FLA_REQ = "fla-core==0.4.2"
 
 CACHE = Path(os.environ.get("MFSDP_WHEEL_CACHE", Path.home() / ".cache" / "mfsdp-skill" / "wheels"))
 
@@ -120,3 +124,9 @@ def bridge_src(bridge_wheel) -> Path:
 def mcore_src(mcore_wheel) -> Path:
     """Folder holding the unpacked ``megatron/core`` sources of the pinned wheel."""
     return _unpack(mcore_wheel)
+
+
+@pytest.fixture(scope="session")
+def fla_src() -> Path:
+    """Folder holding the unpacked ``fla`` sources of the pinned flash-linear-attention kernels."""
+    return _unpack(_download(FLA_REQ, "fla_core-0.4.2-*.whl"))

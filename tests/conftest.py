@@ -198,5 +198,5 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
-# Real-wheel fixtures (bridge_wheel, mcore_wheel, bridge_src, mcore_src) live in _wheels.py.
-from _wheels import bridge_src, bridge_wheel, mcore_src, mcore_wheel  # noqa: E402,F401
+# Real-wheel fixtures (bridge_wheel, mcore_wheel, bridge_src, mcore_src, fla_src) live in _wheels.py.
+from _wheels import bridge_src, bridge_wheel, fla_src, mcore_src, mcore_wheel  # noqa: E402,F401

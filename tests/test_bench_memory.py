@@ -166,10 +166,10 @@ def test_a_finished_run_the_model_cannot_size_is_a_miss(tmp_path):
     raw = tmp_path / "raw"
     run = make_run(raw, "unsized", between_scale=1.0, peak_scale=0.99)
     cfg = yaml.safe_load((run / "run_config.yaml").read_text())
-    cfg["model"]["experimental_attention_variant"] = "gated_delta_net"
+    cfg["model"]["experimental_attention_variant"] = "dsv4_hybrid"
     (run / "run_config.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "o.json"
     proc = bench("--raw-dir", raw, "--out", out, "--check")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (row,) = json.loads(out.read_text())["rows"]
-    assert row[-1].startswith("no prediction:") and "gated delta net" in row[-1]
+    assert row[-1].startswith("no prediction:") and "DeepSeek-V4" in row[-1]

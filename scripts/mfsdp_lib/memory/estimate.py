@@ -117,6 +117,19 @@ def _resolve_strategies(strategies: Iterable[str] | str) -> list[str]:
     return chosen
 
 
+# Said in the output of every model with MTP depths (references/memory.md section 9, "Not modelled").
+MTP_NOTE = (
+    "MTP depths: their parameters are counted, their activations are not (per depth about one more decoder layer "
+    "and the second loss's fp32 softmax of the logits, 4 bytes a logit): the peak is low by that much"
+)
+# Said in the output of every model with gated delta net layers (references/memory.md, "Gated delta net layers").
+GDN_NOTE = (
+    "gated delta net layers: their activations are traced from megatron-core 0.19.2 and flash-linear-attention 0.4 "
+    "source, not yet measured on a GPU; the calibration takes the largest factor and fixed part of the measured "
+    "families (calibration.py)"
+)
+
+
 def check_layout(shape: Shape | None, par: Parallel, model: Mapping | None = None) -> None:
     """Refuse a layout that cannot be built, quoting the rule that refuses it."""
     etp = par.etp or par.tp
@@ -163,6 +176,14 @@ def check_layout(shape: Shape | None, par: Parallel, model: Mapping | None = Non
         )
     if not experts and par.ep > 1:
         raise ModelError(f"EP = {par.ep} but the model has no experts (model.num_moe_experts)")
+    if any("gdn" in k for k in shape.layer_kinds()):
+        split = par.tp * par.cp
+        nk, nv = shape.linear_num_key_heads, shape.linear_num_value_heads
+        if nk % split or nv % split:
+            raise ModelError(
+                f"gated delta net heads (linear_num_key_heads {nk}, linear_num_value_heads {nv}) must be divisible "
+                f"by TP x CP ({par.tp} x {par.cp}) (transformer_config.py:1373-1382)"
+            )
     if "mamba" in shape.layer_kinds():
         heads = shape.mamba_num_heads or (2 * shape.hidden_size) // shape.mamba_head_dim
         if heads % par.tp or shape.mamba_num_groups % par.tp:
@@ -390,6 +411,8 @@ def estimate(
         raise ModelError("nothing to size: give a CONFIG with a model section, --model NAME or --params N")
     model_cfg_section = _get(cfg, "model") if isinstance(_get(cfg, "model"), Mapping) else {}
     check_layout(shape, par, model_cfg_section)
+    if shape is not None and any("gdn" in k for k in shape.layer_kinds()):
+        notes.append(GDN_NOTE)
     stages = pipeline_stages(model_cfg_section, shape.num_layers, par.pp) if shape is not None else None
     lora, lora_notes = lora_from_config(cfg)
     notes += lora_notes
@@ -397,6 +420,8 @@ def estimate(
         if shape.num_layers < par.pp:
             raise ModelError(f"pipeline size {par.pp} exceeds num_layers {shape.num_layers}")
         counts = count_parameters(shape, par.tp, par.pp, par.ep, par.etp, lora=lora, stages=stages)
+        if counts.mtp:
+            notes.append(MTP_NOTE)
     else:
         if lora is not None:
             raise ModelError(
@@ -636,7 +661,8 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
         out.append("Megatron FSDP buffers: gathered non-unit modules, all-gather window, reduce-scatter queue")
     if est.activations is not None:
         out.append(
-            "activations per layer kind (attention/MLA, MLP, MoE dispatch, Mamba) with recompute and PP in flight"
+            "activations per layer kind (attention/MLA, MLP, MoE dispatch, Mamba, gated delta net) with recompute and PP "
+            "in flight"
         )
     if row.init_peak:
         out.append("model-construction peak (built unsharded on the GPU)")

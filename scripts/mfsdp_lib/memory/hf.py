@@ -29,7 +29,9 @@ HF_MAX_BYTES = 4 * 1024 * 1024  # a config.json is a few KB; refuse anything tha
 # yet are refused by name (``UNSUPPORTED``) rather than guessed.
 DENSE = {"llama", "mistral", "qwen2", "qwen3", "qwen3_vl_text", "olmo2", "ministral3", "mistral3_text"}
 GEMMA = {"gemma2", "gemma3_text", "gemma3"}
-MOE = {"qwen3_moe", "qwen2_moe", "mixtral", "qwen3_vl_moe_text", "olmoe", "gpt_oss"}
+MOE = {"qwen3_moe", "qwen2_moe", "mixtral", "qwen3_vl_moe_text", "olmoe", "gpt_oss", "qwen3_next"}
+# Hybrid gated delta net + gated attention (Bridge qwen/qwen3_next_bridge.py provider_bridge).
+GATED_DELTA_NET = {"qwen3_next"}
 MLA = {"deepseek_v2", "deepseek_v3", "kimi_k2"}
 HYBRID = {"nemotron_h"}
 WRAPPERS = {  # vision-language configs: the language model sits in text_config
@@ -39,9 +41,8 @@ WRAPPERS = {  # vision-language configs: the language model sits in text_config
     "gemma3": "gemma3_text",
 }
 UNSUPPORTED = {
-    "qwen3_next": "gated delta net (linear attention) layers",
-    "qwen3_5": "gated delta net (linear attention) layers",
-    "qwen3_5_moe": "gated delta net (linear attention) layers",
+    "qwen3_5": "its config.json is not mapped yet; a Bridge Qwen3.5 config is sized",
+    "qwen3_5_moe": "its config.json is not mapped yet; a Bridge Qwen3.5 config is sized",
     "deepseek_v4": "DeepSeek V4's attention and hyper-connections",
     "glm_moe_dsa": "DeepSeek sparse attention layers",
     "minimax_m3": "its attention variant",
@@ -236,7 +237,16 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         notes.append("attention_bias: the output projection's bias is not counted (Bridge maps QKV biases only)")
     if mtype == "qwen2":
         m["add_qkv_bias"] = True  # Qwen2 has q/k/v biases and no attention_bias field (qwen2 bridge)
-    if mtype in ("qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3_text", "olmo2", "olmoe"):
+    if mtype in (
+        "qwen3",
+        "qwen3_moe",
+        "qwen3_vl_text",
+        "qwen3_vl_moe_text",
+        "gemma3_text",
+        "olmo2",
+        "olmoe",
+        "qwen3_next",
+    ):
         m["qk_layernorm"] = True
     if mtype == "olmoe":
         m["qk_layernorm_full_width"] = True  # q_norm/k_norm over all heads (Bridge olmoe_provider.py:120-135)
@@ -269,6 +279,26 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         step = _opt_int(hf, "decoder_sparse_step", where) or 1
         dense_only = set(hf.get("mlp_only_layers") or [])
         m["moe_layer_freq"] = [0 if (i in dense_only or (i + 1) % step) else 1 for i in range(layers)]
+
+    if mtype in GATED_DELTA_NET:
+        # Bridge's Qwen3-Next provider_bridge: gated attention, a gated shared expert, and the gated delta net's
+        # sizes as HF names them; the layer pattern from full_attention_interval (or transformers >= 5.5's
+        # layer_types), conversion/transformers_compat.py full_attention_interval_from_hf.
+        m["attention_output_gate"] = True
+        m["moe_shared_expert_gate"] = True
+        m["experimental_attention_variant"] = "gated_delta_net"
+        types = hf.get("layer_types")
+        if isinstance(types, list) and types:
+            kinds = {"linear_attention": 1, "full_attention": 0}
+            bad = sorted({str(t) for t in types if t not in kinds})
+            if bad:
+                raise ModelError(f"{where}: layer_types has {bad} (known: linear_attention, full_attention)")
+            m["linear_attention_freq"] = [kinds[t] for t in types]
+        else:
+            m["linear_attention_freq"] = _opt_int(hf, "full_attention_interval", where) or 4
+        for key in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                    "linear_num_key_heads", "linear_num_value_heads"):  # fmt: skip
+            m[key] = _need(hf, key, where)
 
     if mtype in MLA:
         m["multi_latent_attention"] = True

@@ -78,14 +78,22 @@ MAMBA_EXPAND = 2  # MambaMixer(expand=2): d_inner = 2 x hidden unless mamba_num_
 MAMBA_CONV_KERNEL = 4  # MambaMixer(d_conv=4): conv1d weight [conv_dim, 1, 4] (ssm/mamba_mixer.py)
 # Hybrid layer symbols (megatron/core/models/hybrid/hybrid_layer_allocation.py, class Symbols).
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "+": "mla", "-": "mlp", "E": "moe", "G": "gdn", "D": "dsa"}
-HYBRID_UNSUPPORTED = {"G": "gated delta net", "D": "DeepSeek sparse attention"}
+HYBRID_UNSUPPORTED = {"D": "DeepSeek sparse attention"}
 # ``model.experimental_attention_variant`` (transformer_config.py:294; Bridge's DeepSeek-V4 provider
 # adds "dsv4_hybrid", models/model_provider.py:173): sized ones, and a name for the refusal of the rest.
-SIZED_ATTENTION_VARIANTS = ("dsa",)
+SIZED_ATTENTION_VARIANTS = ("dsa", "gated_delta_net")
 UNSIZED_ATTENTION_VARIANTS = {
-    "gated_delta_net": "gated delta net (linear attention)",
     "dsv4_hybrid": "DeepSeek-V4's hybrid attention",
 }
+# Gated delta net (linear attention) defaults of Megatron-Core's TransformerConfig (transformer_config.py:356-368):
+# conv kernel, query/key head dim, value head dim, query/key heads, value heads.
+GDN_DEFAULTS = dict(
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+)
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,18 @@ class Shape:
     dsa_indexer_head_dim: int | None = None
     dsa_indexer_topk_freq: int = 1
     dsa_indexer_skip_topk_offset: int = 0
+    # Gated delta net (experimental_attention_variant="gated_delta_net", ssm/gated_delta_net/): which layers are
+    # linear attention (``linear_attention_freq``: an int N, every N-th layer full attention, or a 0/1 list),
+    # and the mixer's head sizes.
+    linear_attention_freq: Any = None
+    linear_conv_kernel_dim: int = GDN_DEFAULTS["linear_conv_kernel_dim"]
+    linear_key_head_dim: int = GDN_DEFAULTS["linear_key_head_dim"]
+    linear_value_head_dim: int = GDN_DEFAULTS["linear_value_head_dim"]
+    linear_num_key_heads: int = GDN_DEFAULTS["linear_num_key_heads"]
+    linear_num_value_heads: int = GDN_DEFAULTS["linear_num_value_heads"]
+    # Gated attention (Qwen3-Next, Qwen3.5): linear_qkv also projects one sigmoid gate per query channel
+    # (attention.py:1678-1680), applied to the attention output before linear_proj (attention.py:1605-1628).
+    attention_output_gate: bool = False
     # A vision tower's parameters (VLMs), counted whole on the first pipeline stage's ranks.
     vision_params: int = 0
     vision_params_tp: int = 0  # of vision_params, the part split over TP
@@ -199,14 +219,49 @@ class Shape:
         every = _int(freq, "model.moe_layer_freq", default=1)  # Megatron's default: every layer is MoE
         return [i % every == 0 for i in range(self.num_layers)]
 
+    @property
+    def gated_delta_net(self) -> bool:
+        return self.experimental_attention_variant == "gated_delta_net"
+
+    def linear_attention_layers(self) -> list[bool]:
+        """Per decoder layer, whether it is a gated delta net (linear attention) layer.
+
+        Megatron-Core's ``get_linear_attention_pattern`` (models/gpt/experimental_attention_variant_module_specs.py:
+        402-436): an int N makes every N-th layer (1-indexed) full attention and the rest linear; a list is the
+        pattern itself (1 linear, 0 full) and must have one entry per layer; unset is an error for this variant.
+        """
+        if not self.gated_delta_net:
+            return [False] * self.num_layers
+        freq = self.linear_attention_freq
+        if isinstance(freq, str):  # Megatron-LM's "([1]*3+[0]*1)" spelling
+            freq = _parse_layer_freq(freq, self.num_layers, "model.linear_attention_freq")
+        if isinstance(freq, (list, tuple)):
+            if len(freq) != self.num_layers:
+                raise ModelError(
+                    f"model.linear_attention_freq has {len(freq)} entries for {self.num_layers} layers "
+                    "(experimental_attention_variant_module_specs.py:416-420 asserts they agree)"
+                )
+            return [bool(x) for x in freq]
+        every = _int(freq, "model.linear_attention_freq")
+        if not every:
+            raise ModelError(
+                "model.experimental_attention_variant='gated_delta_net' needs model.linear_attention_freq "
+                "(transformer_config.py:1348-1350)"
+            )
+        return [(i + 1) % every != 0 for i in range(self.num_layers)]
+
     def layer_kinds(self) -> list[str]:
         """One kind per decoder layer: ``attention+mlp``/``attention+moe``/``mla+...`` for GPT
-        models; a hybrid model's layers are single-purpose (``mamba``, ``attention``, ``mla``,
-        ``mlp``, ``moe``), one per pattern symbol (models/hybrid/hybrid_block.py:150-200)."""
+        models, ``gdn+...`` for a gated delta net layer; a hybrid model's layers are single-purpose
+        (``mamba``, ``attention``, ``mla``, ``gdn``, ``mlp``, ``moe``), one per pattern symbol
+        (models/hybrid/hybrid_block.py:150-200)."""
         if self.hybrid:
             return [HYBRID_SYMBOLS[c] for c in _hybrid_main(self.hybrid_layer_pattern or "")]
         mixer = "mla" if self.multi_latent_attention else "attention"
-        return [f"{mixer}+{'moe' if m else 'mlp'}" for m in self.moe_layers()]
+        return [
+            f"{'gdn' if linear else mixer}+{'moe' if m else 'mlp'}"
+            for linear, m in zip(self.linear_attention_layers(), self.moe_layers(), strict=True)
+        ]
 
     def mtp_kinds(self) -> list[list[str]]:
         """Layer kinds inside each MTP depth: a GPT model repeats its last decoder layer
@@ -223,17 +278,17 @@ class Shape:
         return [[self.layer_kinds()[-1]] for _ in range(self.mtp_num_layers)]
 
 
-def _parse_layer_freq(text: str, layers: int) -> list[int]:
+def _parse_layer_freq(text: str, layers: int, key: str = "model.moe_layer_freq") -> list[int]:
     """``([0]*3+[1]*58)`` -> a list, without eval: terms ``[x]*n`` joined by ``+``."""
     body = text.strip().strip("()").replace(" ", "")
     out: list[int] = []
     for term in body.split("+"):
         m = re.fullmatch(r"\[([01](?:,[01])*)\](?:\*(\d+))?", term)
         if not m:
-            raise ModelError(f"model.moe_layer_freq {text!r} is not an integer, a list, or '[0]*k+[1]*m'")
+            raise ModelError(f"{key} {text!r} is not an integer, a list, or '[0]*k+[1]*m'")
         out += [int(x) for x in m.group(1).split(",")] * int(m.group(2) or 1)
     if len(out) != layers:
-        raise ModelError(f"model.moe_layer_freq {text!r} gives {len(out)} entries for {layers} layers")
+        raise ModelError(f"{key} {text!r} gives {len(out)} entries for {layers} layers")
     return out
 
 
@@ -280,6 +335,11 @@ _SHAPE_INTS = (
     "dsa_indexer_n_heads",
     "dsa_indexer_head_dim",
     "dsa_indexer_topk_freq",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
 )
 _SHAPE_ZERO_OK = (
     "mtp_num_layers",
@@ -298,6 +358,7 @@ _SHAPE_BOOLS = (
     "moe_shared_expert_gate",
     "multi_latent_attention",
     "qk_layernorm_full_width",
+    "attention_output_gate",
 )
 _REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size")
 
@@ -319,6 +380,7 @@ DEFAULT_NOTED_KEYS = (
 DEFAULT_NOTED_MOE_KEYS = ("moe_ffn_hidden_size", "moe_router_topk", "moe_shared_expert_intermediate_size")
 DEFAULT_NOTED_MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 DEFAULT_NOTED_MAMBA_KEYS = ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
+DEFAULT_NOTED_GDN_KEYS = tuple(GDN_DEFAULTS)
 
 
 def defaulted_keys(model: Mapping, shape: Shape, given: Collection[str] | None = None) -> dict[str, Any]:
@@ -334,6 +396,8 @@ def defaulted_keys(model: Mapping, shape: Shape, given: Collection[str] | None =
         keys += DEFAULT_NOTED_MLA_KEYS
     if shape.hybrid:
         keys += DEFAULT_NOTED_MAMBA_KEYS
+    if any("gdn" in k for k in shape.layer_kinds()):
+        keys += DEFAULT_NOTED_GDN_KEYS
     derived = {"ffn_hidden_size": shape.ffn, "num_query_groups": shape.groups, "kv_channels": shape.head_dim}
     out: dict[str, Any] = {}
     for key in keys:
@@ -372,8 +436,10 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
     ):
         model["qk_layernorm_full_width"] = True
     vision = model.get("vision_config")
-    if "vision_params" not in model and isinstance(vision, Mapping) and "Qwen3VL" in target:
-        from .hf import qwen3_vl_vision_params  # Bridge's Qwen3-VL providers carry the HF vision_config
+    if "vision_params" not in model and isinstance(vision, Mapping) and re.search(r"Qwen3VL|Qwen35VL", target):
+        # Bridge's Qwen3-VL and Qwen3.5-VL providers carry the HF vision_config; both build the same
+        # Qwen3VLVisionModel from it (qwen_vl/qwen35_vl_provider.py:502-527, _qwen35_build_vision_encoder_spec).
+        from .hf import qwen3_vl_vision_params
 
         model["vision_params"], model["vision_params_tp"] = qwen3_vl_vision_params(vision, split=True) or (0, 0)
     pattern = model.get("hybrid_layer_pattern") or model.get("hybrid_override_pattern")
@@ -431,12 +497,27 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
         lacking = [f"model.{k}" for k in ("dsa_indexer_n_heads", "dsa_indexer_head_dim") if not kwargs.get(k)]
         if lacking:
             raise ModelError(f"config lacks {', '.join(lacking)}: the DSA indexer's size (dsa.py:1122-1123)")
+    if variant == "gated_delta_net" or "gdn" in (shape.layer_kinds() if shape.hybrid else ()):
+        _check_gdn(shape)
     if shape.hybrid and len(_hybrid_main(shape.hybrid_layer_pattern or "")) != shape.num_layers:
         raise ModelError(
             f"model.num_layers ({shape.num_layers}) does not match the {len(_hybrid_main(shape.hybrid_layer_pattern or ''))}"
             " layers of model.hybrid_layer_pattern (HybridModelProvider.finalize asserts they agree)"
         )
     return shape
+
+
+def _check_gdn(shape: Shape) -> None:
+    """What Megatron-Core's TransformerConfig asserts of a gated delta net model (transformer_config.py:1347-1371):
+    the layer pattern is set (hybrid models set it with ``G`` symbols instead) and the value heads are a
+    multiple of the query/key heads (GatedDeltaNet repeats q and k to the value heads, common.py:417-421)."""
+    if not shape.hybrid:
+        shape.linear_attention_layers()  # raises on an unset or mis-sized linear_attention_freq
+    if shape.linear_num_value_heads % shape.linear_num_key_heads:
+        raise ModelError(
+            f"model.linear_num_value_heads ({shape.linear_num_value_heads}) must be a multiple of "
+            f"model.linear_num_key_heads ({shape.linear_num_key_heads}) (transformer_config.py:1368-1371)"
+        )
 
 
 # --------------------------------------------------------------------------- parameter counting
@@ -472,7 +553,8 @@ def _attention_parts(s: Shape) -> list[Part]:
     """Self-attention (attention.py SelfAttention): fused QKV (column parallel, its input norm
     fused in by TELayerNormColumnParallelLinear), output projection (row parallel), QK norms."""
     h, hd, heads, groups = s.hidden_size, s.head_dim, s.num_attention_heads, s.groups
-    qkv_out = (heads + 2 * groups) * hd
+    # With attention_output_gate, linear_qkv also projects a gate per query channel (attention.py:1678-1680).
+    qkv_out = (heads * (2 if s.attention_output_gate else 1) + 2 * groups) * hd
     parts = [
         Part("norms", s.norm(h), "rep"),
         _linear("attention", "linear_qkv", h, qkv_out, "tp"),
@@ -623,6 +705,30 @@ def _mamba_parts(s: Shape) -> list[Part]:
     ]
 
 
+def _gdn_parts(s: Shape) -> list[Part]:
+    """Gated delta net mixer (ssm/gated_delta_net/common.py:_GDNBase.__init__, gdn.py:_setup_variant_attrs), built
+    with its defaults ``bias=False``, ``conv_bias=False`` (the layer spec passes neither, transformer_layer.py:375):
+    in_proj ``h x (2 qk + 2 v + 2 nv)`` (q, k, v, z, then beta and alpha, one per value head; common.py:195-217)
+    column parallel with its input norm fused (TELayerNormColumnParallelLinear, experimental_attention_variant_
+    module_specs.py:72); depthwise conv1d ``[conv_dim/TP, 1, kernel]`` over q, k, v (common.py:219-237); ``dt_bias``
+    and ``A_log``, one per value head (common.py:239-253); the gated output norm over ``value_head_dim``, whole on
+    every rank (common.py:256-261); out_proj ``v x h`` row parallel (common.py:267-280). Everything but the two
+    norms is split over TP (``partition_dim`` 0 or the parallel linears)."""
+    h = s.hidden_size
+    qk = s.linear_num_key_heads * s.linear_key_head_dim
+    v = s.linear_num_value_heads * s.linear_value_head_dim
+    nv = s.linear_num_value_heads
+    conv_dim = 2 * qk + v
+    return [
+        Part("norms", s.norm(h), "rep"),
+        _linear("gdn", "in_proj", h, 2 * qk + 2 * v + 2 * nv, "tp"),
+        Part("gdn", conv_dim * s.linear_conv_kernel_dim, "tp"),  # conv1d weight (3-D: not a Muon matrix)
+        Part("gdn", 2 * nv, "tp"),  # dt_bias, A_log
+        Part("norms", s.norm(s.linear_value_head_dim), "rep"),  # out_norm
+        _linear("gdn", "out_proj", v, h, "tp"),
+    ]
+
+
 def _layer_parts(s: Shape, kind: str, layer_number: int = 1) -> list[Part]:
     parts: list[Part] = []
     if "+" in kind and s.layer_post_norms:
@@ -638,6 +744,8 @@ def _layer_parts(s: Shape, kind: str, layer_number: int = 1) -> list[Part]:
             parts += _moe_parts(s)
         elif piece == "mamba":
             parts += _mamba_parts(s)
+        elif piece == "gdn":
+            parts += _gdn_parts(s)
         else:  # pragma: no cover - layer_kinds only yields the kinds above
             raise ModelError(f"unknown layer kind {piece!r}")
     return parts

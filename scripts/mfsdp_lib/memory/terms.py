@@ -336,6 +336,11 @@ def layer_activation_bytes(
             if piece == "attention":
                 heads, groups, hd = shape.num_attention_heads, shape.groups, shape.head_dim
                 total += s * b * (2 * heads * hd + 2 * 2 * groups * hd + lin * heads * hd) / tp
+                if shape.attention_output_gate:
+                    # The gated output (attention.py:1605-1628, _apply_output_gate under jit_fuser) keeps the
+                    # core attention output and the gate's contiguous copy; linear_proj's input is then the
+                    # product, a third tensor of the same width.
+                    total += s * b * (2 + 2) * heads * hd / tp
             else:
                 heads = shape.num_attention_heads
                 q_head = shape.qk_head_dim + shape.qk_pos_emb_head_dim
@@ -370,6 +375,8 @@ def layer_activation_bytes(
                 total += s * b / tp * (shape.num_moe_experts or 0) * MOE_ROUTER_BYTES_PER_EXPERT
             if shape.moe_shared_expert_intermediate_size and not a.recomputes("shared_experts"):
                 total += _mlp_saved(shape, shape.moe_shared_expert_intermediate_size, a, lin) * s * b / tp
+        elif piece == "gdn":
+            total += gdn_layer_bytes(shape, a, tp=tp, norm=norm_before("in_proj"))
         elif piece == "mamba":
             heads = shape.mamba_num_heads or (2 * h) // shape.mamba_head_dim
             d_inner = heads * shape.mamba_head_dim
@@ -386,6 +393,77 @@ def layer_activation_bytes(
         else:  # pragma: no cover
             raise ModelError(f"unknown layer kind {piece!r}")
     return total
+
+
+# flash-linear-attention's chunk size for the gated delta rule (fla/ops/gated_delta_rule/chunk.py:38, chunk_local_cumsum
+# chunk_size=64; chunk_scaled_dot_kkt_fwd and chunk_gated_delta_rule_fwd_h default chunk_size=64): the WY matrix A it
+# saves is [B, T, H, 64] and the chunk states h are [B, T/64, H, K, V].
+GDN_CHUNK = 64
+FP32_BYTES = 4
+
+
+def gdn_layer_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, norm: float = 0.0) -> float:
+    """Bytes a gated delta net mixer saves for backward, per microbatch, on megatron-core 0.19.2's path with
+    flash-linear-attention's kernels (``deterministic_mode`` off, no packed sequences). Per token, on one TP rank
+    (``qk`` = key heads x key dim, ``v`` = value heads x value dim, ``nv`` = value heads, all / TP):
+
+    * ``norm``: in_proj's fused input norm, its input and output (the caller's ``norm_before``; the output only when
+      in_proj keeps its input for the weight gradient);
+    * the whole in_proj output, bf16 ``2 qk + 2 v + 2 nv``: fla's ``CausalConv1dFunction`` saves its input ``x``
+      as given (fla/modules/conv/triton/ops.py:342 ``input_guard(no_guard_contiguous=["x"])``, :364
+      ``save_for_backward(x, ...)``), and megatron passes a strided view of the projection (gdn.py:154-159
+      ``transpose``/``split``, :196-204), so the view keeps the projection's whole buffer;
+    * the L2-normalised q and k, bf16 ``2 qk``, and one fp32 rstd per head (``_prepare_input_for_gated_delta_rule``,
+      common.py:411 -> fla/modules/l2norm.py:249 ``save_for_backward(y, rstd)``);
+    * what ``ChunkGatedDeltaRuleFunction`` saves (fla/ops/gated_delta_rule/chunk.py:261): q and k repeated to the
+      value heads (common.py:418-426, bf16 ``2 x nv x key dim``), v's contiguous copy (bf16 ``v``), the chunk-local
+      cumulative g (fp32 ``nv``, chunk.py:38), beta (bf16 ``nv``) and the WY matrix A (bf16 ``nv x 64``,
+      chunk.py:48-53 ``solve_tril(output_dtype=k.dtype)``); the chunk states h are recomputed in backward
+      (chunk.py:134), not saved;
+    * g and beta's fused computation (``_compute_g_and_beta``, common.py:444-445): its fp32 softplus input, ``nv``;
+    * the gated output norm (``_apply_gated_norm``, common.py:370-379): the kernel output (the norm's input) and its
+      fp32 rstd, the norm's output and the gate z's contiguous copy (bf16 ``v`` each, common.py:427) - or, with
+      ``gdn_norm_out`` in the selective recompute modules (common.py:264-265, :250-259), only the kernel output
+      and z, which the checkpoint keeps;
+    * out_proj's input, ``v`` in the linear-input dtype (the transposed contiguous copy, common.py:348-349), unless
+      a frozen out_proj (PEFT without an adapter on it) keeps none.
+    """
+    s, b = a.seq_length, a.micro_batch_size
+    lin = 1 if a.fp8 else 2
+    qk = shape.linear_num_key_heads * shape.linear_key_head_dim / tp
+    v = shape.linear_num_value_heads * shape.linear_value_head_dim / tp
+    nk, nv = shape.linear_num_key_heads / tp, shape.linear_num_value_heads / tp
+    per_token = 2 * (2 * qk + 2 * v + 2 * nv)  # in_proj output, kept by the conv's saved view
+    per_token += 2 * 2 * qk + FP32_BYTES * 2 * nk  # l2norm output and rstd
+    per_token += 2 * 2 * nv * shape.linear_key_head_dim + 2 * v  # q, k at the value heads, v
+    per_token += FP32_BYTES * nv + 2 * nv + 2 * GDN_CHUNK * nv  # g (cumsum), beta, A
+    per_token += FP32_BYTES * nv  # softplus input of g
+    if a.recomputes("gdn_norm_out"):
+        per_token += 2 * v + 2 * v  # the checkpoint's inputs: kernel output, z
+    else:
+        per_token += 2 * v + FP32_BYTES * nv + 2 * v + 2 * v  # kernel output, rstd, norm output, z
+        per_token += lin * v if a.saves_input("out_proj") else 0
+    return norm + s * b * per_token
+
+
+def gdn_backward_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1) -> float:
+    """The working set of one gated delta net layer's kernel backward, beyond what it saved (a transient).
+
+    ``chunk_gated_delta_rule_bwd`` (fla/ops/gated_delta_rule/chunk.py:105-216) recomputes w and u (:121) and the
+    chunk states h with v_new (:134), then allocates dv (:145, chunk_o.py:623), dh and dv2 (:173,
+    chunk_delta_h.py:745-749), dq, dk, dw, dg (:187, chunk_o.py:680-683) and dk2, dv, db, dg2 (:202,
+    wy_fast.py:303-306); with the incoming gradient of the output all are live inside ``prepare_wy_repr_bwd``.
+    Per token, bf16: five tensors of ``nv x key dim`` (w, dq, dk, dw, dk2), five of ``nv x value dim`` (the output
+    gradient, u, v_new, dv2, dv), h and dh (``nv x key dim x value dim / 64`` each), and fp32 g-sized gradients.
+    It lives only while that layer's backward runs: ``activation_bytes`` takes it where it can meet the stack
+    (the larger of it and the loss buffers, which are freed before it)."""
+    if not any("gdn" in k for k in shape.layer_kinds()):
+        return 0.0
+    s, b = a.seq_length, a.micro_batch_size
+    nv = shape.linear_num_value_heads / tp
+    dk, dv = shape.linear_key_head_dim, shape.linear_value_head_dim
+    per_token = 2 * (5 * nv * dk + 5 * nv * dv + 2 * nv * dk * dv / GDN_CHUNK) + FP32_BYTES * 4 * nv
+    return s * b * per_token
 
 
 def _mlp_saved(shape: Shape, ffn: float, a: ActivationSettings, lin: int) -> float:
@@ -455,9 +533,12 @@ def activation_bytes(
 
     embedding = (8 * s * b + (sbh if a.hidden_dropout > 0 else 0) / (tp if sp else 1)) * in_flight
     loss_forward, start_backward = _loss_bytes(shape, a, tp)
-    output = 4 * sbh / (tp if sp else 1) + max(loss_forward, start_backward)  # + the final norm
+    # A gated delta net layer's backward working set comes after the loss's buffers are freed: the larger counts.
+    gdn_backward = gdn_backward_bytes(shape, a, tp=tp)
+    output = 4 * sbh / (tp if sp else 1) + max(loss_forward, start_backward, gdn_backward)  # + the final norm
     if pp == 1:
         return (stack + embedding + output) / cp
+    stack += gdn_backward  # the first stage has no loss: its first backward meets the whole stack
     # The last stage holds one microbatch in flight (1F1B) but the output layer and the loss.
     last_kinds = kinds[len(kinds) - layers :]
     last_sizes = {k: layer_activation_bytes(shape, k, a, tp=tp, etp=etp) for k in set(last_kinds)}
@@ -550,6 +631,8 @@ def mamba_unfused_extra_bytes(s: int, b: int, d_inner: int, bc: int) -> float:
 # The decoder linears a LoRA target name adapts in a GPT layer (Bridge peft/lora.py: linear_fc1/linear_fc2 also
 # match routed and shared experts' linears).
 DECODER_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+# A gated delta net mixer's linears (ssm/gated_delta_net/common.py:204, :267): frozen under PEFT unless targeted.
+GDN_LINEARS = ("in_proj", "out_proj")
 MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 MCORE_HIDDEN_DROPOUT = 0.1  # TransformerConfig.hidden_dropout default
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
@@ -623,7 +706,7 @@ def activation_settings(
         fused_cross_entropy=_bool(_get(cfg, "model.cross_entropy_loss_fusion"), True),
         peft=lora_targets is not None,
         logit_softcap=float(_get(cfg, "model.final_logit_softcapping") or 0) > 0,
-        frozen_linears=tuple(m for m in DECODER_LINEARS if m not in lora_targets) if lora_targets is not None else (),
+        frozen_linears=tuple(m for m in _linears(shape) if m not in lora_targets) if lora_targets is not None else (),
         unfused_attention=str(backend).rsplit(".", 1)[-1].lower() in ("unfused", "local"),
         sequence_parallel=_bool(_get(cfg, "model.sequence_parallel")),
         recompute_granularity=granularity,
@@ -638,6 +721,12 @@ def activation_settings(
         recompute_modules=_recompute_modules(cfg),
         mamba_mem_eff_path=_bool(_get(cfg, "model.use_mamba_mem_eff_path"), True),
     )
+
+
+def _linears(shape: Shape | None) -> tuple:
+    """The decoder linears a LoRA target list can leave frozen: GPT's, and a gated delta net mixer's when it has one."""
+    gdn = shape is not None and any("gdn" in k for k in shape.layer_kinds())
+    return DECODER_LINEARS + (GDN_LINEARS if gdn else ())
 
 
 def _recompute_modules(cfg) -> tuple:
