@@ -421,6 +421,43 @@ def test_lora_adapters_by_hand_and_frozen_base():
     assert (without.model_state / ddp.model_state) > 7  # counting frozen state as trainable: ~8x too high
 
 
+def test_lora_on_grouped_experts_shares_one_adapter_per_ep_rank(bridge_src):
+    """Bridge's LoRA gives a grouped GEMM's expert linears one adapter shared by the rank's local experts unless
+    share_expert_adapters is off (then one per expert); normalize_moe_lora gives expert linears dim // top-k. Checked
+    against the built model: OLMoE's LoRA recipe (64 experts, grouped GEMM, world 1) trained 9,961,472 parameters on
+    an H200 (the what-works rehearsal's count), which per-expert adapters would put near 280 M."""
+    import json
+
+    import raw_store
+
+    src = (bridge_src / "megatron/bridge/peft/lora.py").read_text()
+    assert "share_expert_adapters: bool = True" in src
+    assert "is_grouped_expert_name and not self.share_expert_adapters and not use_shared_outer_adapter" in src
+    row = raw_store.path("what_works_1xh200", "batch_2_6", "rows", "olmoe_7b_peft_1gpu_h100_bf16")
+    measured = json.loads((row / "rehearse" / "rank_0" / "report.json").read_text())["params"]
+    cfg = config_io.load_effective(str(row / "enabled.yaml"), [])
+    assert cfg["model"]["moe_grouped_gemm"] is True and cfg["peft"]["share_expert_adapters"] is True
+    est = m.estimate(cfg, dp=1, strategies=("optim_grads_params",))
+    assert est.counts.lora_total == measured["local_trainable_numel"] == 9_961_472
+    h, ffn, heads, kv, dim = 2048, 1024, 16, 128, 32
+    per_layer = dim * ((h + 3 * heads * kv) + (heads * kv + h) + (h + 2 * ffn) + (ffn + h))
+    assert est.counts.lora_total == 16 * per_layer
+    per_expert = m.estimate(dict(cfg, peft=dict(cfg["peft"], share_expert_adapters=False)), dp=1)
+    experts = dim * ((h + 2 * ffn) + (ffn + h))
+    assert per_expert.counts.lora_total == est.counts.lora_total + 16 * 63 * experts
+    ungrouped = m.estimate(dict(cfg, model=dict(cfg["model"], moe_grouped_gemm=False)), dp=1)
+    assert ungrouped.counts.lora_total == per_expert.counts.lora_total  # one linear per expert: one adapter each
+    normalized = m.estimate(dict(cfg, peft=dict(cfg["peft"], normalize_moe_lora=True)), dp=1)
+    topk = cfg["model"]["moe_router_topk"]
+    assert normalized.counts.lora_total == est.counts.lora_total - 16 * (dim - dim // topk) * (
+        (h + 2 * ffn) + (ffn + h)
+    )
+    # At EP 8 each EP rank has its own shared adapter: the model holds eight, each GPU one.
+    ep8 = m.estimate(cfg, dp=8, ep=8, strategies=("optim_grads_params",))
+    assert ep8.counts.lora_total == est.counts.lora_total + 7 * 16 * experts
+    assert ep8.counts.gpu_lora_experts == pytest.approx(16 * experts)
+
+
 def test_muon_keeps_one_buffer_per_matrix():
     cfg = dict(LLAMA_1B, optimizer={"optimizer": "muon"})
     est = m.estimate(cfg, dp=8, strategies=("distopt",))

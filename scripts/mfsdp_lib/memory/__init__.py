@@ -70,16 +70,17 @@ The mechanism, per GPU (the most-loaded model-parallel rank), in six parts:
    can be the peak.
 
 7. **Calibration** (``calibration``): what real runs allocate beyond the modelled terms
-   (framework workspaces, MoE layer state, the measured excess of activation peaks), fitted on
+   (framework workspaces, MoE and MLA layer state, the measured excess of activation peaks), fitted on
    H200 rehearsals at data-parallel sizes 1 to 64 so that the predicted peak is never below a
    measured one; the model state itself is computed, never calibrated.
 
 Totals: ``total = max(model_state + max(activations + buffers alive with them, the late
-reduce-scatter queue, step transient), construction peak) + calibration``. "Model state" =
+reduce-scatter queue, step transient) + calibration, construction peak)``: the calibrated margins
+belong to the training steps, not to the model's construction. "Model state" =
 params + grads + optimizer + persistent FSDP buffers; ``after_step`` (model state + step
 transient + the layers gathered for the next step + framework workspaces) is what
 ``torch.cuda.memory_allocated()`` reads between training steps. Against the committed
-rehearsal runs (BENCHMARK.md) the peak is 0 to 2.6 % above the measured one, never below.
+rehearsal runs (BENCHMARK.md) the peak is 0 to 3.0 % above the measured one, never below.
 
 Where each part lives: ``shapes`` (model shapes, parameter counting per family: GPT, MLA, MoE,
 MTP, hybrid Mamba, vision towers), ``hf`` (a Hugging Face ``config.json`` as a model section),

@@ -232,7 +232,24 @@ def lora_from_config(cfg: Mapping | None) -> tuple[Lora | None, list[str]]:
         notes.append(f"peft.target_modules patterns {patterns} matched by their last name only (every layer)")
     names = tuple(m.rsplit(".", 1)[-1] for m in modules)
     dim = _int(peft.get("dim", Lora().dim), "peft.dim", default=Lora().dim) or Lora().dim
-    return Lora(target_modules=names, dim=dim), notes
+    # Bridge peft/lora.py LoRA.transform: a grouped GEMM's expert linears (model.moe_grouped_gemm; megatron-core's
+    # default False builds one linear per expert) share one adapter when share_expert_adapters (default True) and
+    # experts_shared_outer_loras is off; normalize_moe_lora gives expert linears dim // moe_router_topk
+    # (utils.py get_effective_lora_dim).
+    grouped = _get(cfg, "model.moe_grouped_gemm") is True
+    shared = (
+        grouped and peft.get("share_expert_adapters", True) is not False and not peft.get("experts_shared_outer_loras")
+    )
+    if grouped and peft.get("experts_shared_outer_loras"):
+        notes.append(
+            "experts_shared_outer_loras sized as one adapter per expert (its shared halves counted per expert)"
+        )
+    expert_dim = None
+    if peft.get("normalize_moe_lora"):
+        topk = _int(_get(cfg, "model.moe_router_topk"), "model.moe_router_topk", default=0) or 0
+        if topk > 0:
+            expert_dim = max(1, dim // topk)
+    return Lora(target_modules=names, dim=dim, shared_expert_adapter=bool(shared), expert_dim=expert_dim), notes
 
 
 @dataclass

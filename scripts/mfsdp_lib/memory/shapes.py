@@ -770,12 +770,22 @@ class Lora:
 
     target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
     dim: int = 32
+    # Routed experts' linears in one grouped GEMM (model.moe_grouped_gemm) with peft.share_expert_adapters (Bridge's
+    # default True) get ONE adapter shared by the EP rank's local experts (peft/lora.py LoRA.transform:
+    # use_per_expert_adapter is False, so a ParallelLinearAdapter of the per-expert in x out); otherwise one per expert.
+    shared_expert_adapter: bool = False
+    expert_dim: int | None = None  # peft.normalize_moe_lora: dim // moe_router_topk on expert linears (utils.py)
 
 
-def _lora_numel(part: Part, lora: Lora | None) -> int:
+def _lora_numel(part: Part, lora: Lora | None, ep: int = 1) -> int:
+    """Adapter parameters of ``part`` in the whole model. A shared expert adapter exists once per EP rank, so the
+    model holds ``ep`` of them; divided by EP x ETP (``div["ep"]``) that leaves each GPU its one adapter's share."""
     if lora is None or not part.module or part.module not in lora.target_modules:
         return 0
-    return lora.dim * (part.fan[0] + part.fan[1]) * part.copies
+    expert = part.split == "ep"
+    dim = (lora.expert_dim or lora.dim) if expert else lora.dim
+    copies = ep if expert and lora.shared_expert_adapter else part.copies
+    return dim * (part.fan[0] + part.fan[1]) * copies
 
 
 @dataclass(frozen=True)
@@ -844,9 +854,13 @@ def _unit_groups(parts: list[Part], lora: Lora | None, div: dict[str, int]) -> t
         else:
             groups.setdefault((expert, False), []).append((p.numel / share, 1))
         if lora is not None and _lora_numel(p, lora):
+            dim = (lora.expert_dim or lora.dim) if expert else lora.dim
+            k, split = n, part_share
+            if expert and lora.shared_expert_adapter:  # one adapter for the local experts, split over ETP only
+                k, split = 1, share / div.get("ep_ranks", share)
             adapters = groups.setdefault((expert, True), [])
-            adapters.extend([(lora.dim * p.fan[0] / part_share, p.fan[0])] * n)
-            adapters.extend([(lora.dim * p.fan[1] / part_share, lora.dim)] * n)
+            adapters.extend([(dim * p.fan[0] / split, p.fan[0])] * k)
+            adapters.extend([(dim * p.fan[1] / split, dim)] * k)
     out = []
     for (expert, is_lora), items in groups.items():
         chunk = fsdp_chunk_factor(items)
@@ -921,7 +935,7 @@ def count_parameters(
             f"num_attention_heads ({shape.num_attention_heads}) must be a multiple of num_query_groups ({shape.groups})"
         )
     kinds = shape.layer_kinds()
-    div = {"tp": tp, "rep": 1, "ep": ep * etp}
+    div = {"tp": tp, "rep": 1, "ep": ep * etp, "ep_ranks": ep}  # ep_ranks: EP alone, for shared expert adapters
 
     def tally(parts: list[Part]) -> tuple[int, int, float, float, float, float, float, dict, dict]:
         dense = expert = 0
@@ -940,7 +954,7 @@ def count_parameters(
                 g_dense += share
             if p.matrix:
                 g_matrix += share
-            extra = _lora_numel(p, lora)
+            extra = _lora_numel(p, lora, ep)
             if extra:
                 g_lora += extra / div[p.split]
                 if p.split == "ep":

@@ -177,11 +177,14 @@ class StrategyMemory:
     def model_state(self) -> float:
         return self.params + self.grads + self.optimizer + self.buffers_persistent
 
-    def total(self, activations: float) -> float:
-        training = self.model_state + max(
+    def training_total(self, activations: float) -> float:
+        """Peak of the training steps alone, without the model-construction peak."""
+        return self.model_state + max(
             activations + self.buffers_at_peak, self.buffers_late, self.after_step - self.model_state
         )
-        return max(training, self.init_peak)
+
+    def total(self, activations: float) -> float:
+        return max(self.training_total(activations), self.init_peak)
 
     @property
     def after_step(self) -> float:
