@@ -301,6 +301,12 @@ REHEARSAL_FAULTS = (
         "fixed": "a fake world turns the overlap off as the labelled deviation tp-comm-overlap-off",
     },
     {
+        "message": "WanModel.forward() missing 4 required positional arguments",
+        "fault": "the rehearsal drove Bridge's GPT forward step on mock GPT data; Wan trains with its own step and data",
+        "fixed": "the engine drives Wan recipes through Bridge's WanForwardStep on Bridge's Wan mock data "
+        "(mfsdp_gpu.workload); to be confirmed on the GPU",
+    },
+    {
         "message": "FLA is not installed",
         "fault": "the GPU machine lacked flash-linear-attention, which gated delta net layers import",
         "fixed": "fla-core is installed with the GPU machine's optional wheels; without it the engine refuses in "
