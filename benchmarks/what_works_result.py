@@ -435,7 +435,7 @@ def report_shape(rows: list[dict], batch_dirs: list[Path]) -> dict:
         "raw": "benchmarks/results/raw/what_works_1xh200",
         "schema": SCHEMA,
         "generated_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "generated_by": "python3 benchmarks/what_works_result.py " + " ".join(str(d) for d in batch_dirs),
+        "generated_by": "python3 benchmarks/what_works_result.py " + " ".join(repo_path(d) for d in batch_dirs),
         "plan": "benchmarks/what_works_plan.json",
     }
 
