@@ -423,10 +423,22 @@ def builtin_shape(name: str) -> Shape:
     return Shape(name=canonical, **_LLAMA_COMMON, **BUILTIN_SHAPES[canonical])
 
 
+# Bridge's diffusion models (Wan, FLUX: megatron/bridge/diffusion/models/): a GPT-shaped count at model.seq_length
+# would size their activations at a sequence the model never sees (wan_provider.py: "unused for images/videos").
+DIFFUSION_PACKAGE = "megatron.bridge.diffusion."
+
+
 def shape_from_config(model: Mapping, name: str = "config") -> Shape:
     """Read a ``Shape`` from a Bridge ``model`` section (GPT, MLA and hybrid provider field names)."""
     model = dict(model)
     target = str(model.get("_target_") or "")
+    if target.startswith(DIFFUSION_PACKAGE):
+        raise ModelError(
+            f"model._target_ {target.rsplit('.', 1)[-1]}: diffusion models are not sized yet: their layers see "
+            "the dataset's latent tokens (frames x height x width latents over the patch size, e.g. 37,440 per "
+            "micro-batch for Bridge's Wan recipes), not model.seq_length, which Bridge leaves unused for them "
+            "(pass --params N for a count-only estimate)"
+        )
     if "layer_post_norms" not in model and re.search(r"Gemma[23]", target):
         model["layer_post_norms"] = 2
     spec = model.get("transformer_layer_spec")
