@@ -604,7 +604,9 @@ def test_every_corpus_recipe_is_estimated_or_refused_with_a_reason():
     unsized = {n for n, why in refused.items() if "layers are not sized yet" in why}
     diffusion = {n for n, why in refused.items() if "diffusion models are not sized yet" in why}
     for name, why in refused.items():
-        assert name in unsized | diffusion or "lacks model." in why or "transformer_block.py:150" in why, f"{name}: {why}"
+        assert name in unsized | diffusion or "lacks model." in why or "transformer_block.py:150" in why, (
+            f"{name}: {why}"
+        )
     # DeepSeek-V4's attention is refused by name, never guessed; gated delta net models (Qwen3-Next, Qwen3.5) are sized
     assert all(re.search(r"deepseek_v4", n) for n in unsized) and unsized
     # diffusion models (Wan) are refused: their tokens are the dataset's latents, not model.seq_length
