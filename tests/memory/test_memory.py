@@ -999,19 +999,7 @@ def test_moe_tokens_per_rank_under_tensor_parallelism(mcore_src):
     multiplies the copies by ETP, whose ranks hold ffn/ETP of each expert. TP 1: unchanged."""
     src = (mcore_src / "megatron/core/transformer/moe/moe_layer.py").read_text()
     assert "if self.training and self.attn_tp_group.size() > 1 and not self.config.sequence_parallel:" in src
-    moe = m.Shape(
-        name="moe",
-        hidden_size=512,
-        num_layers=2,
-        num_attention_heads=8,
-        num_query_groups=2,
-        ffn_hidden_size=1536,
-        vocab_size=1000,
-        gated_linear_unit=True,
-        num_moe_experts=16,
-        moe_router_topk=4,
-        moe_ffn_hidden_size=256,
-    )
+    moe = replace(LORA_LAYER, name="moe", num_moe_experts=16, moe_router_topk=4, moe_ffn_hidden_size=256)
     s, b = 256, 1
     a = m.ActivationSettings(seq_length=s, micro_batch_size=b, sequence_parallel=True, bias_activation_fusion=True)
 
