@@ -26,10 +26,11 @@ reason; placeholders (a user's path) and settings that need hardware the H100/H2
 are planned as not run, with why.
 
     python3 benchmarks/bench_recommended_overrides.py --plan                  # CPU: benchmarks/recommended_overrides_plan.json
-    python3 benchmarks/bench_recommended_overrides.py --run --batch K --out RAW   # GPU machine, one call per batch
+    python3 benchmarks/bench_recommended_overrides.py --run --batch 1,2 --out RAW   # GPU machine: batches in one call
 
 The run uses the same scheduler as the what-works batches (``bench_what_works.run_engines``: overlapping imports,
-one engine on the GPU at a time through the lock, each in its own process group). Result:
+each engine in its own process group), but no run is timed, so ``GPU_SLOTS`` engines hold the GPU at once (one
+lock per slot). Result:
 ``benchmarks/results/recommended_overrides_1xh200.json`` (``--collect RAW ... --out``).
 """
 
@@ -59,6 +60,24 @@ RESULT_SCHEMA = "mfsdp-recommended-overrides/1"
 WORLD = 8  # data-parallel sharding applies; the MoE trunk's EP 8 fits it
 ITERS = 2  # "through wrap and two steps"
 BATCH_BUDGET_S = 480
+# Engines alive at once: Bridge's import (30-50 s of one core) dominates a small job's run, and the GPU machine
+# has 16 cores; and engines on the GPU at once: no run here is timed, each small job holds a few GiB, so three
+# share the GPU with room to spare (one at a time left the GPU idle between imports).
+MAX_CONCURRENT = 10
+GPU_SLOTS = 3
+
+
+def batch_list(text: str) -> list[int]:
+    """``--batch``'s value: ``3`` or ``1,2,3`` (also ``1+2``)."""
+    try:
+        out = [int(x) for x in text.replace("+", ",").split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give batch numbers, such as 2 or 1,2,3") from None
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one batch number")
+    return out
+
+
 RUN_GPU_S = {"dense": 15, "lora": 15, "fp8": 20, "checkpoint": 35, "moe": 60, "hybrid": 90}  # planning figures
 IMPORT_S = 45
 
@@ -392,15 +411,35 @@ def build_plan() -> dict:
     }
 
 
-def run_batch(plan: dict, batch: int, out: Path, python: str, budget_s: int, max_concurrent: int) -> dict:
+def batch_rows(plan: dict, batches: list[int]) -> list[str]:
+    """The row ids of the given plan batches, in plan order (a missing batch is an error, not an empty list)."""
+    rows: list[str] = []
+    for batch in batches:
+        spec = next((b for b in plan["batches"] if b["batch"] == batch), None)
+        if spec is None:
+            raise SystemExit(f"bench_recommended_overrides: no batch {batch} (the plan has {len(plan['batches'])})")
+        rows += spec["rows"]
+    return rows
+
+
+def run_batch(
+    plan: dict,
+    batch: int | list[int],
+    out: Path,
+    python: str,
+    budget_s: int,
+    max_concurrent: int,
+    gpu_slots: int = 1,
+) -> dict:
+    """Run one or several plan batches into ``out`` (one folder per row). No run is timed, so with ``gpu_slots``
+    > 1 that many engines hold the GPU at once (each is a small job; a wrap and two steps decide the verdict)."""
     import bench_what_works as bw
 
-    spec = next((b for b in plan["batches"] if b["batch"] == batch), None)
-    if spec is None:
-        raise SystemExit(f"bench_recommended_overrides: no batch {batch} (the plan has {len(plan['batches'])})")
+    batches = batch if isinstance(batch, list) else [batch]
     rows = {r["id"]: r for r in [*plan["baselines"], *plan["overrides"]]}
+    want = batch_rows(plan, batches)
     runs = []
-    for rid in spec["rows"]:
+    for rid in want:
         r = rows[rid]
         d = out / rid
         runs.append(
@@ -413,7 +452,7 @@ def run_batch(plan: dict, batch: int, out: Path, python: str, budget_s: int, max
             }
         )
     probe = bw.probe_machine(python)
-    records = bw.run_engines(runs, out, budget_s, max_concurrent)
+    records = bw.run_engines(runs, out, budget_s, max_concurrent, gpu_slots)
     for run, rec in zip(runs, records, strict=True):
         if rec.get("exit") is not None:
             rec["summary"] = bw.summarize_run(run, None)
@@ -423,7 +462,14 @@ def run_batch(plan: dict, batch: int, out: Path, python: str, budget_s: int, max
         (Path(run["dir"]) / "row.json").write_text(
             json.dumps({"id": run["id"], "probe": probe, "date": date, **rec}, indent=1) + "\n"
         )
-    summary = {"batch": batch, "rows": spec["rows"], "probe": probe, "timing_exclusive": bw.timing_exclusive(records)}
+    summary = {
+        "batch": batch,
+        "rows": want,
+        "probe": probe,
+        "max_concurrent": max_concurrent,
+        "gpu_slots": gpu_slots,
+        "timing_exclusive": bw.timing_exclusive(records),
+    }
     (out / "batch.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -529,11 +575,18 @@ def main(argv=None) -> int:
     mode.add_argument("--run", action="store_true")
     mode.add_argument("--collect", nargs="+", metavar="RAW")
     ap.add_argument("--plan-file", default=str(PLAN_PATH))
-    ap.add_argument("--batch", type=int)
+    ap.add_argument(
+        "--batch", type=batch_list, help="a plan batch, or several joined by commas (1,2,3): one folder, one budget"
+    )
     ap.add_argument("--out")
     # the engines' budget; a 600 s call also holds the probe, the CPU route and the summaries
     ap.add_argument("--budget-s", type=int, default=BATCH_BUDGET_S + 30)
-    ap.add_argument("--max-concurrent", type=int, default=4)
+    ap.add_argument(
+        "--max-concurrent", type=int, default=MAX_CONCURRENT, help=f"engines alive at once (default {MAX_CONCURRENT})"
+    )
+    ap.add_argument(
+        "--gpu-slots", type=int, default=GPU_SLOTS, help=f"engines on the GPU at once (default {GPU_SLOTS})"
+    )
     ap.add_argument("--python", default=sys.executable)
     a = ap.parse_args(argv)
     if a.plan:
@@ -562,7 +615,9 @@ def main(argv=None) -> int:
     if out.exists() and any(out.iterdir()):
         ap.error(f"--out {a.out}: exists and is not empty")
     out.mkdir(parents=True, exist_ok=True)
-    run_batch(plan, a.batch, out, a.python, a.budget_s, a.max_concurrent)
+    if a.max_concurrent < 1 or a.gpu_slots < 1:
+        ap.error("--max-concurrent and --gpu-slots must be at least 1")
+    run_batch(plan, a.batch, out, a.python, a.budget_s, a.max_concurrent, a.gpu_slots)
     return 0
 
 

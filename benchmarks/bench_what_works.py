@@ -924,11 +924,23 @@ def prepare_row(row: dict, out: Path, python: str, probe: dict) -> dict:
     return prep
 
 
-def child_env(out: Path) -> dict:
+def lock_path(out: Path, slot: int, slots: int) -> Path:
+    """The GPU lock of one slot: ``gpu.lock`` when there is one slot (timed rows), ``gpu.lock.K`` otherwise."""
+    return out / "gpu.lock" if slots <= 1 else out / f"gpu.lock.{slot}"
+
+
+def child_env(out: Path, slot: int = 0, slots: int = 1) -> dict:
+    """The engines' environment. With ``slots`` > 1 (untimed runs, such as the recommended overrides) run i takes
+    lock ``i % slots``, so up to ``slots`` engines hold the GPU at once; an engine then does not wait for the
+    others' memory to be freed when it takes its lock (they are alive, not exiting)."""
+    from mfsdp_gpu.perf import GPU_FREE_MARGIN_ENV, GPU_LOCK_ENV
+
     env = dict(os.environ)
     env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # Megatron FSDP needs it unset or > 1
     env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1")
-    env["MFSDP_GPU_LOCK"] = str(out / "gpu.lock")
+    env[GPU_LOCK_ENV] = str(lock_path(out, slot, slots))
+    if slots > 1:
+        env[GPU_FREE_MARGIN_ENV] = "inf"
     return env
 
 
@@ -967,14 +979,15 @@ def lock_window(run_dir: str) -> dict | None:
     }
 
 
-def run_engines(runs: list[dict], out: Path, budget_s: int, max_concurrent: int) -> list[dict]:
+def run_engines(runs: list[dict], out: Path, budget_s: int, max_concurrent: int, gpu_slots: int = 1) -> list[dict]:
     """Run engine commands (``{name, role, dir, command}``), at most ``max_concurrent`` alive, within the budget.
 
     Each starts in its own process group with ``MFSDP_GPU_LOCK`` set, so imports overlap while one engine at a
-    time holds the GPU; a run still alive at the deadline is stopped (its group: no engine outlives the call),
-    and runs not started by then are recorded as such. Returns one record per run, in the order given."""
+    time holds the GPU (``gpu_slots`` at a time for untimed runs: see :func:`child_env`); a run still alive at
+    the deadline is stopped (its group: no engine outlives the call), and runs not started by then are recorded
+    as such. Returns one record per run, in the order given."""
     deadline = time.time() + budget_s
-    env = child_env(out)
+    envs = [child_env(out, k, gpu_slots) for k in range(max(1, gpu_slots))]
     queue = list(enumerate(runs))
     running: list[tuple[int, dict, subprocess.Popen, float]] = []
     records: list[dict] = [{} for _ in runs]
@@ -985,7 +998,12 @@ def run_engines(runs: list[dict], out: Path, budget_s: int, max_concurrent: int)
             Path(run["dir"]).mkdir(parents=True, exist_ok=True)
             log = open(Path(run["dir"]) / "log.txt", "w", encoding="utf-8")  # noqa: SIM115 (the child holds it)
             proc = subprocess.Popen(
-                run["command"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT), start_new_session=True
+                run["command"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=envs[i % len(envs)],
+                cwd=str(ROOT),
+                start_new_session=True,
             )
             log.close()
             running.append((i, run, proc, time.time()))
@@ -1021,7 +1039,8 @@ def run_engines(runs: list[dict], out: Path, budget_s: int, max_concurrent: int)
                 records[i] = {"name": run["name"], "role": run["role"], "exit": None, "stopped": "not started: budget"}
             queue = []
         time.sleep(0.5)
-    (out / "gpu.lock").unlink(missing_ok=True)
+    for k in range(max(1, gpu_slots)):
+        lock_path(out, k, gpu_slots).unlink(missing_ok=True)
     return records
 
 
@@ -1083,11 +1102,12 @@ def run_batch(plan: dict, batch: int, out: Path, python: str, budget_s: int, max
 
 
 def timing_exclusive(runs: list[dict]) -> bool | None:
-    """True when every run held the GPU lock (so their builds, wraps and timed steps never overlapped)."""
+    """True when every run held the same GPU lock (so their builds, wraps and timed steps never overlapped)."""
     started = [r for r in runs if r.get("exit") is not None]
     if not started:
         return None
-    return all((r.get("window") or {}).get("gpu_lock") for r in started)
+    locks = {(r.get("window") or {}).get("gpu_lock") for r in started}
+    return len(locks) == 1 and None not in locks
 
 
 # --------------------------------------------------------------------------------------------------- main

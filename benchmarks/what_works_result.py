@@ -331,6 +331,8 @@ def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
             raw = _read(raw_path)
             if not isinstance(raw, dict) or raw.get("id") not in by_id:
                 continue
+            if raw["id"] in rows and not any(run.get("exit") is not None for run in raw.get("runs") or []):
+                continue  # a batch's budget ran out before this row started: it keeps what an earlier batch measured
             row = result_row(by_id[raw["id"]], raw, d, batch)
             fault = rehearsal_fault(row)
             if fault:

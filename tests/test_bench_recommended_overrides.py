@@ -168,3 +168,18 @@ def test_collect_reports_what_the_engine_ran_and_flags_a_job_changed_since(tmp_p
     assert all(r["plan_changed"] is False for r in got["rows"] if r["result"] == "passed")
     assert bro.ran_overrides("python3 x.py --model-preset tiny --out /o a.b=1 c.d=[1,2]") == ["a.b=1", "c.d=[1,2]"]
     assert bro.ran_overrides(None) is None
+
+
+def test_batch_option_takes_several_batches():
+    assert bro.batch_list("3") == [3]
+    assert bro.batch_list("1,2,4") == [1, 2, 4]
+    assert bro.batch_list("1+2") == [1, 2]
+    assert bro.batch_rows(PLAN, [1, 2]) == PLAN["batches"][0]["rows"] + PLAN["batches"][1]["rows"]
+    import argparse
+
+    import pytest
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        bro.batch_list("one")
+    with pytest.raises(SystemExit, match="no batch 99"):
+        bro.batch_rows(PLAN, [1, 99])

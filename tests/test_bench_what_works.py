@@ -230,6 +230,30 @@ def test_timing_exclusive_needs_every_run_to_hold_the_lock():
     assert bw.timing_exclusive([]) is None
     assert bw.timing_exclusive([{"exit": 0, "window": {"gpu_lock": "/x"}}, {"exit": None}]) is True
     assert bw.timing_exclusive([{"exit": 0, "window": {"gpu_lock": None}}]) is False
+    # two slots: each run held a lock, but not the same one, so two could be on the GPU together
+    two = [{"exit": 0, "window": {"gpu_lock": "/x.0"}}, {"exit": 0, "window": {"gpu_lock": "/x.1"}}]
+    assert bw.timing_exclusive(two) is False
+
+
+def test_run_engines_with_gpu_slots_spreads_runs_over_the_locks(tmp_path, quick):
+    """Untimed runs share the GPU: run i takes slot i % slots, and none waits for the others' memory."""
+    runs = [
+        _standin(
+            tmp_path,
+            n,
+            "json.dump({'gpu_lock': os.environ.get('MFSDP_GPU_LOCK'), 'margin': os.environ.get('MFSDP_GPU_FREE_MARGIN_GIB')}, open(os.path.join(d, 'report.json'), 'w'))\n",
+        )
+        for n in ("a", "b", "c")
+    ]
+    recs = bw.run_engines(runs, tmp_path, budget_s=60, max_concurrent=3, gpu_slots=2)
+    locks = [r["window"]["gpu_lock"] for r in recs]
+    assert locks == [str(tmp_path / "gpu.lock.0"), str(tmp_path / "gpu.lock.1"), str(tmp_path / "gpu.lock.0")]
+    assert all(json.loads((tmp_path / "rows" / n / "report.json").read_text())["margin"] == "inf" for n in "abc")
+    assert bw.timing_exclusive(recs) is False
+    assert not list(tmp_path.glob("gpu.lock*"))
+    # one slot (the timed batches): the single lock, and the engine's default wait for memory
+    env = bw.child_env(tmp_path)
+    assert env["MFSDP_GPU_LOCK"] == str(tmp_path / "gpu.lock") and "MFSDP_GPU_FREE_MARGIN_GIB" not in env
 
 
 def test_tail_file_keeps_the_end(tmp_path):
@@ -381,6 +405,18 @@ def test_collect_merges_batches_and_refuses_nothing_measured(tmp_path, capsys):
     assert wr.main([str(empty), "--out", str(tmp_path / "none.json")]) == 1
     assert not (tmp_path / "none.json").exists()
     assert wr.main([str(tmp_path / "nothing"), "--out", str(out)]) == 2
+
+
+def test_a_row_a_later_batch_never_started_keeps_its_measurement(tmp_path):
+    rid = PLAN["rows"][0]["id"]
+    b1, _ = _raw_batch(tmp_path / "one", rid, json.loads(PP2_REPORT.read_text()))
+    b2, raw = _raw_batch(tmp_path / "two", rid, json.loads(PP2_REPORT.read_text()))
+    raw["runs"] = [{"name": "rehearse", "role": "rank 0", "exit": None, "stopped": "not started: budget"}]
+    (b2 / "rows" / rid / "row.json").write_text(json.dumps(raw))
+    (row,) = wr.collect([b1, b2], PLAN, None)["rows"]
+    assert row["measured"]["raw"].startswith(wr.repo_path(b1))
+    (alone,) = wr.collect([b2], PLAN, None)["rows"]  # with nothing earlier, the unstarted row is listed, unmeasured
+    assert not what_works.measured(alone)
 
 
 def test_no_results_committed_without_raw_files():

@@ -43,6 +43,9 @@ _LOCK: list = []  # the lock's open descriptor, held until the process exits
 # driver frees it as the process is torn down, which can come after its descriptors are closed): wait until no
 # more than this is held by others. Engines waiting for the lock hold a CUDA context each (about 0.5 GiB).
 GPU_FREE_MARGIN_BYTES = 8 * 1024**3
+# A driver that lets several untimed engines share the GPU (one lock per slot) sets this to "inf": the others'
+# memory is then alive, not being freed, and waiting for it would only cost GPU_FREE_WAIT_S. A number is GiB.
+GPU_FREE_MARGIN_ENV = "MFSDP_GPU_FREE_MARGIN_GIB"
 GPU_FREE_WAIT_S = 120.0  # then go on, and say so: a rehearsal that meets a busy GPU reports an out-of-memory error
 LOCK_STATE: dict = {"waited_for_memory_s": None, "others_held_bytes": None}
 
@@ -65,9 +68,20 @@ def gpu_lock(progress=None, mem_info=None) -> str | None:
     _LOCK.append(fd)
     if progress:
         progress("GPU lock taken")
-    waited, others = wait_for_gpu_memory(mem_info or _cuda_mem_info, progress=progress)
+    waited, others = wait_for_gpu_memory(mem_info or _cuda_mem_info, margin=free_margin(), progress=progress)
     LOCK_STATE.update(waited_for_memory_s=round(waited, 2), others_held_bytes=others)
     return path
+
+
+def free_margin() -> float:
+    """Bytes others may hold when the lock is taken: ``MFSDP_GPU_FREE_MARGIN_GIB`` (GiB, or ``inf``), else the
+    default; a value that is not a non-negative number is ignored."""
+    raw = os.environ.get(GPU_FREE_MARGIN_ENV)
+    try:
+        gib = float(raw) if raw is not None else None
+    except ValueError:
+        gib = None
+    return GPU_FREE_MARGIN_BYTES if gib is None or gib != gib or gib < 0 else gib * 1024**3
 
 
 def _cuda_mem_info() -> tuple[int, int]:
@@ -79,7 +93,7 @@ def _cuda_mem_info() -> tuple[int, int]:
 
 def wait_for_gpu_memory(
     mem_info,
-    margin: int = GPU_FREE_MARGIN_BYTES,
+    margin: float = GPU_FREE_MARGIN_BYTES,
     timeout_s: float = GPU_FREE_WAIT_S,
     sleep=None,
     clock=None,

@@ -210,6 +210,21 @@ def test_waiting_for_gpu_memory_stops_at_the_margin_or_the_timeout():
     assert perf.wait_for_gpu_memory(no_cuda) == (0.0, None)
 
 
+def test_free_margin_comes_from_the_environment_for_shared_slots(monkeypatch):
+    monkeypatch.delenv(perf.GPU_FREE_MARGIN_ENV, raising=False)
+    assert perf.free_margin() == perf.GPU_FREE_MARGIN_BYTES
+    monkeypatch.setenv(perf.GPU_FREE_MARGIN_ENV, "inf")
+    assert perf.free_margin() == float("inf")
+    # a shared slot never waits: the others' memory is alive
+    full = lambda: (0, 140 * 2**30)  # noqa: E731
+    assert perf.wait_for_gpu_memory(full, margin=perf.free_margin(), clock=lambda: 0.0) == (0.0, 140 * 2**30)
+    monkeypatch.setenv(perf.GPU_FREE_MARGIN_ENV, "2")
+    assert perf.free_margin() == 2 * 2**30
+    for bad in ("lots", "-1", "nan"):
+        monkeypatch.setenv(perf.GPU_FREE_MARGIN_ENV, bad)
+        assert perf.free_margin() == perf.GPU_FREE_MARGIN_BYTES, bad
+
+
 def test_gradient_finalisation_after_the_last_backward_counts_as_backward():
     rec = _recorder()
     rec.sched, rec.last_sched = None, "backward"  # finalize_model_grads runs between the schedule functions
