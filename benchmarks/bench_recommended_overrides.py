@@ -438,7 +438,7 @@ def run_batch(
     batches = batch if isinstance(batch, list) else [batch]
     rows = {r["id"]: r for r in [*plan["baselines"], *plan["overrides"]]}
     want = batch_rows(plan, batches)
-    runs = []
+    runs: list[dict] = []
     for rid in want:
         r = rows[rid]
         d = out / rid
