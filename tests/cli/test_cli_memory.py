@@ -247,6 +247,22 @@ def test_text_output_says_what_is_modelled(cli):
     assert "mamba" in proc.stdout
 
 
+def test_mtp_activations_are_counted_and_said(cli):
+    """DeepSeek-V3 has one MTP depth: its activations are in the figure (JSON ``assumptions.mtp_activations_gib``,
+    part of ``activations_gib``) and the text output says what is counted and what is assumed for them."""
+    path = str(HF_FIXTURES / "deepseek-ai" / "DeepSeek-V3")
+    args = ("--hf-config", path, "--ep", "64", "--dp", "64", "--seq-length", "4096", "--strategy", "optim_grads_params")
+    proc, out = run_json(cli, *args)
+    assert proc.returncode == 0
+    mtp = out["assumptions"]["mtp_activations_gib"]
+    assert 0 < mtp < out["strategies"][0]["activations_gib"]
+    text = cli("memory", *args)
+    assert text.returncode == 0, text.stderr
+    assert "MTP depths: parameters and activations counted" in text.stdout
+    assert "assumed: the depths sit on the last stage" in text.stdout
+    assert "MTP depths and their losses" in text.stdout
+
+
 def test_gpus_derives_and_checks_dp(cli):
     proc, out = run_json(cli, "--model", "llama3-8b", "--tp", "4", "--gpus", "64")
     assert out["parallelism"]["dp"] == 16

@@ -303,6 +303,6 @@ def test_bridge_gdn_recipes_get_a_prediction(name, gpus):
     assert all(r["total_gib"] > r["after_step_gib"] > 0 for r in rows.values())
     assert any("gdn" in k for k in rep["model"]["layer_kinds"])
     assert any("gated delta net" in n for n in rep["assumptions"]["notes"])
-    # MTP depths' activations are not counted, and the output says so where the model has them
+    # the output says what is counted and assumed for MTP depths where the model has them (test_mtp.py)
     has_mtp = bool(cfg["model"].get("mtp_num_layers"))
     assert has_mtp == any(n.startswith("MTP depths") for n in rep["assumptions"]["notes"])

@@ -33,6 +33,7 @@ from .terms import (
     activation_settings,
     loss_forward_headroom,
     megatron_activation_bytes,
+    mtp_activation_bytes,
     precision_from_config,
 )
 
@@ -117,10 +118,19 @@ def _resolve_strategies(strategies: Iterable[str] | str) -> list[str]:
     return chosen
 
 
-# Said in the output of every model with MTP depths (references/memory.md section 9, "Not modelled").
+# Said in the output of every model with MTP depths (references/memory.md section 5, "Multi-token prediction").
 MTP_NOTE = (
-    "MTP depths: their parameters are counted, their activations are not (per depth about one more decoder layer "
-    "and the second loss's fp32 softmax of the logits, 4 bytes a logit): the peak is low by that much"
+    "MTP depths: parameters and activations counted, traced from megatron-core 0.19.2 (per depth the shifted "
+    "embedding, the eh_proj input, the inner layer, the final norm, the depth's loss kept for backward, and the "
+    "concatenated hidden states), on the last pipeline stage beside the main loss; assumed: the depths sit on the last "
+    "stage (no pipeline layout moving them), and the activation calibration of the model's family covers them (no "
+    "measured peak is decided by MTP activations)"
+)
+# Said beside MTP_NOTE when full uniform recompute asks for recompute_num_layers != 1, which the MTP block refuses.
+MTP_RECOMPUTE_NOTE = (
+    "MTP depths with recompute_granularity full and recompute_method uniform need recompute_num_layers 1: "
+    "MultiTokenPredictionLayer._checkpointed_forward (transformer/multi_token_prediction.py:1419-1421) asserts it, "
+    "so the first training step fails"
 )
 # Said in the output of every model with gated delta net layers (references/memory.md, "Gated delta net layers").
 GDN_NOTE = (
@@ -275,6 +285,8 @@ class Estimate:
     # model section beside a --hf-config / --model that replaced it.
     reference: dict | None = None
     config_model_section: dict | None = None
+    # Of ``activations``: what the MTP depths keep (terms.mtp_activation_bytes, over CP), 0 without them.
+    mtp_activations: float = 0.0
 
     @property
     def peft(self) -> bool:
@@ -463,7 +475,7 @@ def estimate(
         )
     reference, section_count = _references(own_section, shape, counts.total, source, given)
     act = activations = megatron_lm = None
-    headroom = 0.0
+    headroom = mtp_act = 0.0
     if shape is not None:
         act = activation_settings(
             cfg,
@@ -478,6 +490,10 @@ def estimate(
         activations = activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp, etp=par.etp)
         megatron_lm = megatron_activation_bytes(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
         headroom = loss_forward_headroom(shape, act, tp=par.tp, pp=par.pp, cp=par.cp)
+        mtp_act = mtp_activation_bytes(shape, act, tp=par.tp, etp=par.etp) / par.cp
+        uniform = act.recompute_granularity == "full" and act.recompute_method == "uniform"
+        if mtp_act and uniform and act.recompute_num_layers != 1:
+            notes.append(MTP_RECOMPUTE_NOTE)
     rows = {
         s: strategy_memory(
             s,
@@ -510,6 +526,7 @@ def estimate(
         defaults_used,
         reference,
         section_count,
+        mtp_act,
     )
 
 
@@ -679,7 +696,7 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
     if est.activations is not None:
         out.append(
             "activations per layer kind (attention/MLA, MLP, MoE dispatch, Mamba, gated delta net) with recompute and PP "
-            "in flight"
+            "in flight" + (", MTP depths and their losses" if est.mtp_activations else "")
         )
     if row.init_peak:
         out.append("model-construction peak (built unsharded on the GPU)")
@@ -778,6 +795,7 @@ def assumptions(est: Estimate) -> dict:
                 "activation_formula": "Korthikanti et al. 2022 per-tensor decomposition sized for this model "
                 "(GQA, gated FFN, dropout, fp32 loss softmax); see references/memory.md",
                 "megatron_lm_activations_gib": _gib(est.megatron_lm_activations),
+                "mtp_activations_gib": _gib(est.mtp_activations),
                 "hidden_dropout": a.hidden_dropout,
                 "bias_activation_fusion": a.bias_activation_fusion,
                 "gradient_accumulation_fusion": a.gradient_accumulation_fusion,

@@ -500,7 +500,9 @@ def activation_bytes(
       bf16 logits gradient (``2 sbV/t``) and, without gradient-accumulation fusion, the
       output weight's bf16 gradient;
     * unfused attention (``attention_backend`` unfused/local) without selective recompute
-      adds the paper's ``5 a s^2 b / t``; flash/fused attention (Bridge's ``auto``) does not.
+      adds the paper's ``5 a s^2 b / t``; flash/fused attention (Bridge's ``auto``) does not;
+    * multi-token-prediction depths (``mtp_activation_bytes``): on the last pipeline stage, beside
+      the main loss's buffers.
 
     Pipeline in-flight microbatches, the interleaving penalty and the division by CP follow
     Megatron-LM and Bridge; full recompute keeps one ``2sbh`` checkpoint per recomputed chunk
@@ -535,7 +537,13 @@ def activation_bytes(
     loss_forward, start_backward = _loss_bytes(shape, a, tp)
     # A gated delta net layer's backward working set comes after the loss's buffers are freed: the larger counts.
     gdn_backward = gdn_backward_bytes(shape, a, tp=tp)
-    output = 4 * sbh / (tp if sp else 1) + max(loss_forward, start_backward, gdn_backward)  # + the final norm
+    # MTP depths (mtp_activation_bytes) run before the main output layer and are freed only when the backward has gone
+    # back through them, before the decoder's: they meet the main loss's buffers, and a gated delta net layer's backward
+    # working set only when an MTP depth holds such a layer.
+    mtp = mtp_activation_bytes(shape, a, tp=tp, etp=etp)
+    mtp_gdn = mtp if any("gdn" in k for kinds in shape.mtp_kinds() for k in kinds) else 0.0
+    output = 4 * sbh / (tp if sp else 1)  # the final norm
+    output += max(loss_forward + mtp, start_backward + mtp, gdn_backward + mtp_gdn)
     if pp == 1:
         return (stack + embedding + output) / cp
     stack += gdn_backward  # the first stage has no loss: its first backward meets the whole stack
@@ -610,6 +618,109 @@ def loss_forward_headroom(shape: Shape, a: ActivationSettings, *, tp: int = 1, p
         return 0.0
     loss_forward, start_backward = _loss_bytes(shape, a, tp)
     return max(0.0, loss_forward - start_backward) / cp
+
+
+# Bytes a loss keeps saved for backward per logit once its forward has returned, by implementation: the fused and the
+# eager megatron-core losses keep an fp32 softmax (fusions/fused_cross_entropy.py:119 and
+# tensor_parallel/cross_entropy.py:181, ``save_for_backward(exp_logits, ...)``); Transformer Engine's keeps its bf16
+# copy of the logits (TE_LOSS_BACKWARD_BYTES_PER_LOGIT above: its backward writes the gradient into that copy).
+LOSS_SAVED_BYTES_PER_LOGIT = FP32_BYTES
+TE_LOSS_SAVED_BYTES_PER_LOGIT = TE_LOSS_BACKWARD_BYTES_PER_LOGIT
+# A token id kept by an embedding lookup (int64), as the main embedding term counts it (``8 s b``).
+TOKEN_ID_BYTES = 8
+# The linear an MTP depth adds (transformer/multi_token_prediction.py::MultiTokenPredictionLayer.__init__, eh_proj):
+# frozen under PEFT unless targeted, when it keeps no input (the rule ActivationSettings.saves_input applies).
+MTP_LINEARS = ("eh_proj",)
+
+
+def mtp_loss_saved_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1) -> float:
+    """Bytes one MTP depth's loss keeps for backward, per microbatch, from its forward to the backward.
+
+    ``process_mtp_loss`` (transformer/multi_token_prediction.py, :841 ``output_layer`` -> :855
+    ``compute_language_model_loss``) computes each depth's logits with the shared output layer and its loss with the
+    main loss's implementation; ``MTPLossAutoScaler.apply`` (:887/:890, ``save_for_backward(mtp_loss)`` :730) hangs
+    that loss on the main hidden states, so every depth's saved loss tensors live until the backward reaches the main
+    output layer's input, past the main loss. The logits (``s b V / t``: the output layer gathers the sequence) keep
+    ``LOSS_SAVED_BYTES_PER_LOGIT`` (fp32 softmax) or, with Transformer Engine's cross-entropy,
+    ``TE_LOSS_SAVED_BYTES_PER_LOGIT``; Gemma 2's soft-capping (the shared output layer's tanh) keeps 2 more."""
+    logits = a.seq_length * a.micro_batch_size * shape.padded_vocab(tp) / tp
+    per_logit = TE_LOSS_SAVED_BYTES_PER_LOGIT if a.te_cross_entropy else LOSS_SAVED_BYTES_PER_LOGIT
+    if a.logit_softcap:
+        per_logit += LOGIT_SOFTCAP_BYTES_PER_LOGIT
+    return per_logit * logits
+
+
+def mtp_depth_bytes(
+    shape: Shape, kinds: list[str], a: ActivationSettings, *, tp: int = 1, etp: int | None = None
+) -> tuple[float, float]:
+    """(kept outside a recompute checkpoint, kept inside it) bytes of one MTP depth, per microbatch.
+
+    Traced from megatron-core 0.19.2, transformer/multi_token_prediction.py, ``MultiTokenPredictionLayer``
+    (``t`` divides ``s`` with sequence parallelism):
+
+    * outside (``_get_embeddings``, :1112): the shared embedding of the tokens rolled one to the left, bf16
+      ``2 s b h / t``, which ``enorm`` keeps as its input (``_concat_embeddings``, :1132) and full recompute as the
+      checkpoint's input; the lookup's int64 token ids (``TOKEN_ID_BYTES s b``); the embedding dropout's 1-byte mask
+      when ``hidden_dropout`` > 0 (models/common/embeddings/language_model_embedding.py:150-152);
+    * inside (``_proj_and_transformer_layer``): the concatenation of the normed embedding and the normed hidden state
+      (:1138, ``2h`` wide), kept by ``eh_proj`` (:1139) for its weight gradient (1 byte under FP8; none when PEFT
+      leaves eh_proj frozen); the projection's gather and sequence-parallel scatter (:1146-1152) keep nothing; the
+      inner layer or layers (:1190-1220; the kinds ``Shape.mtp_kinds`` gives), each as ``layer_activation_bytes``
+      sizes a decoder layer of that kind; and ``final_layernorm``'s input (``_postprocess``, :1233), bf16
+      ``2 s b h / t``.
+
+    ``hnorm``'s input is the previous depth's output (the decoder's for the first depth): the caller counts it."""
+    s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
+    sbh = s * b * h
+    seq_div = tp if a.sequence_parallel and tp > 1 else 1
+    lin = 1 if a.fp8 else 2
+    outside = 2 * sbh / seq_div + TOKEN_ID_BYTES * s * b + (sbh / seq_div if a.hidden_dropout > 0 else 0)
+    inside = (lin * 2 * sbh / seq_div if a.saves_input("eh_proj") else 0) + 2 * sbh / seq_div
+    inside += sum(layer_activation_bytes(shape, k, a, tp=tp, etp=etp) for k in kinds)
+    return outside, inside
+
+
+def mtp_activation_bytes(shape: Shape, a: ActivationSettings, *, tp: int = 1, etp: int | None = None) -> float:
+    """Bytes the multi-token-prediction block keeps for backward, per microbatch, on the stage that runs it (0 without
+    MTP depths). Not divided by CP (``activation_bytes`` divides the whole).
+
+    Where it runs: on the last pipeline stage only (transformer/multi_token_prediction.py::mtp_on_this_rank, :654,
+    and get_mtp_num_layers_to_build, :708, without a custom ``pipeline_model_parallel_layout``; with one,
+    all depths still sit on one stage), after the decoder and before the main output layer
+    (models/gpt/gpt_model.py::GPTModel._postprocess, :667 ``self.mtp(...)``, :701 ``process_mtp_loss``, then :762 the
+    main logits and :794 the main loss; models/hybrid/hybrid_model.py::HybridModel._postprocess the same, :540, :573).
+    So the whole of it is alive when the main loss runs: ``activation_bytes`` adds it beside the loss buffers.
+
+    What it keeps (``MultiTokenPredictionBlock.forward``, :1825-1848, one iteration per depth, ``mtp_num_layers``
+    of them, also with ``mtp_use_repeated_layer``), with ``D`` depths:
+
+    * each depth's ``mtp_depth_bytes`` (outside and inside a checkpoint);
+    * each depth's output (its final norm's output, bf16 ``2 s b h / t``) but the last's, which the next depth's
+      ``hnorm`` keeps as its input (:1134): ``D - 1`` of them;
+    * the block's ``torch.cat`` of the decoder output and every depth's output (:1848), bf16
+      ``(1 + D) 2 s b h / t``, which ``process_mtp_loss`` splits into views (:804) that the output layer keeps as
+      its saved input (tensor_parallel/layers.py:548 ``save_for_backward(input, weight)``; under PEFT the frozen
+      output layer saves none, but ``_postprocess`` holds the main view through the main loss's forward);
+    * each depth's saved loss, ``mtp_loss_saved_bytes``.
+
+    Full recompute (``recompute_granularity`` full, in training, :1499) runs each depth through
+    ``_checkpointed_forward``: with ``recompute_method`` uniform the checkpoint wraps the whole
+    ``_proj_and_transformer_layer`` (:1415-1423; it asserts ``recompute_num_layers == 1``), so a depth keeps only its
+    outside part and its output, and one depth is rematerialised in backward (the largest inside part, counted on top,
+    as ``activation_bytes`` does for the decoder's chunks); with ``block`` it warns and does not recompute (:1424-1443).
+    Selective recompute applies inside the inner layer as in the decoder's (``layer_activation_bytes``)."""
+    depths = shape.mtp_kinds()
+    if not depths:
+        return 0.0
+    s, b, h = a.seq_length, a.micro_batch_size, shape.hidden_size
+    seq_div = tp if a.sequence_parallel and tp > 1 else 1
+    hidden = 2 * s * b * h / seq_div  # one bf16 [s, b, h] tensor on this rank
+    parts = [mtp_depth_bytes(shape, kinds, a, tp=tp, etp=etp) for kinds in depths]
+    d = len(depths)
+    total = sum(outside for outside, _ in parts) + (d - 1) * hidden + (1 + d) * hidden
+    checkpointed = a.recompute_granularity == "full" and a.recompute_method != "block"
+    total += max(inside for _, inside in parts) if checkpointed else sum(inside for _, inside in parts)
+    return total + d * mtp_loss_saved_bytes(shape, a, tp=tp)
 
 
 def mamba_unfused_extra_bytes(s: int, b: int, d_inner: int, bc: int) -> float:
@@ -724,9 +835,11 @@ def activation_settings(
 
 
 def _linears(shape: Shape | None) -> tuple:
-    """The decoder linears a LoRA target list can leave frozen: GPT's, and a gated delta net mixer's when it has one."""
+    """The linears a LoRA target list can leave frozen: GPT's decoder linears, a gated delta net mixer's when the model
+    has one, and the MTP depths' eh_proj when it has those."""
     gdn = shape is not None and any("gdn" in k for k in shape.layer_kinds())
-    return DECODER_LINEARS + (GDN_LINEARS if gdn else ())
+    mtp = shape is not None and bool(shape.mtp_kinds())
+    return DECODER_LINEARS + (GDN_LINEARS if gdn else ()) + (MTP_LINEARS if mtp else ())
 
 
 def _recompute_modules(cfg) -> tuple:
