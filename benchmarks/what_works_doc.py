@@ -45,7 +45,15 @@ def _num(x, fmt: str) -> str:
     return format(x, fmt) if isinstance(x, (int, float)) else "n/a"
 
 
-def cell(row: dict, notes: list[str]) -> str:
+def gpu_name(device: str | None) -> str:
+    """The GPU's model from a device string (``NVIDIA H100 80GB HBM3`` -> ``H100``), else the string itself."""
+    m = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", str(device or ""))
+    return m.group(1) if m else str(device or "one GPU")
+
+
+def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
+    """One table cell; ``name_device`` (when the rows were measured on more than one kind of GPU) puts the GPU
+    beside the throughput, which depends on it."""
     """One cell's text; footnotes are appended to ``notes`` and referenced by number."""
     v = what_works.verdict(row)
     refs = []
@@ -92,7 +100,8 @@ def cell(row: dict, notes: list[str]) -> str:
     ]
     tps = row.get("tokens_per_s_per_gpu")
     if isinstance(tps, (int, float)):
-        text.append(f"{tps:,.0f} tok/s/GPU compute")
+        on = f" on {gpu_name((row.get('measured') or {}).get('device'))}" if name_device else ""
+        text.append(f"{tps:,.0f} tok/s/GPU compute{on}")
     return "<br>".join(text) + (" " + " ".join(refs) if refs else "")
 
 
@@ -118,15 +127,15 @@ def render(rows: list[dict], source: str) -> str:
         "| family | " + " | ".join(MODE_TITLES[m] for m in MODES) + " |",
         "|---|" + "---|" * len(MODES),
     ]
+    devices = sorted(
+        {str((r.get("measured") or {}).get("device")) for r in rows if (r.get("measured") or {}).get("device")}
+    )
     for fam in families:
         cells = []
         for mode in MODES:
             row = next((r for r in rows if r.get("family") == fam and r.get("mode") == mode), None)
-            cells.append(f"`{row['recipe']}`<br>" + cell(row, notes) if row else "")
+            cells.append(f"`{row['recipe']}`<br>" + cell(row, notes, len(devices) > 1) if row else "")
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
-    devices = sorted(
-        {str((r.get("measured") or {}).get("device")) for r in rows if (r.get("measured") or {}).get("device")}
-    )
     lines += ["", f"Measured on: {', '.join(devices) or 'one GPU'}. Source: `{source}`.", ""]
     if notes:
         lines += ["## Notes", ""] + [f"{i}. {n}" for i, n in enumerate(notes, 1)] + [""]

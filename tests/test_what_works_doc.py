@@ -31,6 +31,18 @@ def test_render_one_table_with_footnotes():
     assert used == defined == set(range(1, len(defined) + 1))
 
 
+def test_cells_name_the_gpu_only_when_rows_were_measured_on_more_than_one():
+    rows = what_works.load(str(FIXTURE))
+    assert " on H" not in doc.render(rows, "f.json")  # one kind of GPU: the line under the table says which
+    measured = [r for r in rows if (r.get("measured") or {}).get("device")]
+    assert measured, "the fixture has measured rows"
+    other = json.loads(json.dumps(measured[0]))
+    other["measured"]["device"] = "NVIDIA H100 80GB HBM3"
+    mixed = doc.render([other, *[r for r in rows if r is not measured[0]]], "f.json")
+    assert "tok/s/GPU compute on H100" in mixed
+    assert doc.gpu_name("NVIDIA H200") == "H200" and doc.gpu_name(None) == "one GPU"
+
+
 def test_refuses_without_measured_rows(tmp_path, capsys):
     planned = tmp_path / "planned.json"
     data = json.loads(FIXTURE.read_text())
