@@ -19,8 +19,10 @@ and fails on any override the committed plan does not cover):
 
 Each (key, value) gets a job (``job_for``): a dense Llama-shaped trunk (preset ``tiny``), the MoE trunk with
 EP 8 (``qwen3-moe-16l``), the hybrid Mamba trunk (``nemotronh-small``, needs mamba-ssm), LoRA on the dense trunk,
-FP8 (current scaling, which Hopper runs), or a save/load round trip for checkpoint settings; all under Megatron
-FSDP ``optim_grads_params`` as rank 0 of a fake world of 8 (where data-parallel sharding applies). Values the
+FP8 (current scaling, which Hopper runs), the dense trunk with a ``comm_overlap`` section for ``comm_overlap.*``
+settings (a preset has none, and the rules that advise them fire only where a recipe has one), or a save/load round
+trip for checkpoint settings and the NCCL user buffers at a real world of 1 (``REAL_WORLD``: why); all under Megatron FSDP
+``optim_grads_params``, the others as rank 0 of a fake world of 8 (where data-parallel sharding applies). Values the
 text shows as what fails (a refused setting in a pitfall, a symptom) are listed in ``NOT_RECOMMENDED`` with the
 reason; placeholders (a user's path) and settings that need hardware the H100/H200 lacks (MXFP8 is Blackwell's)
 are planned as not run, with why.
@@ -58,6 +60,15 @@ RESULTS_PATH = ROOT / "benchmarks" / "results" / "recommended_overrides_1xh200.j
 PLAN_SCHEMA = "mfsdp-recommended-overrides-plan/1"
 RESULT_SCHEMA = "mfsdp-recommended-overrides/1"
 WORLD = 8  # data-parallel sharding applies; the MoE trunk's EP 8 fits it
+# Jobs that run a real world of 1 (a real NCCL group) instead of the fake world:
+# - checkpoint settings: there the load restores what was saved and the forward loss is compared across it. In a
+#   fake world of 8 the checkpoint's metadata holds none of the model's or optimizer's tensor keys (one process
+#   stands for eight), so a load matches nothing: the default partial load passes without restoring a tensor,
+#   and checkpoint.strict_fsdp_dtensor_load=true fails on the first key;
+# - NCCL user buffers (ddp.nccl_ub): they register a memory pool with the NCCL group
+#   (ProcessGroupNCCL.register_mem_pool), which the fake backend does not have.
+REAL_WORLD = 1
+REAL_WORLD_KINDS = ("checkpoint", "nccl_ub")
 ITERS = 2  # "through wrap and two steps"
 BATCH_BUDGET_S = 480
 # Engines alive at once: Bridge's import (30-50 s of one core) dominates a small job's run, and the GPU machine
@@ -78,7 +89,16 @@ def batch_list(text: str) -> list[int]:
     return out
 
 
-RUN_GPU_S = {"dense": 15, "lora": 15, "fp8": 20, "checkpoint": 35, "moe": 60, "hybrid": 90}  # planning figures
+RUN_GPU_S = {  # planning figures
+    "dense": 15,
+    "lora": 15,
+    "fp8": 20,
+    "checkpoint": 35,
+    "comm_overlap": 15,
+    "nccl_ub": 15,
+    "moe": 60,
+    "hybrid": 90,
+}
 IMPORT_S = 45
 
 # The Bridge sections a KEY=VALUE may start with (mfsdp_lib.schema.CONTAINER_KEYS, minus the provider hook).
@@ -159,12 +179,15 @@ BLACKWELL_ONLY = ("mxfp8", "nvfp4", "fp4")
 
 
 def _norm(value: str) -> str:
-    """One spelling per value: quotes and trailing punctuation of the prose dropped, booleans and null lower-case."""
+    """One spelling per value: quotes and trailing punctuation of the prose dropped, booleans lower-case, and
+    ``null`` or Python's ``None`` as null. A lower-case ``none`` stays the string it is on Bridge's override path
+    (Hydra reads only ``null`` as null): ``model.cuda_graph_impl=none`` and ``model.dsa_kernel_backend=none`` name
+    a choice, and as null they fail (megatron-core: "Invalid cuda graph implementation: None")."""
     v = value.strip().rstrip(".:;)'\"").strip("'\"")
     low = v.lower()
     if low in ("true", "false"):
         return low
-    if low in ("none", "null"):
+    if v in ("null", "None", "NULL"):
         return "null"
     return v
 
@@ -313,6 +336,10 @@ def job_for(key: str, value: str, topics: list[str] | None = None) -> dict:
         kind = "fp8"
     elif key.startswith("checkpoint."):
         kind = "checkpoint"
+    elif key.startswith("comm_overlap."):
+        kind = "comm_overlap"
+    elif key == "ddp.nccl_ub":
+        kind = "nccl_ub"
     else:
         kind = "dense"
     return {"kind": kind, "why": None}
@@ -330,10 +357,12 @@ def engine_command(kind: str, overrides: list[str], out_dir: str, python: str = 
         extra += ["--balanced-routing"]
     if kind == "checkpoint":
         extra += ["--save-load"]
+    if kind == "comm_overlap":
+        extra += ["--comm-overlap-section"]
     base = [FP8] if kind == "fp8" else []
     return rh.engine_command(
         source=["--model-preset", preset],
-        world=WORLD,
+        world=REAL_WORLD if kind in REAL_WORLD_KINDS else WORLD,
         rank=0,
         out_dir=out_dir,
         iters=ITERS,
@@ -481,6 +510,25 @@ def ran_overrides(command: str | None) -> list[str] | None:
     return [w for w in shlex.split(command) if "=" in w and not w.startswith("-") and OVERRIDE_WORD.match(w)]
 
 
+def job_words(command: str | None) -> list[str] | None:
+    """A recorded or planned engine command as the job it runs: the words after the engine script, without the
+    ``--out`` folder (the interpreter, the checkout's path and the output folder differ between machines)."""
+    if not isinstance(command, str):
+        return None
+    words = shlex.split(command)
+    start = next((i + 1 for i, w in enumerate(words) if w.endswith("rehearse_train.py")), 0)
+    out: list[str] = []
+    skip = False
+    for w in words[start:]:
+        if skip:
+            skip = False
+        elif w == "--out":
+            skip = True
+        else:
+            out.append(w)
+    return out
+
+
 def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     """Result rows (one per override and baseline run) from raw batches; later batches win."""
     import what_works_result as wr
@@ -493,9 +541,13 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
             r = by_id.get(raw.get("id"))
             if r is None:
                 continue
+            unfinished = raw.get("exit") is None or bool(raw.get("stopped"))
+            if unfinished and r["id"] in out:
+                continue  # the batch's budget ended before this run did: it keeps what an earlier batch found
             rank = ((raw.get("summary") or {}).get("ranks") or [{}])[0]
             phases = wr.fold_phases(rank.get("phases") or [], r.get("job") == "checkpoint")
             given = ran_overrides(raw.get("command"))
+            ran_job, planned_job = job_words(raw.get("command")), job_words(r.get("command"))
             out[r["id"]] = {
                 "id": r["id"],
                 "key": r.get("key"),
@@ -505,11 +557,12 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 # what the engine was given (its command line), not what the plan says today
                 "overrides": given if given is not None else r["overrides"],
                 # the plan's job for this override changed after the run (a fix the run led to): run it again
-                "plan_changed": given is not None and given != r["overrides"],
+                "plan_changed": (given is not None and given != r["overrides"])
+                or (ran_job is not None and planned_job is not None and ran_job != planned_job),
                 "planned_overrides": r["overrides"],
                 # an engine that never reached a phase (refused: no CUDA, no Bridge) ran nothing: no verdict
                 "result": ("passed" if rank.get("result") == "passed" else "failed")
-                if rank.get("phases")
+                if rank.get("phases") and not unfinished
                 else "not run",
                 "phases": phases,
                 "first_error": wr.first_error(rank, wr._read(p.parent / "report.json")),
@@ -578,6 +631,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--batch", type=batch_list, help="a plan batch, or several joined by commas (1,2,3): one folder, one budget"
     )
+    ap.add_argument("--rows", help="--run: comma-separated row ids instead of batches (runs a batch left, reruns)")
     ap.add_argument("--out")
     # the engines' budget; a 600 s call also holds the probe, the CPU route and the summaries
     ap.add_argument("--budget-s", type=int, default=BATCH_BUDGET_S + 30)
@@ -609,8 +663,16 @@ def main(argv=None) -> int:
             return 1
         out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
         return 0
-    if a.batch is None or not a.out:
-        ap.error("--run needs --batch K and --out DIR")
+    if (a.batch is None and not a.rows) or not a.out:
+        ap.error("--run needs --batch K (or --rows ID,...) and --out DIR")
+    if a.rows:
+        known = {r["id"] for r in [*plan["baselines"], *plan["overrides"]] if r.get("job")}
+        ids = [x for x in a.rows.split(",") if x]
+        unknown = [x for x in ids if x not in known]
+        if unknown:
+            ap.error(f"--rows: not a run of the plan: {', '.join(unknown)}")
+        plan = {**plan, "batches": [{"batch": 0, "rows": ids, "estimated_s": None}]}
+        a.batch = [0]
     out = Path(a.out).resolve()
     if out.exists() and any(out.iterdir()):
         ap.error(f"--out {a.out}: exists and is not empty")

@@ -65,7 +65,8 @@ def test_every_override_has_a_job_or_a_reason():
             assert row["job"] in bro.RUN_GPU_S
             assert f"{row['key']}={row['value']}" in row["overrides"]
             assert row["command"].startswith("python3 scripts/rehearse_train.py --model-preset ")
-            assert "--world-size 8 --rank 0 --iters 2 --strategy optim_grads_params" in row["command"]
+            world = bro.REAL_WORLD if row["job"] in bro.REAL_WORLD_KINDS else bro.WORLD
+            assert f"--world-size {world} --rank 0 --iters 2 --strategy optim_grads_params" in row["command"]
         else:
             assert row["not_run_why"], row["id"]
     jobs = {r["job"] for r in PLAN["overrides"] if r["job"]}
@@ -143,7 +144,9 @@ def test_result_file_has_the_project_result_shape(tmp_path):
     d = tmp_path / "raw" / row["id"]
     d.mkdir(parents=True)
     summary = {"ranks": [{"result": "passed", "device": "stand-in", "phases": [{"name": "train", "status": "passed"}]}]}
-    (d / "row.json").write_text(json.dumps({"id": row["id"], "date": "2026-01-02T00:00:00", "summary": summary}))
+    (d / "row.json").write_text(
+        json.dumps({"id": row["id"], "exit": 0, "date": "2026-01-02T00:00:00", "summary": summary})
+    )
     out = tmp_path / "recommended_overrides_1xh200.json"
     assert bro.main(["--collect", str(tmp_path / "raw"), "--out", str(out)]) == 0
     data = mr._load_one(out, out.name)
@@ -183,3 +186,15 @@ def test_batch_option_takes_several_batches():
         bro.batch_list("one")
     with pytest.raises(SystemExit, match="no batch 99"):
         bro.batch_rows(PLAN, [1, 99])
+
+
+def test_a_run_whose_job_the_plan_changed_is_flagged_for_a_rerun():
+    """The job, not only its KEY=VALUE words: a checkpoint run at the fake world of 8 is not the planned world-1 job."""
+    planned = next(r for r in PLAN["overrides"] if r["job"] == "checkpoint")
+    here = bro.job_words(planned["command"])
+    assert here and "--out" not in here and here[0] != "python3"
+    device = planned["command"].replace("python3 scripts/", "/opt/venv/bin/python3 /root/repo/scripts/")
+    device = device.replace("'$OUT/", "'/root/ro/batch_1/")
+    assert bro.job_words(device) == here  # the same job on another machine
+    older = device.replace(f"--world-size {bro.REAL_WORLD} ", f"--world-size {bro.WORLD} ")
+    assert older != device and bro.job_words(older) != here

@@ -116,6 +116,12 @@ def rehearse_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-meta-init", dest="meta_init", action="store_false", help="never build on the meta device")
     p.add_argument("--balanced-routing", action="store_true", help="MoE: force balanced routing")
     p.add_argument(
+        "--comm-overlap-section",
+        action="store_true",
+        help="give a config without one Bridge's CommOverlapConfig(tp_comm_overlap=False), as the large recipes "
+        "carry, so that comm_overlap.KEY=VALUE overrides apply (a preset has none)",
+    )
+    p.add_argument(
         "--mirror-collectives",
         dest="mirror",
         action="store_true",
