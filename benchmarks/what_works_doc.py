@@ -122,7 +122,11 @@ def render(rows: list[dict], source: str) -> str:
         "of the enabled job on ONE GPU as rank 0 of the recipe's world size. A cell gives the verdict, the layout "
         "(before -> after `enable`), memory per GPU between steps / at the peak as measured on that rank with "
         "`memory`'s prediction beside it, and the compute throughput (no communication: the fake process group "
-        "moves no data). `check`, `enable` and `memory` print the row of a config whose model is in this table.",
+        "moves no data). Where a row saves and loads an `fsdp_dtensor` checkpoint (one row per family), the "
+        "save runs at the recipe's world size and the load runs, but with one process standing for the world it "
+        'restores no tensor (references/rehearse.md, "Save/load at N > 1"); the round trip is checked at a real '
+        "world of 1 (the checkpoint settings in the recommended overrides). `check`, `enable` and `memory` print "
+        "the row of a config whose model is in this table.",
         "",
         "| family | " + " | ".join(MODE_TITLES[m] for m in MODES) + " |",
         "|---|" + "---|" * len(MODES),

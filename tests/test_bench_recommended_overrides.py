@@ -198,3 +198,19 @@ def test_a_run_whose_job_the_plan_changed_is_flagged_for_a_rerun():
     assert bro.job_words(device) == here  # the same job on another machine
     older = device.replace(f"--world-size {bro.REAL_WORLD} ", f"--world-size {bro.WORLD} ")
     assert older != device and bro.job_words(older) != here
+
+
+def test_a_run_the_budget_stopped_is_not_run_and_keeps_an_earlier_result(tmp_path):
+    row = next(r for r in PLAN["overrides"] if r["job"] == "dense")
+    ok = {"ranks": [{"result": "passed", "device": "stand-in", "phases": [{"name": "train", "status": "passed"}]}]}
+    cut = {"ranks": [{"result": "failed", "device": "stand-in", "phases": [{"name": "import", "status": "passed"}]}]}
+    for name, raw in (
+        ("a_first", {"id": row["id"], "exit": 0, "summary": ok}),
+        ("b_later", {"id": row["id"], "exit": -9, "stopped": "budget", "summary": cut}),
+    ):
+        (tmp_path / name / row["id"]).mkdir(parents=True)
+        (tmp_path / name / row["id"] / "row.json").write_text(json.dumps(raw))
+    (kept,) = bro.collect([tmp_path / "a_first", tmp_path / "b_later"], PLAN, None)["rows"]
+    assert kept["result"] == "passed" and "a_first" in kept["raw"]
+    (alone,) = bro.collect([tmp_path / "b_later"], PLAN, None)["rows"]
+    assert alone["result"] == "not run"  # stopped by the budget: no verdict on the override

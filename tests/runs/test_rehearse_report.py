@@ -196,3 +196,15 @@ def test_a_cuda_graph_build_without_the_te_rng_tracker_is_explained_with_its_rul
     # the same message raised outside Bridge's GPT provider is not this cause
     other = dict(report["first_failure"], frames={"innermost": "some/other/module.py:1 in f"})
     assert rh.explain_failure(other)["rule"] is None
+
+
+def test_save_load_says_whether_the_load_restored_anything():
+    """A fake world's load restores no tensor (its checkpoint holds one rank's shards); a real world of 1 compares
+    the forward loss across the round trip: the text says which it was."""
+    base = {"saved_iteration": 2, "resumed_iteration": 2}
+    fake = rh.render_text({"ranks": [{"save_load": {**base, "losses_compared": False, "equal": None}}]})
+    assert "saved iteration 2, resumed 2; one process stands for the world, so the load restored no tensor" in fake
+    same = rh.render_text({"ranks": [{"save_load": {**base, "losses_compared": True, "equal": True}}]})
+    assert "forward loss equal across it" in same and "restored no tensor" not in same
+    moved = rh.render_text({"ranks": [{"save_load": {**base, "losses_compared": True, "equal": False}}]})
+    assert "forward loss DIFFERENT across it" in moved

@@ -614,8 +614,14 @@ def render_text(summary: Mapping) -> str:
             lines.extend(perf_report.render(r["perf"]))
         sl = r.get("save_load")
         if sl:
+            if sl.get("losses_compared") is False:
+                how = "; one process stands for the world, so the load restored no tensor (see rehearse.md)"
+            elif sl.get("equal") is not None:
+                how = f"; forward loss {'equal' if sl['equal'] else 'DIFFERENT'} across it"
+            else:
+                how = ""
             lines.append(
-                f"  save/load: saved iteration {sl.get('saved_iteration')}, resumed {sl.get('resumed_iteration')}"
+                f"  save/load: saved iteration {sl.get('saved_iteration')}, resumed {sl.get('resumed_iteration')}" + how
             )
     par = summary.get("parity")
     if par:
