@@ -557,8 +557,9 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 # what the engine was given (its command line), not what the plan says today
                 "overrides": given if given is not None else r["overrides"],
                 # the plan's job for this override changed after the run (a fix the run led to): run it again
-                "plan_changed": (given is not None and given != r["overrides"])
-                or (ran_job is not None and planned_job is not None and ran_job != planned_job),
+                "plan_changed": ran_job != planned_job
+                if ran_job is not None and planned_job is not None
+                else (given is not None and given != r["overrides"]),
                 "planned_overrides": r["overrides"],
                 # an engine that never reached a phase (refused: no CUDA, no Bridge) ran nothing: no verdict
                 "result": ("passed" if rank.get("result") == "passed" else "failed")
@@ -589,9 +590,9 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 f"{r['key']}={r['value']}" if r.get("key") else r["id"],
                 r["job"],
                 ", ".join(o for o in r["overrides"] if o != f"{r.get('key')}={r.get('value')}"),
-                r["result"],
+                r["result"] + (" (its job has changed since: run again)" if r.get("plan_changed") else ""),
                 f"{(r['first_error'] or {}).get('message', '')[:120]} ({(r['first_error'] or {}).get('rule')})"
-                if r.get("first_error")
+                if r.get("first_error") and r["result"] != "not run"
                 else "",
             ]
             for r in rows
