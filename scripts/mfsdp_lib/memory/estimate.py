@@ -35,6 +35,7 @@ from .terms import (
     megatron_activation_bytes,
     mtp_activation_bytes,
     precision_from_config,
+    rope_cache_bytes,
 )
 
 # --------------------------------------------------------------------------- the report
@@ -700,6 +701,8 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
         )
     if row.init_peak:
         out.append("model-construction peak (built unsharded on the GPU)")
+    if est.shape is not None and est.activation is not None and rope_cache_bytes(est.shape, est.activation.seq_length):
+        out.append("Gemma 3's cached local and global rotary tables (4 fp32 tables of sequence x head dim)")
     return out
 
 

@@ -256,6 +256,7 @@ def model_section_from_hf(hf: Mapping, where: str = "config.json") -> tuple[dict
         m["share_embeddings_and_output_weights"] = True
         if mtype == "gemma3_text":
             m["qk_layernorm"] = True
+            m["rope_local_global"] = True  # Gemma3RotaryEmbedding: local and global tables
 
     if mtype == "gpt_oss":
         # gpt-oss (Bridge gpt_oss provider): biases on QKV, output, router and experts; one learnable

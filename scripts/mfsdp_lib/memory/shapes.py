@@ -144,6 +144,10 @@ class Shape:
     # Extra norms per layer: Gemma 2/3 add post-attention and post-feed-forward norms
     # (Bridge models/gemma: Gemma2/Gemma3 layer specs); read from the provider's ``_target_``.
     layer_post_norms: int = 0
+    # Gemma 3's rotary embedding: a local (sliding-window layers) and a global table, both kept in lru caches
+    # between steps (Bridge models/gemma/gemma3_provider.py: Gemma3RotaryEmbedding); read from the provider's
+    # ``_target_`` (``terms.rope_cache_bytes`` sizes the caches).
+    rope_local_global: bool = False
     # "learnable": one softmax offset (attention sink) per head (dot_product_attention.py:126-136).
     softmax_type: str = "vanilla"
     # OLMoE's attention (Bridge models/olmoe/olmoe_provider.py:120-135, OLMoESelfAttention): q/k norms
@@ -353,6 +357,7 @@ _SHAPE_BOOLS = (
     "add_bias_linear",
     "add_qkv_bias",
     "qk_layernorm",
+    "rope_local_global",
     "share_embeddings_and_output_weights",
     "should_pad_vocab",
     "moe_shared_expert_gate",
@@ -441,6 +446,8 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
         )
     if "layer_post_norms" not in model and re.search(r"Gemma[23]", target):
         model["layer_post_norms"] = 2
+    if "rope_local_global" not in model and re.search(r"\.Gemma3\w*ModelProvider$", target):
+        model["rope_local_global"] = True  # Gemma3ModelProvider.provide, and Gemma3VLModelProvider (a subclass)
     spec = model.get("transformer_layer_spec")
     spec_target = str(spec.get("_target_") or "") if isinstance(spec, Mapping) else str(spec or "")
     if "qk_layernorm_full_width" not in model and (

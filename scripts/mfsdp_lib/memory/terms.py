@@ -851,3 +851,31 @@ def _recompute_modules(cfg) -> tuple:
     if not isinstance(mods, (list, tuple)) or not all(isinstance(x, str) for x in mods):
         raise ModelError(f"model.recompute_modules must be a list of module names, got {mods!r}")
     return tuple(mods)
+
+
+# --------------------------------------------------------------------------- rotary-embedding caches
+
+# Tables Gemma 3's rotary embedding keeps between steps, each [sequence, 1, 1, head dim] in fp32 (one angle per
+# position and channel, the half-width frequencies concatenated twice: RotaryEmbedding.get_emb). Traced:
+# * megatron-core models/common/embeddings/rotary_pos_embedding.py::RotaryEmbedding.forward is an
+#   ``lru_cache(maxsize=32)`` method, so the table it returns stays referenced by the cache. Gemma 3's
+#   embedding calls it twice per forward: on itself (global base) and on its ``rope_local`` (local base).
+# * Bridge models/gemma/gemma3_provider.py::Gemma3RotaryEmbedding._forward_cached, again ``lru_cache(maxsize=32)``,
+#   caches ``torch.stack([rope_local, rope_global])``: a third allocation, two tables wide.
+# Four tables in all, allocated at the first forward and held until the process ends. A plain RoPE model holds one
+# (RotaryEmbedding.forward's), at most a few MiB at the measured lengths, inside calibration.FRAMEWORK_BYTES.
+# Measured (Bridge's Gemma 3 1B recipes rehearsed on an H200, head dim 256): the first step leaves 195.25 MiB
+# (sequence 32768, pretrain) and 101.25 MiB (4096, SFT) allocated beyond Adam's two moments and the fp32 gradient
+# copy, where Llama 3.2 1B's recipes leave 65-66 MiB; the four tables are 128 MiB and 16 MiB.
+GEMMA3_ROPE_TABLES = 4
+
+
+def rope_cache_bytes(shape: Shape, seq_length: int) -> float:
+    """Bytes of rotary tables a Gemma 3 model keeps cached between steps (0 for every other model).
+
+    Sized at the whole sequence: ``GPTModel._preprocess`` asks for the full length (``get_rotary_seq_len``
+    multiplies the local length back by CP). With context parallelism the cache keeps this rank's slice of it
+    (``get_pos_emb_on_this_cp_rank``), so the full length over-counts there: the safe side."""
+    if not shape.rope_local_global or shape.position_embedding_type != "rope":
+        return 0.0
+    return float(GEMMA3_ROPE_TABLES * seq_length * shape.head_dim * FP32_BYTES)
