@@ -170,7 +170,12 @@ def configure(parser) -> None:
         help="plain fake collectives where the rehearsal mirrors them (MoE, --perf): token counts and gathered "
         "weights are then read from memory nobody wrote",
     )
-    parser.add_argument("--save-load", action="store_true", help="also save a checkpoint and load it into a new model")
+    parser.add_argument(
+        "--save-load",
+        action="store_true",
+        help="also save a checkpoint and load it into a new model (at N > 1 the load runs but restores no tensor: "
+        "one process stands for the world; --world-size 1 compares the loss across the round trip)",
+    )
     parser.add_argument(
         "--parity", action="store_true", help="also run a real world of 1 under DDP and Megatron FSDP; compare losses"
     )
