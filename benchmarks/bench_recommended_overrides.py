@@ -21,11 +21,11 @@ Each (key, value) gets a job (``job_for``): a dense Llama-shaped trunk (preset `
 EP 8 (``qwen3-moe-16l``), the hybrid Mamba trunk (``nemotronh-small``, needs mamba-ssm), LoRA on the dense trunk,
 FP8 (current scaling, which Hopper runs), the dense trunk with a ``comm_overlap`` section for ``comm_overlap.*``
 settings (a preset has none, and the rules that advise them fire only where a recipe has one), or a save/load round
-trip for checkpoint settings and the NCCL user buffers at a real world of 1 (``REAL_WORLD``: why); all under Megatron FSDP
-``optim_grads_params``, the others as rank 0 of a fake world of 8 (where data-parallel sharding applies). Values the
-text shows as what fails (a refused setting in a pitfall, a symptom) are listed in ``NOT_RECOMMENDED`` with the
-reason; placeholders (a user's path) and settings that need hardware the H100/H200 lacks (MXFP8 is Blackwell's)
-are planned as not run, with why.
+trip for checkpoint settings and the NCCL user buffers at a real world of 1 (``REAL_WORLD``: why); all under
+Megatron FSDP ``optim_grads_params``, the others as rank 0 of a fake world of 8 (where data-parallel sharding
+applies). Values the text shows as what fails (a refused setting in a pitfall, a symptom) are listed in
+``NOT_RECOMMENDED`` with the reason; placeholders (a user's path) and settings that need hardware the H100/H200
+lacks (MXFP8 is Blackwell's) are planned as not run, with why.
 
     python3 benchmarks/bench_recommended_overrides.py --plan                  # CPU: benchmarks/recommended_overrides_plan.json
     python3 benchmarks/bench_recommended_overrides.py --run --batch 1,2 --out RAW   # GPU machine: batches in one call
@@ -664,9 +664,11 @@ def main(argv=None) -> int:
             return 1
         out.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
         return 0
-    if (a.batch is None and not a.rows) or not a.out:
+    if (a.batch is None) == (a.rows is None) or not a.out:
         ap.error("--run needs --batch K (or --rows ID,...) and --out DIR")
-    if a.rows:
+    if a.max_concurrent < 1 or a.gpu_slots < 1:
+        ap.error("--max-concurrent and --gpu-slots must be at least 1")
+    if a.rows is not None:
         known = {r["id"] for r in [*plan["baselines"], *plan["overrides"]] if r.get("job")}
         ids = [x for x in a.rows.split(",") if x]
         unknown = [x for x in ids if x not in known]
@@ -678,8 +680,6 @@ def main(argv=None) -> int:
     if out.exists() and any(out.iterdir()):
         ap.error(f"--out {a.out}: exists and is not empty")
     out.mkdir(parents=True, exist_ok=True)
-    if a.max_concurrent < 1 or a.gpu_slots < 1:
-        ap.error("--max-concurrent and --gpu-slots must be at least 1")
     run_batch(plan, a.batch, out, a.python, a.budget_s, a.max_concurrent, a.gpu_slots)
     return 0
 

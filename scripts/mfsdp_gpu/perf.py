@@ -81,7 +81,7 @@ def free_margin() -> float:
         gib = float(raw) if raw is not None else None
     except ValueError:
         gib = None
-    return GPU_FREE_MARGIN_BYTES if gib is None or gib != gib or gib < 0 else gib * 1024**3
+    return GPU_FREE_MARGIN_BYTES if gib is None or math.isnan(gib) or gib < 0 else gib * 1024**3
 
 
 def _cuda_mem_info() -> tuple[int, int]:

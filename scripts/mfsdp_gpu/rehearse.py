@@ -92,16 +92,7 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
     if getattr(a, "comm_overlap_section", False) and getattr(cfg, "comm_overlap", None) is None:
         from megatron.bridge.training.comm_overlap import CommOverlapConfig
 
-        cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)
-        s.rows.append(
-            {
-                "key": "comm_overlap",
-                "value": "CommOverlapConfig(tp_comm_overlap=False)",
-                "was": None,
-                "category": "rehearsal",
-                "why": "--comm-overlap-section",
-            }
-        )
+        s.apply("comm_overlap", CommOverlapConfig(tp_comm_overlap=False), "rehearsal", "--comm-overlap-section")
     for key, value in parse_overrides(a.overrides).items():
         s.apply(key, value, "user", "KEY=VALUE on the command line")
     strategy = a.strategy or ("optim_grads_params" if a.model_preset else None)
