@@ -580,7 +580,10 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
         "benchmark": "recommended_overrides_1xh200",
         "title": "Every override the skill recommends, rehearsed through wrap and two steps on the job it is meant for",
         "date": dates[-1] if dates else None,
-        "machine": ", ".join(devices) + f" (rank 0 of a fake world of {WORLD})" if devices else None,
+        "machine": ", ".join(devices)
+        + f" (rank 0 of a fake world of {WORLD}; the {' and '.join(REAL_WORLD_KINDS)} jobs at a real world of {REAL_WORLD})"
+        if devices
+        else None,
         "command": "python3 benchmarks/bench_recommended_overrides.py --run --batch K --out RAW (one GPU call per "
         "batch), then --collect RAW... --out benchmarks/results/recommended_overrides_1xh200.json",
         "columns": ["override", "job", "with", "result", "first error (rule)"],
