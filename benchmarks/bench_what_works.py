@@ -974,9 +974,23 @@ def lock_window(run_dir: str) -> dict | None:
         return None
     return {
         "gpu_lock": rep.get("gpu_lock"),
+        "last_phase": last_phase(rep),
         "started_utc": rep.get("started_utc"),
         "finished_utc": rep.get("finished_utc"),
     }
+
+
+# The engine's phases before it takes the GPU lock (scripts/mfsdp_gpu/rehearse.py takes it right after validate):
+# a run that ended in one of them built, wrapped and timed nothing, so it cannot have overlapped a timed run.
+PHASES_BEFORE_LOCK = ("initialize_process_group", "import", "config", "validate")
+
+
+def last_phase(report: dict) -> str | None:
+    """The last phase the engine's report names (its phases are written in the order they ran)."""
+    phases = report.get("phases")
+    if isinstance(phases, dict) and phases:
+        return str(list(phases)[-1])
+    return None
 
 
 def run_engines(runs: list[dict], out: Path, budget_s: int, max_concurrent: int, gpu_slots: int = 1) -> list[dict]:
@@ -1102,11 +1116,20 @@ def run_batch(plan: dict, batch: int, out: Path, python: str, budget_s: int, max
 
 
 def timing_exclusive(runs: list[dict]) -> bool | None:
-    """True when every run held the same GPU lock (so their builds, wraps and timed steps never overlapped)."""
+    """True when every run that used the GPU held the same GPU lock (so their builds, wraps and timed steps never
+    overlapped). A run that took no lock and ended before the lock is taken (``PHASES_BEFORE_LOCK``: a recipe that
+    fails Bridge's validate, a pipeline probe) used no GPU time and does not count; a run that took no lock and got
+    further (or left no report) does, and makes the batch not exclusive."""
     started = [r for r in runs if r.get("exit") is not None]
-    if not started:
+    on_gpu = [
+        r
+        for r in started
+        if (r.get("window") or {}).get("gpu_lock")
+        or (r.get("window") or {}).get("last_phase") not in PHASES_BEFORE_LOCK
+    ]
+    if not on_gpu:
         return None
-    locks = {(r.get("window") or {}).get("gpu_lock") for r in started}
+    locks = {(r.get("window") or {}).get("gpu_lock") for r in on_gpu}
     return len(locks) == 1 and None not in locks
 
 

@@ -78,6 +78,8 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
         )
     for fb in row.get("fallbacks") or []:
         note(f"{row['recipe']}: ran with `{fb}` (the package the recipe's setting needs was not installed)")
+    if (row.get("measured") or {}).get("timing_exclusive") is False:
+        note(f"{row['recipe']}: timed while another run of its batch could use the GPU (no shared lock)")
     for ov in row.get("rehearsal_overrides") or []:
         note(f"{row['recipe']}: timed with `{ov}` (fewer micro-batches per step than the recipe)")
     check = row.get("memory_check") or {}
@@ -134,6 +136,21 @@ def render(rows: list[dict], source: str) -> str:
     devices = sorted(
         {str((r.get("measured") or {}).get("device")) for r in rows if (r.get("measured") or {}).get("device")}
     )
+    measured = [r.get("measured") or {} for r in rows if (r.get("measured") or {}).get("device")]
+    at_once = max((int(m["engines_at_once"]) for m in measured if m.get("engines_at_once")), default=None)
+    alone = sum(1 for m in measured if m.get("timing_exclusive") is True)
+    if measured:
+        lines[-2:-2] = [
+            f"{alone} of the {len(measured)} measured rows were built, wrapped and timed alone on the GPU: "
+            + (
+                f"up to {at_once} rehearsals were alive at once so that their imports of Bridge overlapped, but "
+                if at_once
+                else ""
+            )
+            + "each took one GPU lock once Bridge had validated its config and held it to its exit "
+            "(`measured.timing_exclusive` in the JSON; a row timed without it says so in its note).",
+            "",
+        ]
     for fam in families:
         cells = []
         for mode in MODES:

@@ -280,7 +280,8 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
         "batch": raw.get("batch"),
         "started_utc": (batch or {}).get("started_utc"),
         "wall_s": (main or {}).get("wall_s"),
-        "timing_exclusive": (batch or {}).get("timing_exclusive"),
+        "timing_exclusive": (batch or {}).get("timing_exclusive_runs", (batch or {}).get("timing_exclusive")),
+        "engines_at_once": (batch or {}).get("max_concurrent"),
         "raw": repo_path(batch_dir / "rows" / str(row["id"])),
     }
     return row
@@ -321,12 +322,35 @@ def rehearsal_fault(row: dict) -> dict | None:
     return next((f for f in REHEARSAL_FAULTS if message.startswith(f["message"])), None)
 
 
+def batch_timing_exclusive(batch_dir: Path) -> bool | None:
+    """Whether every run of a raw batch that used the GPU held the one GPU lock, read again from the raw runs.
+
+    The batch's own ``timing_exclusive`` (batch.json) was written on the GPU machine; batches written before runs
+    recorded their last phase counted a run that failed Bridge's validate (no lock taken, no GPU used) as one that
+    held no lock. Here each run's last phase is read from its engine report, and
+    ``bench_what_works.timing_exclusive`` decides."""
+    from bench_what_works import last_phase, timing_exclusive
+
+    runs = []
+    for raw_path in sorted((batch_dir / "rows").glob("*/row.json")):
+        raw = _read(raw_path)
+        for run in (raw or {}).get("runs") or [] if isinstance(raw, dict) else []:
+            window = dict(run.get("window") or {})
+            if "last_phase" not in window and run.get("dir"):
+                report = _read(batch_dir / str(run["dir"]) / "report.json")
+                window["last_phase"] = last_phase(report) if isinstance(report, dict) else None
+            runs.append({**run, "window": window})
+    return timing_exclusive(runs)
+
+
 def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     by_id = {r["id"]: r for r in plan["rows"]}
     rows = {r["id"]: r for r in (existing or {}).get("rows", []) if isinstance(r, dict) and "id" in r}
     faults = {f["id"]: f for f in (existing or {}).get("rehearsal_faults", []) if isinstance(f, dict) and "id" in f}
     for d in batch_dirs:
         batch = _read(d / "batch.json")
+        if isinstance(batch, dict):
+            batch["timing_exclusive_runs"] = batch_timing_exclusive(d)
         for raw_path in sorted((d / "rows").glob("*/row.json")):
             raw = _read(raw_path)
             if not isinstance(raw, dict) or raw.get("id") not in by_id:

@@ -233,6 +233,16 @@ def test_timing_exclusive_needs_every_run_to_hold_the_lock():
     # two slots: each run held a lock, but not the same one, so two could be on the GPU together
     two = [{"exit": 0, "window": {"gpu_lock": "/x.0"}}, {"exit": 0, "window": {"gpu_lock": "/x.1"}}]
     assert bw.timing_exclusive(two) is False
+    # a run that ended at Bridge's validate took no lock and used no GPU time: it does not break exclusivity ...
+    held = {"exit": 0, "window": {"gpu_lock": "/x", "last_phase": "train"}}
+    refused = {"exit": 1, "window": {"gpu_lock": None, "last_phase": "validate"}}
+    assert bw.timing_exclusive([held, refused]) is True
+    assert bw.timing_exclusive([refused]) is None  # nothing used the GPU: nothing to say
+    # ... but one that got past validate without the lock, or left no report, does
+    assert bw.timing_exclusive([held, {"exit": 1, "window": {"gpu_lock": None, "last_phase": "model_build"}}]) is False
+    assert bw.timing_exclusive([held, {"exit": 1, "window": {"gpu_lock": None, "last_phase": None}}]) is False
+    assert bw.last_phase({"phases": {"import": {}, "validate": {}, "model_build": {}}}) == "model_build"
+    assert bw.last_phase({}) is None
 
 
 def test_run_engines_with_gpu_slots_spreads_runs_over_the_locks(tmp_path, quick):
@@ -524,6 +534,11 @@ def test_measured_batches_fill_the_matrix_and_keep_fixed_faults_apart():
     for r in rows.values():  # a figure is never from a non-finite step
         assert r["tokens_per_s_per_gpu"] is None or r["nonfinite_timed_steps"] == 0
     assert any("rehearsal_faults" in n for n in res["notes"])
+    # every measured row was timed alone on the GPU (the runs that took no lock all ended at Bridge's validate)
+    assert all(r["measured"]["timing_exclusive"] is True for r in rows.values()), [
+        r["id"] for r in rows.values() if r["measured"]["timing_exclusive"] is not True
+    ]
+    assert all(wr.batch_timing_exclusive(b) is True for b in batches)
 
 
 def test_wan_rows_are_expected_to_run_wans_own_step_and_other_diffusion_models_are_not():

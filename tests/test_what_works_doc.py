@@ -43,6 +43,20 @@ def test_cells_name_the_gpu_only_when_rows_were_measured_on_more_than_one():
     assert doc.gpu_name("NVIDIA H200") == "H200" and doc.gpu_name(None) == "one GPU"
 
 
+def test_says_how_many_rows_were_timed_alone_and_notes_one_that_was_not():
+    rows = json.loads(json.dumps(what_works.load(str(FIXTURE))))
+    measured = [r for r in rows if (r.get("measured") or {}).get("device")]
+    for r in measured:
+        r["measured"].update(timing_exclusive=True, engines_at_once=4)
+    text = doc.render(rows, "f.json")
+    assert f"{len(measured)} of the {len(measured)} measured rows were built, wrapped and timed alone" in text
+    assert "up to 4 rehearsals were alive at once" in text and "no shared lock" not in text
+    measured[0]["measured"]["timing_exclusive"] = False
+    text = doc.render(rows, "f.json")
+    assert f"{len(measured) - 1} of the {len(measured)} measured rows" in text
+    assert f"{measured[0]['recipe']}: timed while another run of its batch could use the GPU (no shared lock)" in text
+
+
 def test_refuses_without_measured_rows(tmp_path, capsys):
     planned = tmp_path / "planned.json"
     data = json.loads(FIXTURE.read_text())
