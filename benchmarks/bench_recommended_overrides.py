@@ -146,6 +146,12 @@ NOT_RECOMMENDED = {
     ("model.transformer_impl", "transformer_engine"): "a rule's condition (Transformer Engine is the default)",
     ("model.cuda_graph_impl", "full_iteration"): "a rule's condition: full-iteration graphs need their own set-up",
     ("optimizer.optimizer", "muon"): "families.md: Muon is refused with Megatron FSDP",
+    # perf.md quotes the rehearsal's one-line refusal for a recipe that already sets the flex dispatcher
+    (
+        "model.moe_token_dispatcher_type",
+        "flex",
+    ): "perf.md quotes the refusal for a recipe that sets it (DeepEP/HybridEP)",
+    ("model.moe_flex_dispatcher_backend", "hybridep"): "perf.md quotes the refusal for a recipe that sets it",
 }
 
 # Settings that mean something only beside another one: applied together.
@@ -159,7 +165,7 @@ FULL_ITERATION = [
     "rerun_state_machine.check_for_nan_in_loss=false",
 ]
 PER_LAYER_GRAPHS = ["model.cuda_graph_impl=transformer_engine", "model.use_te_rng_tracker=true"]
-CONTEXT = {
+CONTEXT: dict[str | tuple[str, str], list[str]] = {
     "ddp.nccl_ub": ["ddp.fsdp_double_buffer=true"],
     "ddp.megatron_fsdp_cuda_graph_mode": PER_LAYER_GRAPHS,
     "model.use_te_rng_tracker": ["model.cuda_graph_impl=transformer_engine"],
@@ -167,9 +173,25 @@ CONTEXT = {
     "rerun_state_machine.check_for_nan_in_loss": FULL_ITERATION,
     "model.sequence_parallel": ["model.tensor_model_parallel_size=2"],  # sequence parallelism splits over TP
     "ddp.outer_dp_sharding_strategy": ["ddp.num_distributed_optimizer_instances=2"],  # HSDP's outer group
-    "model.recompute_method": ["model.recompute_granularity=full"],
+    # full recompute needs a method and a layer count (megatron-core's TransformerConfig.__post_init__ checks both:
+    # rules MFSDP-RECOMPUTE-FULL-METHOD and -FULL-NUM-LAYERS fire together on a config that sets only the granularity)
+    ("model.recompute_granularity", "full"): ["model.recompute_method=uniform", "model.recompute_num_layers=1"],
+    "model.recompute_method": ["model.recompute_granularity=full", "model.recompute_num_layers=1"],
     "model.recompute_num_layers": ["model.recompute_granularity=full", "model.recompute_method=uniform"],
+    # a null layer count is the fix for selective recompute (MFSDP-RECOMPUTE-SELECTIVE-NUM-LAYERS), not for full
+    ("model.recompute_num_layers", "null"): ["model.recompute_granularity=selective"],
+    # the optimizer config is finalized before Bridge turns the distributed optimizer on for Megatron FSDP, so the
+    # precision-aware optimizer needs it set (MFSDP-PRECISION-AWARE-NEEDS-DIST-OPT; enable writes it)
+    ("optimizer.use_precision_aware_optimizer", "true"): ["optimizer.use_distributed_optimizer=true"],
 }
+
+
+def context_for(key: str, value: str) -> list[str]:
+    """The settings an override is applied with (``CONTEXT``: by key and value first, then by key), less itself."""
+    given = CONTEXT.get((key, value), CONTEXT.get(key, []))
+    return [c for c in given if c.split("=", 1)[0] != key]
+
+
 # Generated references that record measurements, not advice: the what-works matrix lists the settings its runs
 # were made with (a dispatcher fallback, a shorter timed batch), which no user is told to set.
 MEASUREMENT_RECORDS = ("what-works.md",)
@@ -389,7 +411,7 @@ def build_plan() -> dict:
         job = job_for(rec["key"], rec["value"], rec["rule_topics"])
         row = {**rec, "id": _slug(rec["key"], rec["value"]), "job": job["kind"], "not_run_why": job["why"]}
         if job["kind"]:
-            context = [c for c in CONTEXT.get(rec["key"], []) if c.split("=", 1)[0] != rec["key"]]
+            context = context_for(rec["key"], rec["value"])
             override = f"{rec['key']}={rec['value']}"
             row["overrides"] = [*context, override]
             row["command"] = _plan_command(engine_command(job["kind"], row["overrides"], f"$OUT/{row['id']}"))
@@ -533,8 +555,9 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     """Result rows (one per override and baseline run) from raw batches; later batches win."""
     import what_works_result as wr
 
-    by_id = {r["id"]: r for r in [*plan["baselines"], *plan["overrides"]]}
-    out = {r["id"]: r for r in (existing or {}).get("rows", []) if isinstance(r, dict)}
+    # a run whose override the plan no longer rehearses (now listed as not advice, with why) is left out
+    by_id = {r["id"]: r for r in [*plan["baselines"], *plan["overrides"]] if r.get("job")}
+    out = {r["id"]: r for r in (existing or {}).get("rows", []) if isinstance(r, dict) and r.get("id") in by_id}
     for d in dirs:
         for p in sorted(d.glob("*/row.json")):
             raw = json.loads(p.read_text(encoding="utf-8"))

@@ -214,3 +214,38 @@ def test_a_run_the_budget_stopped_is_not_run_and_keeps_an_earlier_result(tmp_pat
     assert kept["result"] == "passed" and "a_first" in kept["raw"]
     (alone,) = bro.collect([tmp_path / "b_later"], PLAN, None)["rows"]
     assert alone["result"] == "not run"  # stopped by the budget: no verdict on the override
+
+
+def test_the_validate_failures_of_the_h100_run_are_fixed_in_the_jobs_and_the_text(tmp_path):
+    """The recorded run of the reruns (batch_s4b): four overrides failed at Bridge's validate. Each failure was the
+    job (a setting applied without the ones megatron-core checks beside it) or advice that named one setting of a
+    pair; the planned jobs now carry what the rules ask for, the text names the pair, and the flex-dispatcher words
+    perf.md quotes from a refusal are not advice."""
+    import raw_store
+
+    got = bro.collect([raw_store.path("recommended_overrides_1xh200") / "batch_s4b"], PLAN, None)
+    rows = {r["id"]: r for r in got["rows"]}
+    want = {
+        "model.recompute_granularity_full": ("recompute_method must be", ["model.recompute_method=uniform"]),
+        "model.recompute_method_uniform": ("recompute_num_layers must be", ["model.recompute_num_layers=1"]),
+        "model.recompute_num_layers_null": ("recompute_num_layers must be", ["model.recompute_granularity=selective"]),
+        "optimizer.use_precision_aware_optimizer_true": (
+            "--use-precision-aware-optimizer only supported with distributed optimizer",
+            ["optimizer.use_distributed_optimizer=true"],
+        ),
+    }
+    for rid, (message, added) in want.items():
+        row = rows[rid]
+        assert row["result"] == "failed" and message in row["first_error"]["message"], rid
+        assert row["plan_changed"] is True and all(a in row["planned_overrides"] for a in added), rid
+        assert not any(a in row["overrides"] for a in added), rid
+    assert bro.context_for("model.recompute_granularity", "null") == []  # only full needs the pair
+    assert "model.moe_token_dispatcher_type_flex" not in rows  # the raw run exists; the plan no longer rehearses it
+    flex = next(r for r in PLAN["overrides"] if r["id"] == "model.moe_token_dispatcher_type_flex")
+    assert flex["job"] is None and "refusal" in flex["not_run_why"]
+    memory_md = (ROOT / "references" / "memory.md").read_text()
+    assert "`model.recompute_granularity=full model.recompute_method=uniform model.recompute_num_layers=1`" in memory_md
+    assert (
+        "`optimizer.use_precision_aware_optimizer=True` (decoupled grads) with `optimizer.use_distributed_optimizer=True`"
+        in memory_md
+    )
