@@ -679,6 +679,20 @@ def modelled_terms(est: Estimate, strategy: str) -> list[str]:
         out.append(
             f"PEFT: frozen base weights hold no gradient or optimizer state; LoRA dim {est.lora.dim} adapters train"
         )
+    elif est.shape is not None and est.counts.frozen_total:
+        frozen = [
+            what
+            for what, on in (
+                ("language model", est.shape.freeze_language_model),
+                ("vision model", est.shape.freeze_vision_model),
+                ("vision projection", est.shape.freeze_vision_projection),
+            )
+            if on
+        ]
+        out.append(
+            f"frozen by model.freeze_*: {', '.join(frozen)} ({est.counts.frozen_total:,} parameters hold no "
+            "gradient or optimizer state; a frozen decoder's linears save no input)"
+        )
     out.append(
         {
             "adam": "Adam: fp32 main weights + two moments",
@@ -929,7 +943,7 @@ def report(
             "padded_vocab": est.counts.padded_vocab or None,
             "params_by_term": dict(est.counts.terms),
             "params_per_gpu_by_term": {k: round(v) for k, v in est.counts.gpu_terms.items()},
-            "trainable_params": est.counts.lora_total if est.peft else est.counts.total,
+            "trainable_params": est.counts.lora_total if est.peft else est.counts.total - est.counts.frozen_total,
             "layer_kinds": _kind_summary(est.counts.kinds),
             "pipeline_stage": est.counts.stage,
             "defaults_used": est.defaults_used or {},

@@ -100,7 +100,7 @@ def _opt_int(cfg: Mapping, key: str, where: str) -> int | None:
     return _need(cfg, key, where)
 
 
-def qwen3_vl_vision_params(vision, split: bool = False):
+def qwen3_vl_vision_params(vision, split: bool | str = False):
     """Parameters of Qwen3-VL's vision tower from its ``vision_config`` (None when a field is missing).
 
     Conv3d patch embedding ``in x temporal x patch^2 x h`` + bias, learned positions
@@ -111,7 +111,10 @@ def qwen3_vl_vision_params(vision, split: bool = False):
     published total of Qwen3-VL-8B (8,767,123,696 with its language model). ``split``: return
     ``(total, tensor-parallel part)``: the linear weights and column-parallel biases split over TP;
     norms, row-parallel biases, the patch and position embeddings stay whole (matches the built
-    Qwen3-VL-30B-A3B at TP 4, counted on the GPU).
+    Qwen3-VL-30B-A3B at TP 4, counted on the GPU). ``split="mergers"``: ``(total, tensor-parallel part)`` of the
+    mergers alone (the patch merger and the deepstack mergers: Bridge's "vision projection", which
+    ``freeze_vision_projection`` freezes, qwen_vl/modelling_qwen3_vl/model.py ``Qwen3VLModel.freeze``).
+    ``split="linears"``: the tower's linear layers as ``(module, in, out, count)``, for LoRA adapters.
     """
     if not isinstance(vision, Mapping):
         return None
@@ -133,14 +136,21 @@ def qwen3_vl_vision_params(vision, split: bool = False):
     merged = h * merge * merge
     merger_tp = (merged * merged + merged) + merged * out
     merger_linears = merger_tp + out
-    total = (
-        chans * temporal * patch * patch * h
-        + h
-        + positions * h
-        + depth * block
-        + (2 * h + merger_linears)
-        + deepstack * (2 * merged + merger_linears)
-    )
+    mergers = (2 * h + merger_linears) + deepstack * (2 * merged + merger_linears)
+    total = chans * temporal * patch * patch * h + h + positions * h + depth * block + mergers
+    if split == "mergers":
+        return mergers, (1 + deepstack) * merger_tp
+    if split == "linears":
+        # (module name, in, out, how many): what Bridge's LoRA matches by module name (peft/lora.py target_modules):
+        # each ViT block's linear_qkv, linear_proj, linear_fc1, linear_fc2 and each merger's linear_fc1, linear_fc2.
+        return (
+            ("linear_qkv", h, 3 * h, depth),
+            ("linear_proj", h, h, depth),
+            ("linear_fc1", h, ffn, depth),
+            ("linear_fc2", ffn, h, depth),
+            ("linear_fc1", merged, merged, 1 + deepstack),
+            ("linear_fc2", merged, out, 1 + deepstack),
+        )
     if split:
         return total, depth * block_tp + (1 + deepstack) * merger_tp
     return total

@@ -176,6 +176,18 @@ class Shape:
     # A vision tower's parameters (VLMs), counted whole on the first pipeline stage's ranks.
     vision_params: int = 0
     vision_params_tp: int = 0  # of vision_params, the part split over TP
+    # Of vision_params, the mergers (patch merger + deepstack mergers: the "vision projection"), and their TP part.
+    vision_merger_params: int = 0
+    vision_merger_params_tp: int = 0
+    # The vision tower's linear layers as (module, in, out, count), which LoRA's target_modules also match.
+    vision_linears: tuple = ()
+    # Bridge's VLM freeze flags (Qwen3VLModelProvider and the other VL providers): Qwen3VLModel.freeze sets
+    # requires_grad=False on the language model, the vision tower without its mergers, and the mergers
+    # (qwen_vl/modelling_qwen3_vl/model.py:464-497; a frozen vision model keeps its mergers trainable unless
+    # freeze_vision_projection is set too). Applied by the provider's provide (qwen3_vl_provider.py:167-172).
+    freeze_language_model: bool = False
+    freeze_vision_model: bool = False
+    freeze_vision_projection: bool = False
 
     @property
     def groups(self) -> int:
@@ -350,6 +362,8 @@ _SHAPE_ZERO_OK = (
     "layer_post_norms",
     "vision_params",
     "vision_params_tp",
+    "vision_merger_params",
+    "vision_merger_params_tp",
     "dsa_indexer_skip_topk_offset",
 )
 _SHAPE_BOOLS = (
@@ -364,7 +378,11 @@ _SHAPE_BOOLS = (
     "multi_latent_attention",
     "qk_layernorm_full_width",
     "attention_output_gate",
+    "freeze_language_model",
+    "freeze_vision_model",
+    "freeze_vision_projection",
 )
+FREEZE_KEYS = ("freeze_language_model", "freeze_vision_model", "freeze_vision_projection")
 _REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size")
 
 
@@ -454,6 +472,12 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
         target.endswith("OlMoEModelProvider") or spec_target.endswith("olmoe_layer_spec")
     ):
         model["qk_layernorm_full_width"] = True
+    if not re.search(r"Qwen3VL|Qwen35VL", target):
+        # The freeze flags are read for the providers that build Qwen3VLModel (its freeze is traced, Shape.freeze_*).
+        # Other VL providers carry flags of the same names with their own freeze; ignored there, they leave every
+        # parameter trainable, which can only over-predict.
+        for key in FREEZE_KEYS:
+            model.pop(key, None)
     vision = model.get("vision_config")
     if "vision_params" not in model and isinstance(vision, Mapping) and re.search(r"Qwen3VL|Qwen35VL", target):
         # Bridge's Qwen3-VL and Qwen3.5-VL providers carry the HF vision_config; both build the same
@@ -461,6 +485,11 @@ def shape_from_config(model: Mapping, name: str = "config") -> Shape:
         from .hf import qwen3_vl_vision_params
 
         model["vision_params"], model["vision_params_tp"] = qwen3_vl_vision_params(vision, split=True) or (0, 0)
+        if "vision_merger_params" not in model:
+            merger = qwen3_vl_vision_params(vision, split="mergers") or (0, 0)
+            model["vision_merger_params"], model["vision_merger_params_tp"] = merger
+        if "vision_linears" not in model:
+            model["vision_linears"] = qwen3_vl_vision_params(vision, split="linears") or ()
     pattern = model.get("hybrid_layer_pattern") or model.get("hybrid_override_pattern")
     if pattern is not None:
         if not isinstance(pattern, str):
@@ -912,6 +941,11 @@ class Counts:
     lora_total: int = 0  # LoRA adapter parameters, whole model (trainable)
     gpu_lora: float = 0.0  # LoRA adapter parameters on the most-loaded GPU
     gpu_lora_experts: float = 0.0  # of which on routed experts (sharded over the expert-data-parallel group)
+    # Base parameters on the most-loaded GPU that the model's freeze flags set requires_grad=False on
+    # (Shape.freeze_*): they keep no gradient, main weight or optimizer state (see strategies.strategy_memory).
+    gpu_frozen_dense: float = 0.0
+    gpu_frozen_experts: float = 0.0
+    frozen_total: int = 0  # the same, whole model
     stage: str = "first"  # the most-loaded pipeline stage: "first" (with the embedding) or "last"
     kinds: tuple = ()  # the decoder's layer kinds, in order
     gpu_largest_matrix: float = 0.0  # largest 2-D weight on the GPU (Muon's orthogonalisation works on one)
@@ -1001,6 +1035,19 @@ def count_parameters(
     lora_total = sum(x[7].get("lora", 0) for x in layers + mtp_layers)
     vision = shape.vision_params
     vision_gpu = vision - shape.vision_params_tp + shape.vision_params_tp / tp
+    merger_gpu = shape.vision_merger_params - shape.vision_merger_params_tp + shape.vision_merger_params_tp / tp
+    # LoRA on the vision tower: Bridge's LoRA matches target_modules by module name anywhere in the model
+    # (peft/lora.py LoRA.transform via ModuleMatcher), so the ViT blocks' and the mergers' linears get adapters too.
+    # Measured: Qwen3-VL 8B's LoRA recipe (dim 32) trains 90,831,872 parameters, 73,138,176 in the language model and
+    # 17,693,696 in the vision tower (rehearsal report params.local_trainable_numel). Split over TP like their layers.
+    vision_lora = 0
+    if lora is not None:
+        vision_lora = sum(
+            lora.dim * (fan_in + fan_out) * n
+            for module, fan_in, fan_out, n in shape.vision_linears
+            if module in lora.target_modules
+        )
+    lora_total += vision_lora
     total = embedding + output + final_norm + sum(layer_dense) + sum(layer_experts) + mtp_total + vision
 
     n = shape.num_layers
@@ -1039,11 +1086,21 @@ def count_parameters(
         for x in chosen:
             for t, v in x[8].items():
                 terms[t] = terms.get(t, 0.0) + v
+        dense = sum(x[2] for x in chosen) + non_unit
+        experts = sum(x[3] for x in chosen)
+        on_vision = vision_gpu if first else 0.0
+        mergers = merger_gpu if first else 0.0
+        # Qwen3VLModel.freeze: the language model (everything but the vision tower), the tower less its mergers,
+        # the mergers; each frozen set keeps only its weights.
+        frozen_dense = (dense - on_vision) * shape.freeze_language_model
+        frozen_dense += (on_vision - mergers) * shape.freeze_vision_model + mergers * shape.freeze_vision_projection
         return {
-            "dense": sum(x[2] for x in chosen) + non_unit,
-            "experts": sum(x[3] for x in chosen),
+            "dense": dense,
+            "experts": experts,
+            "frozen_dense": frozen_dense,
+            "frozen_experts": experts * shape.freeze_language_model,
             "matrix": sum(x[4] for x in chosen),
-            "lora": sum(x[5] for x in chosen),
+            "lora": sum(x[5] for x in chosen) + (vision_lora / tp if first else 0.0),
             "lora_experts": sum(x[6] for x in chosen),
             "non_unit": non_unit,
             "first_grads": out_grads,
@@ -1123,6 +1180,11 @@ def count_parameters(
         lora_total=lora_total,
         gpu_lora=chosen["lora"],
         gpu_lora_experts=chosen["lora_experts"],
+        gpu_frozen_dense=chosen["frozen_dense"],
+        gpu_frozen_experts=chosen["frozen_experts"],
+        frozen_total=(total - vision) * shape.freeze_language_model
+        + (vision - shape.vision_merger_params) * shape.freeze_vision_model
+        + shape.vision_merger_params * shape.freeze_vision_projection,
         stage=where,
         kinds=tuple(kinds),
         gpu_largest_matrix=largest,

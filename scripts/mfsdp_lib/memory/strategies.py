@@ -315,7 +315,13 @@ def strategy_memory(
     if peft:
         t_dense, t_exp = counts.gpu_lora - counts.gpu_lora_experts, counts.gpu_lora_experts
     else:
-        t_dense, t_exp = w_dense, w_exp
+        # Parameters a VLM's freeze flags set requires_grad=False on (Counts.gpu_frozen_*) hold only their
+        # weights, like PEFT's frozen base: Megatron FSDP builds the main weight and main grad buffers of a
+        # parameter group only when it requires grad (param_and_grad_buffer.py:2637-2642, the default
+        # only_create_grad_buffer_and_main_weight_buffer_for_param_requires_grad=True at :2012, which neither
+        # megatron-core nor Bridge overrides), and the optimizer gets only parameters that require grad.
+        t_dense = w_dense - counts.gpu_frozen_dense
+        t_exp = w_exp - counts.gpu_frozen_experts
     t_full = t_dense + t_exp
     t_shard = t_dense / n_dense + t_exp / n_expert
     t_frac = t_full / full if full else 1.0

@@ -805,6 +805,12 @@ def activation_settings(
     # (llama_bridge.py: hidden_dropout 0, bias_activation_fusion on); else mcore's defaults.
     # ``bare``: the config is only the user's KEY=VALUE overrides (no file, no recipe), which counts as none.
     llama = builtin and (cfg is None if bare is None else bare)
+    if lora_targets is None and shape is not None and shape.freeze_language_model:
+        # A VLM whose language model is frozen (Shape.freeze_language_model) has every decoder linear and the
+        # output layer frozen, as PEFT with no adapter in the decoder: Transformer Engine saves no linear input
+        # (ActivationSettings.peft above), while the gradient that reaches a trainable vision projection still
+        # runs back through the decoder, so the attention, norm and activation-function inputs stay counted.
+        lora_targets = ()
     return ActivationSettings(
         seq_length=seq or 0,
         micro_batch_size=mbs,
