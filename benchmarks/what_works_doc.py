@@ -82,6 +82,12 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
         note(f"{row['recipe']}: timed while another run of its batch could use the GPU (no shared lock)")
     for ov in row.get("rehearsal_overrides") or []:
         note(f"{row['recipe']}: timed with `{ov}` (fewer micro-batches per step than the recipe)")
+    if row.get("forward_only_steps"):
+        note(
+            f"{row['recipe']}: the timed steps ran no backward (every gradient norm 0.0: the rehearsal feeds text, "
+            "and what this recipe trains sees none of it), so the measured peak and the throughput are a forward "
+            "pass's; `memory`'s training peak is held only never to be below it (references/memory.md, section 11)"
+        )
     check = row.get("memory_check") or {}
     if check.get("within_tolerance") is False:
         note(
