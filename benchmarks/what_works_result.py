@@ -262,7 +262,7 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     # memory predicts training: compared only where the steps ran
     row["forward_only_steps"] = forward_only(report)
     row["memory_check"] = (
-        memory_check(memory_gib, row["forward_only_steps"]) if phases.get("first_steps") == "passed" else None
+        memory_check(memory_gib, bool(row["forward_only_steps"])) if phases.get("first_steps") == "passed" else None
     )
     perf = rank.get("perf") or {}
     # The perf summary's count (mfsdp_lib.perf.report.timed_numerics) when the run has one: it holds the engine's
