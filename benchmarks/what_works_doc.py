@@ -82,6 +82,12 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
         note(f"{row['recipe']}: timed while another run of its batch could use the GPU (no shared lock)")
     for ov in row.get("rehearsal_overrides") or []:
         note(f"{row['recipe']}: timed with `{ov}` (fewer micro-batches per step than the recipe)")
+    if "vlm" in (row.get("kinds") or []) and (row.get("measured") or {}).get("device"):
+        note(
+            f"{row['recipe']}: rehearsed on text-only mock batches through Bridge's GPT step: the vision tower is "
+            "built, wrapped and sharded but fed no image, so the measured peak and throughput leave out image "
+            "activations"
+        )
     if row.get("forward_only_steps"):
         note(
             f"{row['recipe']}: the timed steps ran no backward (every gradient norm 0.0: the rehearsal feeds text, "

@@ -576,7 +576,9 @@ def test_a_forward_only_row_is_held_only_never_to_be_under_predicted_at_its_peak
     assert not any(r["forward_only_steps"] for rid, r in rows.items() if rid != vl["id"])  # the others trained
     import what_works_doc as doc
 
-    assert "the timed steps ran no backward" in doc.render([vl], "f.json")
+    page = doc.render([vl], "f.json")
+    assert "the timed steps ran no backward" in page
+    assert "text-only mock batches" in page  # every vision-language row says its batches had no image
     mem = {"predicted_state": 4.86, "measured_state": 4.84, "predicted_peak": 19.8, "measured_peak": 7.7}
     assert wr.memory_check(mem, True)["within_tolerance"] is True
     assert wr.memory_check(mem, False)["within_tolerance"] is False  # as a training peak it would be a miss
