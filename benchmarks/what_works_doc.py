@@ -110,7 +110,14 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
         f"**{MARK.get(v, v)}** ({_gpus(row.get('world_size'))}{', PP set to 1' if pp > 1 else ''})",
         layout,
         f"{_num(mem.get('measured_state'), '.1f')} / {_num(mem.get('measured_peak'), '.1f')} GiB "
-        f"(pred. {_num(mem.get('predicted_state'), '.1f')} / {_num(mem.get('predicted_peak'), '.1f')})",
+        f"(pred. {_num(mem.get('predicted_state'), '.1f')} / {_num(mem.get('predicted_peak'), '.1f')}"
+        + (
+            f"; as run {_num(mem.get('predicted_state_as_run'), '.1f')} / "
+            f"{_num(mem.get('predicted_peak_as_run'), '.1f')}"
+            if mem.get("as_run")
+            else ""
+        )
+        + ")",
     ]
     tps = row.get("tokens_per_s_per_gpu")
     if isinstance(tps, (int, float)):

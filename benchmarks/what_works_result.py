@@ -15,7 +15,9 @@ RAW_BATCH is a folder ``benchmarks/bench_what_works.py --run`` wrote (copied int
 * ``first_error``: ``{message, where, rule, phase, category}`` from the rehearsal's explanation; ``rule`` is the
   ``check`` rule that explains it, or "no rule" (a gap in the rule table).
 * ``memory_gib``: measured between steps and peak allocated on the rehearsed rank, beside ``memory``'s prediction;
-  ``memory_check`` compares them with the stated tolerance (state 3 %, peak 5 %, never under by more than 1 %).
+  ``memory_check`` compares them with the stated tolerance (state 3 %, peak 5 %, never under by more than 1 %). A row
+  whose run changed its config in a labelled deviation (``AS_RUN_OVERRIDES``: the unfused Mamba path) also holds
+  ``memory``'s prediction for the job as it ran (``predicted_*_as_run``, ``as_run``), and is checked against that.
 * ``tokens_per_s_per_gpu``: compute only, from the timed steps; null when a timed step's loss was not finite
   (such a step runs faster than a real one and would overstate the figure) or no step was timed;
   ``predicted_tokens_per_s_per_gpu``: ``rehearse --perf``'s range from its link model.
@@ -45,6 +47,13 @@ PHASES = what_works.PHASES
 STATE_TOL = 0.03  # memory's stated tolerance between steps
 PEAK_TOL = 0.05  # ... and at the peak
 UNDER_TOL = 0.01  # never under the measurement by more than this
+# A rehearsal's labelled deviations that change the job's config, as the KEY=VALUE that runs it. A deviated row's
+# measurement is compared with ``memory``'s prediction for the job as it ran (``memory_gib.predicted_*_as_run``), the
+# plan's prediction for the config as written staying beside it: without causal-conv1d the GPU machine turns the
+# memory-efficient Mamba path off (scripts/mfsdp_gpu/mamba.py ``mamba_deviations``), and ``memory`` counts the
+# unfused path's extra activations when told (memory/terms.py ``mamba_unfused_extra_bytes``).
+AS_RUN_OVERRIDES = {"mamba-mem-eff-path-off": "model.use_mamba_mem_eff_path=false"}
+GPU_MEM_GIB = 140  # the size the plan asks ``memory`` about (bench_what_works.GPU_MEM_GIB)
 # The engine's phases, folded into the matrix's (scripts/mfsdp_gpu/phases.py and rehearse.py name them).
 PHASE_MAP = {
     "import": "validate",
@@ -181,15 +190,46 @@ def forward_only(report: dict | None) -> bool:
     return bool(norms) and all(isinstance(n, (int, float)) and n == 0.0 for n in norms)
 
 
+def as_run_overrides(deviations) -> list[str]:
+    """The KEY=VALUE overrides of a run's labelled deviations that change its config (``AS_RUN_OVERRIDES``)."""
+    return [
+        AS_RUN_OVERRIDES[d["id"]] for d in deviations or [] if isinstance(d, dict) and d.get("id") in AS_RUN_OVERRIDES
+    ]
+
+
+def memory_as_run(enabled: Path, world, overrides: list[str]) -> dict | None:
+    """``memory``'s state and peak (GiB) of the configured strategy for ``enabled`` with ``overrides`` at ``world``
+    GPUs, asked as the plan asks it (``bench_what_works.memory_route``); None when it gives none."""
+    import subprocess
+
+    if not enabled.is_file() or not isinstance(world, int):
+        return None
+    cmd = [sys.executable, str(ROOT / "scripts" / "mfsdp.py"), "memory", str(enabled), *overrides]
+    cmd += ["--gpus", str(world), "--gpu-mem-gib", str(GPU_MEM_GIB), "--format", "json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    try:
+        rep = json.loads(proc.stdout)
+    except ValueError:
+        return None
+    row = (
+        next((r for r in (rep.get("strategies") or []) if r.get("configured")), None) if isinstance(rep, dict) else None
+    )
+    if row is None:
+        return None
+    return {"predicted_state_as_run": row.get("after_step_gib"), "predicted_peak_as_run": row.get("total_gib")}
+
+
 def memory_check(mem: dict, forward_only_steps: bool = False) -> dict | None:
     """Relative errors of ``memory`` against the measurement, and whether they are within the tolerance.
 
-    ``memory`` predicts a training step; where the measured steps ran no backward (``forward_only``) the measured
-    peak is a forward pass's, so the prediction is only held never to be below it."""
+    A row run with a config-changing deviation is compared with the prediction for the job as it ran
+    (``*_as_run``). ``memory`` predicts a training step; where the measured steps ran no backward
+    (``forward_only``) the measured peak is a forward pass's, so the prediction is only held never to be below it."""
     out: dict[str, object] = {}
     ok = True
     for key, tol in (("state", STATE_TOL), ("peak", PEAK_TOL)):
-        p, m = mem.get(f"predicted_{key}"), mem.get(f"measured_{key}")
+        p = mem.get(f"predicted_{key}_as_run", mem.get(f"predicted_{key}"))
+        m = mem.get(f"measured_{key}")
         if not isinstance(p, (int, float)) or not isinstance(m, (int, float)) or m <= 0:
             out[f"{key}_error"] = None
             continue
@@ -258,6 +298,11 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     phases: dict = row["phases"] or {}
     if phases.get("wrap") != "passed" and not memory_gib["measured_peak"]:
         memory_gib["measured_peak"] = None  # nothing was built: no measurement, not a measured 0
+    overrides = as_run_overrides(rank.get("deviations"))
+    if overrides and phases.get("first_steps") == "passed":
+        ran = memory_as_run(batch_dir / "rows" / str(raw.get("id")) / "enabled.yaml", row.get("world_size"), overrides)
+        if ran:
+            memory_gib.update(ran, as_run=overrides)
     row["memory_gib"] = memory_gib
     # memory predicts training: compared only where the steps ran
     row["forward_only_steps"] = forward_only(report)
@@ -448,8 +493,8 @@ def table_row(row: dict) -> list:
         f"{_lay(row.get('layout_before'))} -> {_lay(row.get('layout_after'))}",
         f"{cb.get('exit')}/{ca.get('exit')}",
         what_works.verdict(row),
-        _fig(mem.get("measured_state"), mem.get("predicted_state")),
-        _fig(mem.get("measured_peak"), mem.get("predicted_peak")),
+        _fig(mem.get("measured_state"), mem.get("predicted_state_as_run", mem.get("predicted_state"))),
+        _fig(mem.get("measured_peak"), mem.get("predicted_peak_as_run", mem.get("predicted_peak"))),
         (f"{tps:,.0f}" if isinstance(tps, (int, float)) else "-")
         + (f" ({rng['low']:,.0f}-{rng['high']:,.0f})" if isinstance(rng.get("low"), (int, float)) else ""),
         f"{str(err.get('message') or '').splitlines()[0][:120]} ({err.get('rule')})" if err.get("message") else "",

@@ -146,6 +146,12 @@ def lines(cfg: Mapping, rows: list[dict] | None = None) -> list[str]:
             f"  memory per GPU: between steps {_gib(mem.get('measured_state'))} (memory predicted "
             f"{_gib(mem.get('predicted_state'))}), peak {_gib(mem.get('measured_peak'))} (predicted "
             f"{_gib(mem.get('predicted_peak'))})"
+            + (
+                f"; as run with {', '.join(mem['as_run'])}: predicted {_gib(mem.get('predicted_state_as_run'))} "
+                f"and {_gib(mem.get('predicted_peak_as_run'))}"
+                if mem.get("as_run")
+                else ""
+            )
         )
         tps = row.get("tokens_per_s_per_gpu")
         if isinstance(tps, (int, float)):

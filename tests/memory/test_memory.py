@@ -1045,11 +1045,118 @@ def test_lora_calibration_covers_dense_and_moe_models_with_its_first_step_part()
 
 
 def test_peft_rules_leave_mla_and_mamba_layers_whole():
-    """The PEFT rules follow GPT attention's and MLP's module names; an MLA or Mamba layer's input norm output is
-    counted whatever the targets (its linears have other names)."""
+    """The PEFT rules follow GPT attention's and MLP's module names; an MLA layer's, or a Mamba layer whose in_proj and
+    out_proj are not among the frozen linears, is counted whole whatever those targets are."""
     a = m.ActivationSettings(seq_length=64, micro_batch_size=1)
     frozen = replace(a, peft=True, frozen_linears=m.terms.DECODER_LINEARS)
     mamba = replace(LORA_LAYER, hybrid_layer_pattern="M*")
     mla = replace(LORA_LAYER, multi_latent_attention=True, q_lora_rank=128, kv_lora_rank=64)
     for shape, kind in ((mamba, "mamba"), (mla, "mla")):
         assert m.layer_activation_bytes(shape, kind, frozen) == m.layer_activation_bytes(shape, kind, a)
+
+
+HYBRID_LORA = replace(LORA_LAYER, num_layers=5, hybrid_layer_pattern="M-M*-", mamba_num_heads=16, mamba_head_dim=64)
+
+
+def test_frozen_mamba_projections_keep_no_input(mcore_src):
+    """A Mamba mixer's in_proj is a norm-fused TELayerNormColumnParallelLinear and its out_proj a TERowParallelLinear,
+    called on the scan's output on both paths: under LoRA without an adapter on them, the norm output and out_proj's
+    input are not kept (2 s b h + 2 s b d_inner), on the fused and the unfused path alike."""
+    specs = (mcore_src / "megatron/core/models/hybrid/hybrid_layer_specs.py").read_text()
+    assert "in_proj=TELayerNormColumnParallelLinear, out_proj=TERowParallelLinear" in specs
+    mixer = (mcore_src / "megatron/core/ssm/mamba_mixer.py").read_text()
+    assert "out, out_bias = self.out_proj(y)" in mixer
+    s, b, h, d_inner = 64, 1, 512, 16 * 64
+    a = m.ActivationSettings(seq_length=s, micro_batch_size=b)
+    lora = m.activation_settings(
+        {"model": {}}, HYBRID_LORA, seq_length=s, micro_batch_size=b, lora_targets=("linear_qkv",)
+    )
+    assert {"in_proj", "out_proj"} <= set(lora.frozen_linears)
+    for path in (True, False):
+        full = m.layer_activation_bytes(HYBRID_LORA, "mamba", replace(a, mamba_mem_eff_path=path))
+        frozen = m.layer_activation_bytes(HYBRID_LORA, "mamba", replace(lora, mamba_mem_eff_path=path))
+        assert full - frozen == 2 * s * b * h + 2 * s * b * d_inner
+    only_in = replace(lora, frozen_linears=("in_proj",))
+    assert (
+        m.layer_activation_bytes(HYBRID_LORA, "mamba", a) - m.layer_activation_bytes(HYBRID_LORA, "mamba", only_in)
+        == 2 * s * b * h
+    )
+    # A GPT model has no in_proj/out_proj to freeze.
+    assert (
+        "in_proj" not in m.activation_settings({"model": {}}, LORA_LAYER, lora_targets=("linear_qkv",)).frozen_linears
+    )
+
+
+def test_hybrid_layers_before_the_first_adapter_save_nothing(mcore_src, bridge_src):
+    """Bridge's PEFT freezes every base parameter, so the decoder's input needs no gradient. A GPT model's
+    TransformerBlock turns the gradient on at its input; a hybrid model's HybridBlock keeps the input's own flag, so
+    until the first adapted layer autograd records nothing: those layers save nothing for backward."""
+    base = (bridge_src / "megatron/bridge/peft/base.py").read_text()
+    assert "param.requires_grad = False" in base
+    block = (mcore_src / "megatron/core/transformer/transformer_block.py").read_text()
+    assert "hidden_states = make_viewless_tensor(inp=hidden_states, requires_grad=True, keep_graph=True)" in block
+    hybrid = (mcore_src / "megatron/core/models/hybrid/hybrid_block.py").read_text()
+    assert "requires_grad=hidden_states.requires_grad" in hybrid
+    assert "requires_grad=True" not in hybrid
+    s, b = 64, 1
+    kinds = HYBRID_LORA.layer_kinds()
+    assert kinds == ["mamba", "mlp", "mamba", "attention", "mlp"]
+
+    def settings(targets):
+        return m.activation_settings({"model": {}}, HYBRID_LORA, seq_length=s, micro_batch_size=b, lora_targets=targets)
+
+    attn = settings(("linear_qkv", "linear_proj"))
+    assert m.terms.peft_frozen_prefix(HYBRID_LORA, attn, kinds) == 3  # M, -, M before the first adapted '*'
+    assert m.terms.peft_frozen_prefix(HYBRID_LORA, settings(("in_proj",)), kinds) == 0
+    assert m.terms.peft_frozen_prefix(HYBRID_LORA, settings(("linear_fc1",)), kinds) == 1
+    assert m.terms.peft_frozen_prefix(HYBRID_LORA, m.ActivationSettings(seq_length=s, micro_batch_size=b), kinds) == 0
+    gpt = replace(LORA_LAYER, num_layers=2)
+    assert m.terms.peft_frozen_prefix(gpt, attn, gpt.layer_kinds()) == 0  # TransformerBlock: every layer saves
+    # The stack loses exactly those layers' bytes; full recompute keeps counting their checkpoints (the safe side).
+    saved = sum(m.layer_activation_bytes(HYBRID_LORA, k, attn) for k in kinds[:3])
+    attn = replace(attn, gradient_accumulation_fusion=True)  # the same loss terms with and without PEFT
+    assert m.activation_bytes(HYBRID_LORA, replace(attn, peft=False)) - m.activation_bytes(
+        HYBRID_LORA, attn
+    ) == pytest.approx(saved)
+    full = replace(attn, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    assert m.activation_bytes(HYBRID_LORA, full) == m.activation_bytes(HYBRID_LORA, replace(full, peft=False))
+
+
+def test_lora_on_a_hybrid_trunk_takes_the_first_step_part_and_a_clamped_moe_its_own_factor():
+    """LoRA on a hybrid trunk stays in the hybrid family (Mamba's activations) and adds LoRA's first-step part to the
+    hybrid fixed part; MoE experts with a clamped activation (GPT-OSS) are their own family, fitted apart."""
+    from mfsdp_lib.memory import calibration
+
+    hybrid = {
+        "hidden_size": 512,
+        "num_layers": 4,
+        "num_attention_heads": 8,
+        "vocab_size": 1000,
+        "seq_length": 256,
+        "hybrid_layer_pattern": "M-M*",
+        "mamba_num_heads": 16,
+        "mamba_head_dim": 64,
+    }
+    peft = {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 8, "target_modules": ["linear_qkv", "linear_proj"]}
+    plain = m.estimate({"model": hybrid}, dp=8, strategies=("optim_grads_params",))
+    lora = m.estimate({"model": hybrid, "peft": peft}, dp=8, strategies=("optim_grads_params",))
+    assert calibration.family(plain) == calibration.family(lora) == "hybrid"
+    assert calibration.peak_fixed_bytes(lora, "optim_grads_params") == pytest.approx(
+        calibration.state_margin_bytes(lora)
+        + calibration.HYBRID_SHARDED_FIXED_BYTES
+        + calibration.PEFT_FIRST_STEP_BYTES
+    )
+    assert calibration.peak_fixed_bytes(plain, "optim_grads_params") == pytest.approx(
+        calibration.state_margin_bytes(plain) + calibration.HYBRID_SHARDED_FIXED_BYTES
+    )
+    moe = dict(LLAMA_1B, num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=512, seq_length=256)
+    clamped = m.estimate(
+        {"model": dict(moe, activation_func_clamp_value=7.0)}, dp=8, strategies=("optim_grads_params",)
+    )
+    assert calibration.family(clamped) == "moe_clamped"
+    assert calibration.family(m.estimate({"model": moe}, dp=8, strategies=("optim_grads_params",))) == "moe"
+    assert calibration.ACTIVATION_FACTOR[("moe_clamped", "sharded")] > calibration.ACTIVATION_FACTOR[("moe", "sharded")]
+    # LoRA on a clamped MoE is LoRA (its experts are frozen).
+    assert calibration.family(
+        m.estimate({"model": dict(moe, activation_func_clamp_value=7.0), "peft": peft}, dp=8)
+    ) == ("peft")

@@ -234,6 +234,9 @@ class ActivationSettings:
     # model.use_mamba_mem_eff_path (default True): off, Mamba layers run megatron-core's unfused path
     # (ssm/mamba_mixer.py:502, _ssm_prefill), which saves more for backward (layer_activation_bytes).
     mamba_mem_eff_path: bool = True
+    # model.activation_func_clamp_value set (GPT-OSS: 7.0): the experts clamp their gated activation's input
+    # (moe/experts.py:836-844, :867-871). Not a term: it selects the calibration family (calibration.family).
+    moe_activation_clamp: bool = False
 
     def recomputes(self, module: str) -> bool:
         return self.recompute_granularity == "selective" and module in self.recompute_modules
@@ -329,8 +332,14 @@ def layer_activation_bytes(
     # models/common/te_layers.py:49-57): each keeps its input, the row-parallel linear's bf16 output.
     total += shape.layer_post_norms * 2 * sbh / seq_div if "+" in kind else 0
     for piece in pieces:
-        # The PEFT rules above follow GPT attention's module names (linear_qkv); MLA and Mamba layers keep the full count.
-        norm = norm_before("linear_qkv") if piece == "attention" else (2 * sbh + norm_out) / seq_div
+        # The PEFT rules above follow GPT attention's module names (linear_qkv) and a Mamba mixer's (in_proj, a
+        # TELayerNormColumnParallelLinear: hybrid_layer_specs.py:111); MLA layers keep the full count.
+        if piece == "attention":
+            norm = norm_before("linear_qkv")
+        elif piece == "mamba":
+            norm = norm_before("in_proj")
+        else:
+            norm = (2 * sbh + norm_out) / seq_div
         if piece in ("attention", "mla"):
             total += norm + (sbh if a.hidden_dropout > 0 else 0) / seq_div
             if piece == "attention":
@@ -387,7 +396,9 @@ def layer_activation_bytes(
             total += norm
             total += 2 * s * b * (2 * d_inner + bc + heads) / tp  # zxBCdt (contiguous copy)
             total += 2 * s * b * d_inner / tp  # scan output kept by the fused function
-            total += (2 + lin) * s * b * d_inner / tp  # gated norm input, out_proj input
+            # The gated norm's input; out_proj's input (a TERowParallelLinear, hybrid_layer_specs.py:113, called
+            # outside the fused kernel on both paths, mamba_mixer.py:513) unless PEFT froze out_proj unadapted.
+            total += (2 + (lin if a.saves_input("out_proj") else 0)) * s * b * d_inner / tp
             if not a.mamba_mem_eff_path:
                 total += mamba_unfused_extra_bytes(s, b, d_inner, bc) / tp
         else:  # pragma: no cover
@@ -519,7 +530,10 @@ def activation_bytes(
     checkpoint = 2 * sbh / (tp if sp else 1)  # a layer's bf16 input, kept by full recompute
 
     in_flight = _in_flight(a, pp)
-    stored = stage_kinds[a.offload_layers :] if a.offload_layers else stage_kinds
+    # Under PEFT a hybrid model's leading layers without an adapter save nothing (peft_frozen_prefix); with full
+    # recompute their checkpoints are still counted (the safe side).
+    skip = max(a.offload_layers, peft_frozen_prefix(shape, a, stage_kinds) if a.recompute_granularity != "full" else 0)
+    stored = stage_kinds[skip:] if skip else stage_kinds
     stored_layers = len(stored)
     if a.recompute_granularity == "full":
         n = max(1, a.recompute_num_layers or 1)
@@ -561,6 +575,28 @@ def activation_bytes(
     else:
         last = sum(last_sizes[k] for k in last_kinds)
     return max(stack + embedding, last + output) / cp
+
+
+def peft_frozen_prefix(shape: Shape, a: ActivationSettings, kinds: list) -> int:
+    """How many leading layers of ``kinds`` save nothing for backward: under PEFT, in a hybrid model, the layers
+    before the first one a LoRA adapter wraps.
+
+    Traced: Bridge's PEFT freezes every base parameter (peft/base.py ``freeze_model`` -> ``freeze_parameters``,
+    :188-190), the embedding's included, so the decoder's input does not require a gradient. megatron-core's
+    ``TransformerBlock`` turns that on for every GPT model (transformer/transformer_block.py:593
+    ``make_viewless_tensor(..., requires_grad=True)``), but the hybrid model's ``HybridBlock`` keeps the input's own
+    flag (models/hybrid/hybrid_block.py:398-400 ``requires_grad=hidden_states.requires_grad``). Until the first
+    adapter no operation has an input or a weight that requires a gradient, so autograd records no graph there and
+    nothing those layers compute is kept for backward. The first adapted layer is counted whole (the safe side).
+    """
+    if not (a.peft and shape.hybrid):
+        return 0
+    for n, kind in enumerate(kinds):
+        for piece in kind.split("+"):
+            linears = LAYER_LINEARS.get(piece)
+            if linears is None or any(a.saves_input(m) for m in linears):
+                return n  # an adapted layer, or one whose linears are not sized here (it may hold an adapter)
+    return len(kinds)
 
 
 LOSS_FORWARD_BYTES_PER_LOGIT = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 exp buffer
@@ -744,6 +780,18 @@ def mamba_unfused_extra_bytes(s: int, b: int, d_inner: int, bc: int) -> float:
 DECODER_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 # A gated delta net mixer's linears (ssm/gated_delta_net/common.py:204, :267): frozen under PEFT unless targeted.
 GDN_LINEARS = ("in_proj", "out_proj")
+# A Mamba mixer's linears (ssm/mamba_mixer.py:279 in_proj, :430 out_proj; TELayerNormColumnParallelLinear and
+# TERowParallelLinear in models/hybrid/hybrid_layer_specs.py:111-113): the same names, frozen under PEFT unless
+# targeted (Bridge's LoRA matches a module by its last name, peft/lora.py).
+MAMBA_LINEARS = ("in_proj", "out_proj")
+# The linears of each layer kind a LoRA target name can adapt (peft_frozen_prefix).
+LAYER_LINEARS = {
+    "attention": ("linear_qkv", "linear_proj"),
+    "mlp": ("linear_fc1", "linear_fc2"),
+    "moe": ("linear_fc1", "linear_fc2"),
+    "mamba": MAMBA_LINEARS,
+    "gdn": GDN_LINEARS,
+}
 MEGATRON_NO_SP_OVERHEAD = 1.05  # compute_activation_memory_without_sp: "5% overhead"
 MCORE_HIDDEN_DROPOUT = 0.1  # TransformerConfig.hidden_dropout default
 # megatron/core/transformer/enums.py AttnBackend values, for configs that store the number.
@@ -837,15 +885,19 @@ def activation_settings(
         fp8=_fp8_from_config(cfg)[0],
         recompute_modules=_recompute_modules(cfg),
         mamba_mem_eff_path=_bool(_get(cfg, "model.use_mamba_mem_eff_path"), True),
+        moe_activation_clamp=_get(cfg, "model.activation_func_clamp_value") is not None,
     )
 
 
 def _linears(shape: Shape | None) -> tuple:
-    """The linears a LoRA target list can leave frozen: GPT's decoder linears, a gated delta net mixer's when the model
-    has one, and the MTP depths' eh_proj when it has those."""
-    gdn = shape is not None and any("gdn" in k for k in shape.layer_kinds())
+    """The linears a LoRA target list can leave frozen: GPT's decoder linears, a gated delta net or Mamba mixer's
+    (in_proj, out_proj) when the model has one, and the MTP depths' eh_proj when it has those."""
+    kinds = shape.layer_kinds() if shape is not None else ()
+    gdn = any("gdn" in k for k in kinds)
+    mamba = any("mamba" in k for k in kinds)
     mtp = shape is not None and bool(shape.mtp_kinds())
-    return DECODER_LINEARS + (GDN_LINEARS if gdn else ()) + (MTP_LINEARS if mtp else ())
+    mixers = tuple(dict.fromkeys((GDN_LINEARS if gdn else ()) + (MAMBA_LINEARS if mamba else ())))
+    return DECODER_LINEARS + mixers + (MTP_LINEARS if mtp else ())
 
 
 def _recompute_modules(cfg) -> tuple:
