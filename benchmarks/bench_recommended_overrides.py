@@ -152,6 +152,7 @@ NOT_RECOMMENDED = {
         "flex",
     ): "perf.md quotes the refusal for a recipe that sets it (DeepEP/HybridEP)",
     ("model.moe_flex_dispatcher_backend", "hybridep"): "perf.md quotes the refusal for a recipe that sets it",
+    ("model.use_mamba_mem_eff_path", "false"): "memory.md: how a measured run ran (no causal-conv1d), not advice",
 }
 
 # Settings that mean something only beside another one: applied together.

@@ -88,6 +88,12 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
             "built, wrapped and sharded but fed no image, so the measured peak and throughput leave out image "
             "activations"
         )
+    if (row.get("memory_gib") or {}).get("as_run"):
+        note(
+            f"{row['recipe']}: ran with `{'`, `'.join(row['memory_gib']['as_run'])}` (a labelled deviation of the "
+            "rehearsal: a kernel package the recipe's setting needs was missing), so `memory` is compared with its "
+            'prediction for the job as it ran ("as run")'
+        )
     if row.get("forward_only_steps"):
         note(
             f"{row['recipe']}: the timed steps ran no backward (every gradient norm 0.0: the rehearsal feeds text, "

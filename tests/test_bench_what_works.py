@@ -620,3 +620,6 @@ def test_gpt_oss_and_nemotron_rows_are_within_the_tolerance():
         assert bool(mem.get("as_run")) == i.startswith("nemotron"), i
         if mem.get("as_run"):
             assert mem["predicted_peak_as_run"] > mem["predicted_peak"], i
+            import what_works_doc as doc
+
+            assert "ran with `model.use_mamba_mem_eff_path=false` (a labelled deviation" in doc.render([rows[i]], "f")
