@@ -552,6 +552,30 @@ def job_words(command: str | None) -> list[str] | None:
     return out
 
 
+def not_applied(run_dir: Path, overrides: list[str] | None) -> list[str]:
+    """The overrides the run's recorded config does not hold as given: a Hydra list (``[core_attn,attn_proj]``)
+    that reached the config as text. Read from the engine's ``run_config.yaml`` (the config it trained), field by
+    field; a run without one, or a key it does not record, says nothing."""
+    import yaml
+
+    from mfsdp_lib import config_io
+
+    try:
+        cfg = yaml.safe_load((run_dir / "run_config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return []
+    out = []
+    for word in overrides or []:
+        key, _, value = word.partition("=")
+        want = config_io.parse_value(value)
+        node = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(want, list) and isinstance(node, str):
+            out.append(f"{key}={value} reached the config as the text {node!r}, not a list")
+    return out
+
+
 def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     """Result rows (one per override and baseline run) from raw batches; later batches win."""
     import what_works_result as wr
@@ -572,6 +596,9 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
             phases = wr.fold_phases(rank.get("phases") or [], r.get("job") == "checkpoint")
             given = ran_overrides(raw.get("command"))
             ran_job, planned_job = job_words(raw.get("command")), job_words(r.get("command"))
+            # a run that trained a config other than the advice (a value the engine read differently from Bridge's
+            # override path, since fixed) is no verdict on the advice: not run, with the fault, to run again
+            fault = not_applied(p.parent, given)
             out[r["id"]] = {
                 "id": r["id"],
                 "key": r.get("key"),
@@ -587,8 +614,9 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 "planned_overrides": r["overrides"],
                 # an engine that never reached a phase (refused: no CUDA, no Bridge) ran nothing: no verdict
                 "result": ("passed" if rank.get("result") == "passed" else "failed")
-                if rank.get("phases") and not unfinished
+                if rank.get("phases") and not unfinished and not fault
                 else "not run",
+                "rehearsal_fault": "; ".join(fault) or None,
                 "phases": phases,
                 "first_error": wr.first_error(rank, wr._read(p.parent / "report.json")),
                 "device": rank.get("device"),
@@ -617,7 +645,13 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 f"{r['key']}={r['value']}" if r.get("key") else r["id"],
                 r["job"],
                 ", ".join(o for o in r["overrides"] if o != f"{r.get('key')}={r.get('value')}"),
-                r["result"] + (" (its job has changed since: run again)" if r.get("plan_changed") else ""),
+                r["result"]
+                + (" (its job has changed since: run again)" if r.get("plan_changed") else "")
+                + (
+                    f" (the rehearsal's fault, fixed: {r['rehearsal_fault']}; run again)"
+                    if r.get("rehearsal_fault")
+                    else ""
+                ),
                 f"{(r['first_error'] or {}).get('message', '')[:120]} ({(r['first_error'] or {}).get('rule')})"
                 if r.get("first_error") and r["result"] != "not run"
                 else "",
@@ -634,6 +668,16 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                     + ". They are run again."
                 ]
                 if any(r.get("plan_changed") for r in rows)
+                else []
+            ),
+            *(
+                [
+                    "Runs that trained a config other than the advice, a fault of the rehearsal fixed since "
+                    "(rehearsal_fault): "
+                    + ", ".join(r["id"] for r in rows if r.get("rehearsal_fault"))
+                    + ". They are run again."
+                ]
+                if any(r.get("rehearsal_fault") for r in rows)
                 else []
             ),
             f"{sum(1 for r in plan['overrides'] if not r['job'])} recommended values are not run (listed in "

@@ -249,3 +249,24 @@ def test_the_validate_failures_of_the_h100_run_are_fixed_in_the_jobs_and_the_tex
         "`optimizer.use_precision_aware_optimizer=True` (decoupled grads) with `optimizer.use_distributed_optimizer=True`"
         in memory_md
     )
+
+
+def test_a_list_the_engine_read_as_text_is_a_fault_of_the_rehearsal_not_a_verdict(tmp_path):
+    """The recorded offload run: `model.offload_modules=[core_attn,attn_proj]` reached the trained config as the text
+    "[core_attn,attn_proj]" (the engine read Hydra's unquoted list as a string; it now reads a list). The run is not
+    a verdict on the advice: not run, with the fault, to run again."""
+    import raw_store
+
+    got = bro.collect([raw_store.path("recommended_overrides_1xh200") / "batch_s4b"], PLAN, None)
+    row = next(r for r in got["rows"] if r["id"] == "model.offload_modules_core_attn_attn_proj_")
+    assert row["result"] == "not run" and "not a list" in row["rehearsal_fault"]
+    assert any("rehearsal_fault" in n and row["id"] in n for n in got["notes"])
+    (table,) = [t for t in got["table_rows"] if t[0] == "model.offload_modules=[core_attn,attn_proj]"]
+    assert "the rehearsal's fault, fixed" in table[3]
+    (tmp_path / "run_config.yaml").write_text("model:\n  offload_modules: [core_attn]\n  n: 3\n")
+    assert bro.not_applied(tmp_path, ["model.offload_modules=[core_attn]", "model.n=3", "model.absent=[x]"]) == []
+    (tmp_path / "run_config.yaml").write_text("model:\n  offload_modules: '[core_attn]'\n")
+    assert bro.not_applied(tmp_path, ["model.offload_modules=[core_attn]"]) == [
+        "model.offload_modules=[core_attn] reached the config as the text '[core_attn]', not a list"
+    ]
+    assert bro.not_applied(tmp_path / "none", ["a.b=[1]"]) == []

@@ -55,6 +55,12 @@ def parse_value(text: str):
             return json.loads(t)
         except ValueError:
             pass
+    # Hydra's list of unquoted words ([core_attn,attn_proj]) is not JSON: it is still a list, its items read as
+    # values (scripts/mfsdp_lib/config_io.parse_value reads it the same way on the CPU side). Read as the string
+    # "[core_attn,attn_proj]", a list field would hold text and a membership test would match substrings.
+    if t[:1] == "[" and t[-1:] == "]":
+        inner = t[1:-1].strip()
+        return [parse_value(x) for x in inner.split(",")] if inner else []
     return t
 
 

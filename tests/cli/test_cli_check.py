@@ -235,12 +235,33 @@ def _trained(run_config) -> bool:
     return any(here.glob("rank*.json"))
 
 
+def _not_as_given(run_config) -> list[str]:
+    """An override run whose recorded config does not hold an override as given (a Hydra list the engine once read
+    as text, since fixed): the config it trained is not one a user writes, so it is no evidence either way."""
+    import bench_recommended_overrides as bro
+
+    row = run_config.parent / "row.json"
+    if not row.is_file():
+        return []
+    return bro.not_applied(run_config.parent, bro.ran_overrides(json.loads(row.read_text()).get("command")))
+
+
 def _trained_run_configs(root):
     """run_config.yaml files that real Bridge jobs trained with (the recorded GPU runs)."""
     return sorted(
-        [p for p in raw_store.folder().glob("**/run_config.yaml") if _trained(p)]
+        [p for p in raw_store.folder().glob("**/run_config.yaml") if _trained(p) and not _not_as_given(p)]
         + list((root / "tests" / "fixtures" / "gpu-run").glob("**/run_config.yaml"))
     )
+
+
+def test_runs_left_out_as_not_given_are_the_ones_the_overrides_result_flags(root):
+    flagged = [
+        p for p in raw_store.folder().glob("recommended_overrides_1xh200/*/*/run_config.yaml") if _not_as_given(p)
+    ]
+    result = json.loads((root / "benchmarks" / "results" / "recommended_overrides_1xh200.json").read_text())
+    faults = {r["raw"] for r in result["rows"] if r.get("rehearsal_fault")}
+    assert {raw_store.logical(p.parent) for p in flagged} == faults
+    assert faults, "the recorded runs include the two list values the engine once read as text"
 
 
 def test_every_config_that_really_trained_passes(root):

@@ -114,6 +114,10 @@ def test_fake_pg_defaults_to_worlds_larger_than_one():
         ("-3", -3),
         ("1e-4", 1e-4),
         ("[1, 2]", [1, 2]),
+        # Hydra's unquoted words: a list, read as config_io reads it on the CPU side (not the string "[...]")
+        ("[core_attn,attn_proj]", ["core_attn", "attn_proj"]),
+        ("[]", []),
+        ("[1,none]", [1, "none"]),
         ("optim_grads_params", "optim_grads_params"),
         ("nan", "nan"),  # not a finite number: kept as text, Bridge decides
         ("/data/ckpt", "/data/ckpt"),
@@ -163,3 +167,10 @@ def test_engine_reads_scalar_overrides_as_the_cpu_tools_do(text):
 
     assert args.parse_value(text) == config_io.parse_value(text)
     assert type(args.parse_value(text)) is type(config_io.parse_value(text))
+
+
+def test_list_values_read_as_the_cpu_side_reads_them():
+    from mfsdp_lib import config_io
+
+    for text in ("[core_attn,attn_proj]", "[1, 2]", "[]", "[a]", '["x", "y"]'):
+        assert args.parse_value(text) == config_io.parse_value(text), text
