@@ -129,6 +129,9 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
     if get_dotted(cfg, "scheduler.lr_decay_iters") is not None and cfg.scheduler.lr_decay_iters < a.iters:
         s.apply("scheduler.lr_decay_iters", a.iters, "rehearsal", "decay shorter than K steps")
     choice = workload.choose(get_dotted(cfg, "model"))
+    text_only = workload.text_only_vision_deviation(get_dotted(cfg, "model"))
+    if text_only:
+        facts.setdefault("deviations", []).append(text_only)
     if choice.kind == "wan":
         facts["workload"] = choice._asdict()
         fields = workload.wan_mock_fields(

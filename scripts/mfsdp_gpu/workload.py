@@ -27,7 +27,8 @@ For Wan (Megatron-Bridge 0.6.2, ``megatron/bridge/diffusion``):
   micro-batch size. ``model.seq_length`` plays no part (``wan_provider.py``: "unused for
   images/videos").
 
-Every other provider (GPT, hybrid, vision-language) keeps the GPT step and the GPT mock data, as before.
+Every other provider (GPT, hybrid, vision-language) keeps the GPT step and the GPT mock data, as before; a
+vision-language one is listed as a deviation (``text_only_vision_deviation``): its vision tower gets no image.
 
 torch and megatron are imported inside the functions.
 """
@@ -102,6 +103,30 @@ def choose(model) -> Choice:
             "WanForwardStep's flow-matching pipeline (megatron/bridge/diffusion/models/wan/wan_step.py)",
         )
     return Choice("gpt", GPT_STEP, "Bridge's GPT step on mock GPT data")
+
+
+# The field a model provider with a vision tower carries its config in (Bridge 0.6.2's Qwen-VL, Qwen3.5-VL, Gemma-VL,
+# GLM-V, Kimi-VL, Ernie-VL and Nemotron-Omni providers); read by name, on the provider, never by a class-name match.
+VISION_FIELD = "vision_config"
+
+
+def text_only_vision_deviation(model) -> dict | None:
+    """The deviation a rehearsal lists when it drives a vision-language model with the GPT step's text batches.
+
+    The GPT step feeds ``input_ids``/``labels`` only: the vision tower is built, wrapped and sharded (its weights,
+    gradients and optimizer state are in the measurement) but no image passes it. A recipe that trains only a
+    part the text never reaches (Qwen3-VL's pretrain recipes freeze both models and train the mergers) then has a
+    loss that needs no gradient, and the timed steps run no backward at all."""
+    if model is None or choose(model).kind != "gpt" or getattr(model, VISION_FIELD, None) is None:
+        return None
+    return {
+        "id": "vlm-text-only",
+        "what": "the recipe's image-text batches -> Bridge's GPT step on mock text (no image)",
+        "why": "the rehearsal drives Bridge's GPT step; a vision-language step and its image data are not wired in",
+        "memory_effect": "too low by the vision tower's activations; where only a part the text never reaches "
+        "trains, too low by the whole backward (every gradient norm 0.0)",
+        "time_effect": "the vision tower's forward and backward are not timed",
+    }
 
 
 def forward_step(choice: Choice):

@@ -59,6 +59,23 @@ def test_every_other_provider_keeps_the_gpt_step():
         assert (got.kind, got.step) == ("gpt", workload.GPT_STEP), model
 
 
+def test_a_vision_language_provider_is_listed_as_rehearsed_on_text_only():
+    """A provider with a vision config (Bridge's Qwen3-VL provider carries ``vision_config``) driven by the GPT step
+    gets the ``vlm-text-only`` deviation; a text model, a provider whose vision config is unset, Wan (its own
+    step) and no model get none."""
+    vl = _provider("megatron.bridge.models.qwen_vl.qwen3_vl_provider", "Qwen3VLModelProvider", GPT)()
+    vl.vision_config = SimpleNamespace(depth=27)
+    dev = workload.text_only_vision_deviation(vl)
+    assert dev and dev["id"] == "vlm-text-only" and "no image" in dev["what"]
+    assert {"why", "memory_effect", "time_effect"} <= set(dev)
+    unset = _provider("megatron.bridge.models.qwen_vl.qwen3_vl_provider", "Qwen3VLModelProvider", GPT)()
+    unset.vision_config = None
+    wan = Wan()
+    wan.vision_config = SimpleNamespace()
+    for model in (GPT(), unset, wan, None):
+        assert workload.text_only_vision_deviation(model) is None, model
+
+
 def _stub(monkeypatch, dotted: str, **attrs) -> types.ModuleType:
     """Put a stub module (and its parents) into ``sys.modules``."""
     parts = dotted.split(".")
@@ -293,6 +310,19 @@ def _fields(cls: ast.ClassDef) -> dict:
 
 def _path(root: Path, dotted_module: str) -> Path:
     return root / (dotted_module.replace(".", "/") + ".py")
+
+
+def test_the_vision_field_is_the_one_bridges_vision_language_providers_declare(bridge_src):
+    for module, name in (
+        ("megatron.bridge.models.qwen_vl.qwen3_vl_provider", "Qwen3VLModelProvider"),
+        ("megatron.bridge.models.qwen_vl.qwen35_vl_provider", "Qwen35VLModelProvider"),
+        ("megatron.bridge.models.gemma_vl.gemma3_vl_provider", "Gemma3VLModelProvider"),
+    ):
+        assert workload.VISION_FIELD in _fields_named(_class(_path(bridge_src, module), name)), name
+
+
+def _fields_named(cls: ast.ClassDef) -> set[str]:
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
 
 def test_the_names_relied_on_are_bridges(bridge_src):
