@@ -97,8 +97,9 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
     if row.get("forward_only_steps"):
         note(
             f"{row['recipe']}: the timed steps ran no backward (every gradient norm 0.0: the rehearsal feeds text, "
-            "and what this recipe trains sees none of it), so the measured peak and the throughput are a forward "
-            "pass's; `memory`'s training peak is held only never to be below it (references/memory.md, section 11)"
+            "and what this recipe trains sees none of it), so the measured peak is a forward pass's and no "
+            "training throughput is given; `memory`'s training peak is held only never to be below it "
+            "(references/memory.md, section 11)"
         )
     check = row.get("memory_check") or {}
     if check.get("within_tolerance") is False:

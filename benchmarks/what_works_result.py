@@ -324,8 +324,11 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     tps = perf.get("tokens_per_s_per_gpu") if perf.get("available") else None
     row["nonfinite_timed_steps"] = bad
     row["loss_inf_tp_steps"] = list(perf.get("loss_inf_tp_steps") or [])
-    row["tokens_per_s_per_gpu"] = None if bad else (round(tps, 1) if isinstance(tps, (int, float)) else None)
-    rng = ((perf.get("prediction") or {}).get("tokens_per_s_per_gpu") or {}) if not bad else {}
+    # a step that ran no backward (forward_only) is not a training step: its rate would overstate training's, as a
+    # non-finite step's would; the raw report keeps it
+    no_rate = bool(bad) or bool(row.get("forward_only_steps"))
+    row["tokens_per_s_per_gpu"] = None if no_rate else (round(tps, 1) if isinstance(tps, (int, float)) else None)
+    rng = ((perf.get("prediction") or {}).get("tokens_per_s_per_gpu") or {}) if not no_rate else {}
     row["predicted_tokens_per_s_per_gpu"] = {
         "low": round(rng["low"], 1) if isinstance(rng.get("low"), (int, float)) else None,
         "high": round(rng["high"], 1) if isinstance(rng.get("high"), (int, float)) else None,

@@ -573,6 +573,8 @@ def test_a_forward_only_row_is_held_only_never_to_be_under_predicted_at_its_peak
     vl = rows["qwen3_vl_8b_pretrain_4gpu_h100_bf16_mock"]
     assert vl["forward_only_steps"] is True
     assert vl["memory_check"]["peak_forward_only"] is True
+    assert vl["tokens_per_s_per_gpu"] is None  # a forward pass's rate is not a training throughput
+    assert vl["predicted_tokens_per_s_per_gpu"] == {"low": None, "high": None}
     assert not any(r["forward_only_steps"] for rid, r in rows.items() if rid != vl["id"])  # the others trained
     import what_works_doc as doc
 
