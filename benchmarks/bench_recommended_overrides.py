@@ -576,6 +576,20 @@ def not_applied(run_dir: Path, overrides: list[str] | None) -> list[str]:
     return out
 
 
+# The result fields that send a run back to be run again, each with the note that lists its runs.
+RERUN_NOTES = (
+    (
+        "plan_changed",
+        "Runs whose job the plan has changed since (plan_changed: a fix they led to, in the text, the rules and the "
+        "job; planned_overrides is the job now)",
+    ),
+    (
+        "rehearsal_fault",
+        "Runs that trained a config other than the advice, a fault of the rehearsal fixed since (rehearsal_fault)",
+    ),
+)
+
+
 def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     """Result rows (one per override and baseline run) from raw batches; later batches win."""
     import what_works_result as wr
@@ -661,24 +675,9 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
         "notes": [
             f"{len(ran)} of {len(rows)} runs reached a phase; {sum(r['result'] == 'failed' for r in ran)} failed.",
             *(
-                [
-                    "Runs whose job the plan has changed since (plan_changed: a fix they led to, in the text, the "
-                    "rules and the job; planned_overrides is the job now): "
-                    + ", ".join(r["id"] for r in rows if r.get("plan_changed"))
-                    + ". They are run again."
-                ]
-                if any(r.get("plan_changed") for r in rows)
-                else []
-            ),
-            *(
-                [
-                    "Runs that trained a config other than the advice, a fault of the rehearsal fixed since "
-                    "(rehearsal_fault): "
-                    + ", ".join(r["id"] for r in rows if r.get("rehearsal_fault"))
-                    + ". They are run again."
-                ]
-                if any(r.get("rehearsal_fault") for r in rows)
-                else []
+                f"{why}: {', '.join(ids)}. They are run again."
+                for field, why in RERUN_NOTES
+                if (ids := [r["id"] for r in rows if r.get(field)])
             ),
             f"{sum(1 for r in plan['overrides'] if not r['job'])} recommended values are not run (listed in "
             "not_run with why: a user's path, a value the text shows failing, MXFP8 on Hopper).",

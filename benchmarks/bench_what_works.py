@@ -400,10 +400,20 @@ def enable_route(src: Path, world: int, out_yaml: Path, cwd: Path) -> dict:
     }
 
 
-def memory_route(path: Path, world: int, cwd: Path) -> dict:
-    """``memory`` of the enabled config at the job's world: the configured strategy's state and peak (GiB)."""
+def memory_route(path: Path, world: int, cwd: Path, overrides: list[str] | None = None) -> dict:
+    """``memory`` of the enabled config at the job's world: the configured strategy's state and peak (GiB);
+    ``overrides`` (KEY=VALUE) ask it about the job as a run changed it."""
     rc, out, err = cli(
-        "memory", str(path), "--gpus", str(world), "--gpu-mem-gib", str(GPU_MEM_GIB), "--format", "json", cwd=cwd
+        "memory",
+        str(path),
+        *(overrides or []),
+        "--gpus",
+        str(world),
+        "--gpu-mem-gib",
+        str(GPU_MEM_GIB),
+        "--format",
+        "json",
+        cwd=cwd,
     )
     rep = _json(out)
     if not isinstance(rep, dict) or rep.get("ok") is False:  # unusable input: its JSON error object, or none

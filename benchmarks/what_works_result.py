@@ -53,7 +53,6 @@ UNDER_TOL = 0.01  # never under the measurement by more than this
 # memory-efficient Mamba path off (scripts/mfsdp_gpu/mamba.py ``mamba_deviations``), and ``memory`` counts the
 # unfused path's extra activations when told (memory/terms.py ``mamba_unfused_extra_bytes``).
 AS_RUN_OVERRIDES = {"mamba-mem-eff-path-off": "model.use_mamba_mem_eff_path=false"}
-GPU_MEM_GIB = 140  # the size the plan asks ``memory`` about (bench_what_works.GPU_MEM_GIB)
 # The engine's phases, folded into the matrix's (scripts/mfsdp_gpu/phases.py and rehearse.py name them).
 PHASE_MAP = {
     "import": "validate",
@@ -200,23 +199,14 @@ def as_run_overrides(deviations) -> list[str]:
 def memory_as_run(enabled: Path, world, overrides: list[str]) -> dict | None:
     """``memory``'s state and peak (GiB) of the configured strategy for ``enabled`` with ``overrides`` at ``world``
     GPUs, asked as the plan asks it (``bench_what_works.memory_route``); None when it gives none."""
-    import subprocess
+    from bench_what_works import memory_route
 
     if not enabled.is_file() or not isinstance(world, int):
         return None
-    cmd = [sys.executable, str(ROOT / "scripts" / "mfsdp.py"), "memory", str(enabled), *overrides]
-    cmd += ["--gpus", str(world), "--gpu-mem-gib", str(GPU_MEM_GIB), "--format", "json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    try:
-        rep = json.loads(proc.stdout)
-    except ValueError:
+    got = memory_route(enabled, world, ROOT, overrides)
+    if got.get("error"):
         return None
-    row = (
-        next((r for r in (rep.get("strategies") or []) if r.get("configured")), None) if isinstance(rep, dict) else None
-    )
-    if row is None:
-        return None
-    return {"predicted_state_as_run": row.get("after_step_gib"), "predicted_peak_as_run": row.get("total_gib")}
+    return {"predicted_state_as_run": got.get("predicted_state"), "predicted_peak_as_run": got.get("predicted_peak")}
 
 
 def memory_check(mem: dict, forward_only_steps: bool = False) -> dict | None:
@@ -351,7 +341,7 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
         "batch": raw.get("batch"),
         "started_utc": (batch or {}).get("started_utc"),
         "wall_s": (main or {}).get("wall_s"),
-        "timing_exclusive": (batch or {}).get("timing_exclusive_runs", (batch or {}).get("timing_exclusive")),
+        "timing_exclusive": (batch or {}).get("timing_exclusive"),
         "engines_at_once": (batch or {}).get("max_concurrent"),
         "raw": repo_path(batch_dir / "rows" / str(row["id"])),
     }
@@ -420,8 +410,8 @@ def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     faults = {f["id"]: f for f in (existing or {}).get("rehearsal_faults", []) if isinstance(f, dict) and "id" in f}
     for d in batch_dirs:
         batch = _read(d / "batch.json")
-        if isinstance(batch, dict):
-            batch["timing_exclusive_runs"] = batch_timing_exclusive(d)
+        if isinstance(batch, dict):  # read again from the runs (batch_timing_exclusive: why)
+            batch["timing_exclusive"] = batch_timing_exclusive(d)
         for raw_path in sorted((d / "rows").glob("*/row.json")):
             raw = _read(raw_path)
             if not isinstance(raw, dict) or raw.get("id") not in by_id:
