@@ -133,7 +133,20 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
     return "<br>".join(text) + (" " + " ".join(refs) if refs else "")
 
 
-def render(rows: list[dict], source: str) -> str:
+def fixed_faults(path: str) -> list[dict]:
+    """The results file's ``rehearsal_faults`` that were measured again after their fix (``measured_again``)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return []
+    faults = data.get("rehearsal_faults") if isinstance(data, dict) else None
+    return [f for f in faults or [] if isinstance(f, dict) and f.get("measured_again")]
+
+
+def render(rows: list[dict], source: str, faults: list[dict] | None = None) -> str:
     families: list[str] = []
     for r in rows:
         fam = str(r.get("family"))
@@ -186,6 +199,15 @@ def render(rows: list[dict], source: str) -> str:
     lines += ["", f"Measured on: {', '.join(devices) or 'one GPU'}. Source: `{source}`.", ""]
     if notes:
         lines += ["## Notes", ""] + [f"{i}. {n}" for i, n in enumerate(notes, 1)] + [""]
+    if faults:
+        lines += [
+            "## Faults of the rehearsal, fixed and measured again",
+            "",
+            "These runs first failed on a fault of the rehearsal or of the GPU machine's set-up, not of the recipe "
+            "under Megatron FSDP. Each was fixed, and the row above is the run made after the fix.",
+            "",
+        ]
+        lines += [f"- `{f['id']}`: {f.get('fault')}. Fixed: {f.get('fixed')}." for f in faults] + [""]
     return "\n".join(lines)
 
 
@@ -205,7 +227,7 @@ def main(argv=None) -> int:
         source = str(Path(a.results).resolve().relative_to(ROOT))
     except ValueError:
         source = Path(a.results).name
-    text = render(rows, source)
+    text = render(rows, source, fixed_faults(a.results))
     if a.print:
         sys.stdout.write(text)
         return 0

@@ -350,7 +350,8 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
 
 # Runs that failed on a fault of the rehearsal or of the GPU machine's set-up, not of the recipe under Megatron
 # FSDP, each fixed since: matched on the first error's message (its start), kept as raw evidence and listed in
-# the result's ``rehearsal_faults`` with the fix, never as the recipe's verdict; the row is measured again.
+# the result's ``rehearsal_faults`` with the fix, never as the recipe's verdict; the row is measured again, and the
+# fault stays on record with ``measured_again`` (the raw run that now gives the row).
 REHEARSAL_FAULTS = (
     {
         "message": "dsa_kernel_backend must be one of: none, tilelang, cudnn.",
@@ -431,16 +432,24 @@ def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 }
                 rows.pop(row["id"], None)
                 continue
-            faults.pop(row["id"], None)
+            if row["id"] in faults:  # measured again since the fix: the fault stays on record, answered
+                faults[row["id"]]["measured_again"] = (row.get("measured") or {}).get("raw")
             rows[row["id"]] = row
     order = [r["id"] for r in plan["rows"]]
     ordered = sorted(rows.values(), key=lambda r: order.index(r["id"]) if r["id"] in order else len(order))
     out = report_shape(ordered, batch_dirs)
     out["rehearsal_faults"] = sorted(faults.values(), key=lambda f: order.index(f["id"]) if f["id"] in order else 0)
-    if faults:
+    pending = [f for f in faults.values() if not f.get("measured_again")]
+    if pending:
         out["notes"].append(
-            f"Not in the matrix yet: {len(faults)} run(s) that failed on a fault of the rehearsal or of the GPU "
+            f"Not in the matrix yet: {len(pending)} run(s) that failed on a fault of the rehearsal or of the GPU "
             "machine's set-up, fixed since (rehearsal_faults: the error, the fault and the fix); they are measured again."
+        )
+    if len(pending) < len(faults):
+        out["notes"].append(
+            f"{len(faults) - len(pending)} row(s) failed first on a fault of the rehearsal or of the machine's set-up "
+            "and were measured again after the fix (rehearsal_faults: the fault, the fix, and measured_again: the "
+            "raw run that gives the row)."
         )
     return out
 

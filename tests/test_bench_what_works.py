@@ -524,7 +524,10 @@ def test_measured_batches_fill_the_matrix_and_keep_fixed_faults_apart():
     res = wr.collect(batches, PLAN, None)
     faults = {f["id"]: f for f in res["rehearsal_faults"]}
     rows = {r["id"]: r for r in res["rows"]}
-    assert not set(faults) & set(rows)
+    for fid, f in faults.items():  # a fault is never a row's verdict: pending, or answered by a later run
+        assert (fid in rows) == bool(f.get("measured_again")), fid
+        if fid in rows:
+            assert rows[fid]["measured"]["raw"] == f["measured_again"] and f["measured_again"] != f["raw"]
     assert faults["glm52_pretrain_416gpu_h100_bf16"]["first_error"]["message"].startswith("dsa_kernel_backend must")
     assert "Hydra" in faults["glm52_pretrain_416gpu_h100_bf16"]["fixed"]
     assert faults["gpt3_175b_pretrain_32gpu_h100_bf16"]["fixed"].endswith("tp-comm-overlap-off")
@@ -625,3 +628,31 @@ def test_gpt_oss_and_nemotron_rows_are_within_the_tolerance():
             import what_works_doc as doc
 
             assert "ran with `model.use_mamba_mem_eff_path=false` (a labelled deviation" in doc.render([rows[i]], "f")
+
+
+def test_a_fixed_fault_measured_again_stays_on_record_and_the_page_names_it(tmp_path):
+    """A run that failed on a fault of the rehearsal, then ran again after the fix: the new run gives the row, the
+    fault stays in rehearsal_faults with measured_again (the raw run that answers it), the note no longer counts it
+    as pending, and the generated page lists it under its own heading."""
+    import what_works_doc as doc
+
+    rid = PLAN["rows"][0]["id"]
+    earlier = {
+        "rehearsal_faults": [
+            {"id": rid, "raw": "old/batch", "first_error": {"message": "x"}, "phases": {}, "fault": "F", "fixed": "X"}
+        ]
+    }
+    pending = wr.collect([], PLAN, earlier)
+    assert any("Not in the matrix yet: 1" in n for n in pending["notes"]) and not pending["rows"]
+    batch, _raw = _raw_batch(tmp_path, rid, json.loads(PP2_REPORT.read_text()))
+    res = wr.collect([batch], PLAN, earlier)
+    (fault,) = res["rehearsal_faults"]
+    assert fault["measured_again"] == res["rows"][0]["measured"]["raw"] and fault["raw"] == "old/batch"
+    assert not any("Not in the matrix yet" in n for n in res["notes"])
+    assert any("measured again after the fix" in n for n in res["notes"])
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps(res))
+    assert doc.fixed_faults(str(out)) == [fault]
+    page = doc.render(res["rows"], "r.json", doc.fixed_faults(str(out)))
+    assert "## Faults of the rehearsal, fixed and measured again" in page and f"`{rid}`: F. Fixed: X." in page
+    assert "## Faults of the rehearsal" not in doc.render(res["rows"], "r.json", [])
