@@ -3,8 +3,14 @@
 Under the fake backend a collective returns at once and moves no data, so what a rank receives is
 memory nobody wrote. With the mirror, all-gathers copy the local input into every output slot,
 all-to-alls deliver to every slot what this rank sends to itself, reduce-scatters keep this rank's
-chunk (and gathers/scatters alike). MoE token counts are then consistent and nothing extra is
-allocated.
+chunk (and gathers/scatters alike), and a point-to-point receive gets what this rank sends on the same
+group (:class:`P2PPairs`). MoE token counts are then consistent and nothing extra is allocated.
+
+Point-to-point matters for context parallelism: Transformer Engine's ring attention (``cp_comm_type``
+p2p, its default) sends its K/V chunk to the next rank and receives the previous rank's into a buffer
+made with ``torch.empty_like``. Unmirrored, that buffer is memory nobody wrote, and the first attention
+step can read NaN (Wan 2.1 14B at CP 4 stopped at step 1 on "Loss exploded: nan"). Mirrored, every
+peer's chunk is this rank's, as with the all-gathers.
 
 Mechanism: :func:`wrap_collective` replaces one function of ``torch.distributed.distributed_c10d``
 (and its re-export in ``torch.distributed``) by a wrapper that calls the original, then hands the
@@ -27,8 +33,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-# The collectives that carry data into an output another rank would have written; all_reduce and
-# broadcast work in place, so their result already "looks like this rank".
+# The collectives that carry data into an output another rank would have written (and the sends a
+# receive is paired with); all_reduce and broadcast work in place, so their result already "looks like
+# this rank".
 MIRROR_NAMES = (
     "all_gather_into_tensor",
     "_all_gather_base",
@@ -40,6 +47,10 @@ MIRROR_NAMES = (
     "reduce_scatter",
     "gather",
     "scatter",
+    "isend",
+    "irecv",
+    "send",
+    "recv",
 )
 # The attribute that marks a wrapper installed here (a second install leaves it alone).
 MARK = "_rehearse_mirror"
@@ -87,6 +98,46 @@ def all_to_all_plan(in_rows: int, out_rows: int, in_splits, out_splits, me: int,
             fills.append((dst + n, size - n))
         dst += size
     return copies, fills
+
+
+class P2PPairs:
+    """Pairs this rank's point-to-point sends with its receives on the same group, in either order.
+
+    A ring exchange issues, per step, one send and one receive of the same size on one group: even
+    ranks send first, odd ranks receive first (Transformer Engine's ``flash_attn_p2p_communicate``).
+    :meth:`offer` keeps the first of the two and, when its partner arrives with the same layout,
+    returns ``(receive buffer, sent tensor)`` to copy; one pending operation per kind and group, so a
+    partner that never comes holds one tensor until the next exchange on that group replaces it.
+    """
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple[str, object], object] = {}
+
+    def offer(self, kind: str, group_key, tensor, fits: Callable[[object, object], bool]):
+        other = "recv" if kind == "send" else "send"
+        waiting = self.pending.get((other, group_key))
+        if waiting is not None and fits(waiting, tensor):
+            del self.pending[(other, group_key)]
+            return (waiting, tensor) if kind == "send" else (tensor, waiting)
+        self.pending[(kind, group_key)] = tensor
+        return None
+
+
+P2P = P2PPairs()
+
+
+def _same_layout(a, b) -> bool:
+    return a.numel() == b.numel() and a.dtype == b.dtype
+
+
+def _p2p_hook(kind: str) -> Callable[[dict], None]:
+    def hook(a: dict) -> None:
+        group = a.get("group")
+        pair = P2P.offer(kind, id(group) if group is not None else None, a["tensor"], _same_layout)
+        if pair is not None:
+            _flat_copy(*pair)
+
+    return hook
 
 
 # --------------------------------------------------------------------------- mirror hooks (torch side)
@@ -208,6 +259,10 @@ MIRRORS: dict[str, Callable[[dict], None]] = {
     "reduce_scatter": mirror_reduce_scatter,
     "gather": mirror_gather,
     "scatter": mirror_scatter,
+    "isend": _p2p_hook("send"),
+    "irecv": _p2p_hook("recv"),
+    "send": _p2p_hook("send"),
+    "recv": _p2p_hook("recv"),
 }
 
 

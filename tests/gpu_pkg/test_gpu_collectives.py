@@ -58,3 +58,40 @@ def test_mirror_wraps_every_collective_that_carries_data():
     names = set(collectives.MIRROR_NAMES)
     assert {"all_gather_into_tensor", "all_to_all_single", "all_gather", "reduce_scatter_tensor"} <= names
     assert "all_reduce" not in names and "broadcast" not in names  # in place: already "like this rank"
+
+
+class _T:
+    """A stand-in tensor for the pairing logic: its size, dtype and a name."""
+
+    def __init__(self, name, n=4, dtype="bf16"):
+        self.name, self.n, self.dtype = name, n, dtype
+
+    def numel(self):
+        return self.n
+
+
+def _fits(a, b):
+    return a.numel() == b.numel() and a.dtype == b.dtype
+
+
+def test_a_ring_receive_gets_what_this_rank_sends_in_either_order():
+    """Context parallelism's ring: even ranks send then receive, odd ranks receive then send; either way the
+    receive buffer is paired with the send of the same layout on the same group (copy: receive <- send)."""
+    p = collectives.P2PPairs()
+    kv, buf = _T("kv"), _T("buf")
+    assert p.offer("send", "cp", kv, _fits) is None
+    assert p.offer("recv", "cp", buf, _fits) == (buf, kv)
+    assert p.pending == {}
+    assert p.offer("recv", "cp", buf, _fits) is None  # odd rank: the receive comes first
+    assert p.offer("send", "cp", kv, _fits) == (buf, kv)
+    # another group, or another size or dtype, is not a partner
+    assert p.offer("send", "cp", kv, _fits) is None
+    assert p.offer("recv", "tp", buf, _fits) is None
+    assert p.offer("recv", "cp", _T("small", n=2), _fits) is None
+    assert p.offer("recv", "cp", _T("fp32", dtype="fp32"), _fits) is None
+    assert set(p.pending) == {("send", "cp"), ("recv", "tp"), ("recv", "cp")}
+
+
+def test_the_mirror_covers_point_to_point():
+    assert {"isend", "irecv", "send", "recv"} <= set(collectives.MIRROR_NAMES)
+    assert set(collectives.MIRROR_NAMES) == set(collectives.MIRRORS)
