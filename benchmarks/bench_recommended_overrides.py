@@ -21,7 +21,8 @@ Each (key, value) gets a job (``job_for``): a dense Llama-shaped trunk (preset `
 EP 8 (``qwen3-moe-16l``), the hybrid Mamba trunk (``nemotronh-small``, needs mamba-ssm), LoRA on the dense trunk,
 FP8 (current scaling, which Hopper runs), the dense trunk with a ``comm_overlap`` section for ``comm_overlap.*``
 settings (a preset has none, and the rules that advise them fire only where a recipe has one), or a save/load round
-trip for checkpoint settings and the NCCL user buffers at a real world of 1 (``REAL_WORLD``: why); all under
+trip for checkpoint settings, and the NCCL user buffers and NCCL group options, at a real world of 1
+(``REAL_WORLD``: why); all under
 Megatron FSDP ``optim_grads_params``, the others as rank 0 of a fake world of 8 (where data-parallel sharding
 applies). Values the text shows as what fails (a refused setting in a pitfall, a symptom) are listed in
 ``NOT_RECOMMENDED`` with the reason; placeholders (a user's path) and settings that need hardware the H100/H200
@@ -66,9 +67,14 @@ WORLD = 8  # data-parallel sharding applies; the MoE trunk's EP 8 fits it
 #   stands for eight), so a load matches nothing: the default partial load passes without restoring a tensor,
 #   and checkpoint.strict_fsdp_dtensor_load=true fails on the first key;
 # - NCCL user buffers (ddp.nccl_ub): they register a memory pool with the NCCL group
-#   (ProcessGroupNCCL.register_mem_pool), which the fake backend does not have.
+#   (ProcessGroupNCCL.register_mem_pool), which the fake backend does not have;
+# - NCCL group options (dist.high_priority_stream_groups): megatron-core hands ProcessGroupNCCL.Options to
+#   torch.distributed.new_group for the listed groups (parallel_state.create_group, called from
+#   initialize_model_parallel), and the fake backend's creator accepts only its own Options (TypeError at
+#   Bridge's initialize, measured).
 REAL_WORLD = 1
-REAL_WORLD_KINDS = ("checkpoint", "nccl_ub")
+REAL_WORLD_KINDS = ("checkpoint", "nccl_ub", "nccl_options")
+NCCL_OPTION_KEYS = ("dist.high_priority_stream_groups",)
 ITERS = 2  # "through wrap and two steps"
 BATCH_BUDGET_S = 480
 # Engines alive at once: Bridge's import (30-50 s of one core) dominates a small job's run, and the GPU machine
@@ -96,6 +102,7 @@ RUN_GPU_S = {  # planning figures
     "checkpoint": 35,
     "comm_overlap": 15,
     "nccl_ub": 15,
+    "nccl_options": 15,
     "moe": 60,
     "hybrid": 90,
 }
@@ -363,6 +370,8 @@ def job_for(key: str, value: str, topics: list[str] | None = None) -> dict:
         kind = "comm_overlap"
     elif key == "ddp.nccl_ub":
         kind = "nccl_ub"
+    elif key in NCCL_OPTION_KEYS:
+        kind = "nccl_options"
     else:
         kind = "dense"
     return {"kind": kind, "why": None}
@@ -647,7 +656,8 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
         "title": "Every override the skill recommends, rehearsed through wrap and two steps on the job it is meant for",
         "date": dates[-1] if dates else None,
         "machine": ", ".join(devices)
-        + f" (rank 0 of a fake world of {WORLD}; the {' and '.join(REAL_WORLD_KINDS)} jobs at a real world of {REAL_WORLD})"
+        + f" (rank 0 of a fake world of {WORLD}; the {', '.join(REAL_WORLD_KINDS[:-1])} and {REAL_WORLD_KINDS[-1]} jobs"
+        f" at a real world of {REAL_WORLD})"
         if devices
         else None,
         "command": "python3 benchmarks/bench_recommended_overrides.py --run --batch K --out RAW (one GPU call per "
