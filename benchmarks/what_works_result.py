@@ -367,7 +367,14 @@ REHEARSAL_FAULTS = (
         "message": "WanModel.forward() missing 4 required positional arguments",
         "fault": "the rehearsal drove Bridge's GPT forward step on mock GPT data; Wan trains with its own step and data",
         "fixed": "the engine drives Wan recipes through Bridge's WanForwardStep on Bridge's Wan mock data "
-        "(mfsdp_gpu.workload); to be confirmed on the GPU",
+        "(mfsdp_gpu.workload); on the GPU the steps now reach WanModel.forward and Bridge's flow-matching loss",
+    },
+    {
+        "message": "Loss exploded: nan",
+        "fault": "context-parallel ring attention read K/V that no rank wrote: under the fake backend a "
+        "point-to-point receive moves no data, and the mirror did not cover point-to-point",
+        "fixed": "the mirror pairs each receive with this rank's send on the same group "
+        "(mfsdp_gpu.collectives.P2PPairs)",
     },
     {
         "message": "FLA is not installed",
