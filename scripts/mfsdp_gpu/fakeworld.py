@@ -9,7 +9,8 @@ shapes, wrapping and the code paths taken are real. Bridge's ``setup()`` skips
 ``init_process_group`` when a process group exists, so the fake one is created first
 (:func:`init_process_group`).
 
-Also here: the settings the fake backend needs (``FAKE_BACKEND_SETTINGS``), the checkpoint planner
+Also here: the settings the fake backend needs (``FAKE_BACKEND_SETTINGS``, and
+``FAKE_BACKEND_NCCL_OPTIONS`` where a config sets them), the checkpoint planner
 that lets one rank of a fake world save and load its own shards
 (:func:`install_lowest_rank_checkpoint_planner`), the FP8 weight scales that an amax all-reduce would
 have given (:func:`install_fp8_scale_keeper`), and the process groups a rank belongs to
@@ -34,6 +35,23 @@ FAKE_BACKEND_SETTINGS = {
     ),
     "rerun_state_machine.check_for_nan_in_loss": (False, "the loss is garbage under the fake backend"),
     "rerun_state_machine.check_for_spiky_loss": (False, "the loss is garbage under the fake backend"),
+}
+
+
+# Settings that give a process group NCCL options: megatron-core builds ProcessGroupNCCL.Options for the
+# groups they name (parallel_state.get_nccl_options, from initialize_model_parallel) and hands them to
+# torch.distributed.new_group, whose fake backend accepts only its own Options (a TypeError at Bridge's
+# initialize, measured). Under the fake backend each is set to its default when the config sets it; they
+# shape NCCL's streams and thread blocks, not what a rank allocates.
+FAKE_BACKEND_NCCL_OPTIONS = {
+    "dist.high_priority_stream_groups": (
+        [],
+        "megatron-core gives the named groups NCCL options, which the fake backend's groups cannot take",
+    ),
+    "dist.nccl_communicator_config_path": (
+        None,
+        "megatron-core gives the groups in that file NCCL options, which the fake backend's groups cannot take",
+    ),
 }
 
 

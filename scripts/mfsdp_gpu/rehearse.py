@@ -104,6 +104,9 @@ def configure(a, cfg, est_params, fake: bool, out_dir: str, ckpt_dir: str | None
     if fake:
         for key, (value, why) in fakeworld.FAKE_BACKEND_SETTINGS.items():
             s.apply(key, value, "fake-backend", why)
+        for key, (value, why) in fakeworld.FAKE_BACKEND_NCCL_OPTIONS.items():
+            if get_dotted(cfg, key):
+                s.apply(key, value, "fake-backend", why)
     if fake and get_dotted(cfg, "comm_overlap.tp_comm_overlap") is True:
         s.apply(
             "comm_overlap.tp_comm_overlap",
