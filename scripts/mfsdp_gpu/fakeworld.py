@@ -43,7 +43,7 @@ FAKE_BACKEND_SETTINGS = {
 # torch.distributed.new_group, whose fake backend accepts only its own Options (a TypeError at Bridge's
 # initialize, measured). Under the fake backend each is set to its default when the config sets it; they
 # shape NCCL's streams and thread blocks, not what a rank allocates.
-FAKE_BACKEND_NCCL_OPTIONS = {
+FAKE_BACKEND_NCCL_OPTIONS: dict[str, tuple[object, str]] = {
     "dist.high_priority_stream_groups": (
         [],
         "megatron-core gives the named groups NCCL options, which the fake backend's groups cannot take",
