@@ -412,6 +412,12 @@ def batch_timing_exclusive(batch_dir: Path) -> bool | None:
     return timing_exclusive(runs)
 
 
+def ran_to_a_verdict(run: dict) -> bool:
+    """Whether a raw run ended by itself (or at its row's own timeout), not cut by the batch's budget: a run the
+    GPU call's budget stopped says nothing of the recipe, so it never gives or replaces a row."""
+    return run.get("exit") is not None and "budget" not in str(run.get("stopped") or "")
+
+
 def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     by_id = {r["id"]: r for r in plan["rows"]}
     rows = {r["id"]: r for r in (existing or {}).get("rows", []) if isinstance(r, dict) and "id" in r}
@@ -424,8 +430,8 @@ def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
             raw = _read(raw_path)
             if not isinstance(raw, dict) or raw.get("id") not in by_id:
                 continue
-            if raw["id"] in rows and not any(run.get("exit") is not None for run in raw.get("runs") or []):
-                continue  # a batch's budget ran out before this row started: it keeps what an earlier batch measured
+            if not any(ran_to_a_verdict(run) for run in raw.get("runs") or []):
+                continue  # the batch's budget ran out before or during this row: no verdict (an earlier one stays)
             row = result_row(by_id[raw["id"]], raw, d, batch)
             fault = rehearsal_fault(row)
             if fault:

@@ -425,8 +425,7 @@ def test_a_row_a_later_batch_never_started_keeps_its_measurement(tmp_path):
     (b2 / "rows" / rid / "row.json").write_text(json.dumps(raw))
     (row,) = wr.collect([b1, b2], PLAN, None)["rows"]
     assert row["measured"]["raw"].startswith(wr.repo_path(b1))
-    (alone,) = wr.collect([b2], PLAN, None)["rows"]  # with nothing earlier, the unstarted row is listed, unmeasured
-    assert not what_works.measured(alone)
+    assert wr.collect([b2], PLAN, None)["rows"] == []  # with nothing earlier, an unstarted row gives no row
 
 
 def test_no_results_committed_without_raw_files():
@@ -656,3 +655,20 @@ def test_a_fixed_fault_measured_again_stays_on_record_and_the_page_names_it(tmp_
     page = doc.render(res["rows"], "r.json", doc.fixed_faults(str(out)))
     assert "## Faults of the rehearsal, fixed and measured again" in page and f"`{rid}`: F. Fixed: X." in page
     assert "## Faults of the rehearsal" not in doc.render(res["rows"], "r.json", [])
+
+
+def test_a_run_cut_by_the_batch_budget_gives_no_row_and_replaces_none(tmp_path):
+    """The GPU call's budget stops a run (exit -9, stopped "budget") or never starts it: no verdict, so no row,
+    and an earlier batch's row of that recipe stays."""
+    assert wr.ran_to_a_verdict({"exit": 0, "stopped": None})
+    assert wr.ran_to_a_verdict({"exit": -9, "stopped": "timeout"})  # the row's own timeout is a measurement
+    assert not wr.ran_to_a_verdict({"exit": -9, "stopped": "budget"})
+    assert not wr.ran_to_a_verdict({"exit": None, "stopped": "not started: budget"})
+    rid = PLAN["rows"][0]["id"]
+    batch, raw = _raw_batch(tmp_path, rid, json.loads(PP2_REPORT.read_text()))
+    earlier = wr.collect([batch], PLAN, None)
+    assert [r["id"] for r in earlier["rows"]] == [rid]
+    raw["runs"][0].update(exit=-9, stopped="budget")
+    (batch / "rows" / rid / "row.json").write_text(json.dumps(raw))
+    assert wr.collect([batch], PLAN, None)["rows"] == []
+    assert wr.collect([batch], PLAN, earlier)["rows"] == earlier["rows"]
