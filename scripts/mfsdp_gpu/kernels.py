@@ -4,7 +4,8 @@ A recipe can name a part that lives in a package of its own: megatron-core's ``f
 dispatcher runs DeepEP's or HybridEP's kernels (``deep_ep.Buffer``, ``deep_ep.HybridEPBuffer``) or
 Transformer Engine's ``ep`` module (megatron/core/transformer/moe/fused_a2a.py, 0.19.2: each
 import in a ``try``, ``HAVE_DEEP_EP`` / ``HAVE_HYBRIDEP`` / ``HAVE_TE_EP``), and hybrid models' Mamba
-layers run mamba-ssm's kernels (``mamba.py``), and gated delta net layers flash-linear-attention's. Without the package the model fails at build or at
+layers run mamba-ssm's kernels (``mamba.py``), gated delta net layers flash-linear-attention's, and Bridge's full
+Transformer Engine layer spec Apex's fused layer norm. Without the package the model fails at build or at
 the first dispatch, minutes into a GPU call, with an error that does not name the setting. The
 rehearsal looks first (:func:`missing_for`) and refuses in one line, naming the setting, the
 package and the labelled way around it (``--moe-dispatcher alltoall``: :func:`dispatcher_fallback`).
@@ -30,6 +31,14 @@ FALLBACK_DISPATCHERS = ("alltoall", "allgather")  # need nothing beyond megatron
 # Triton kernels); megatron-core's dev extra pins flash-linear-attention~=0.4.0.
 GDN_VARIANT = "gated_delta_net"
 GDN_MODULE, GDN_ATTR = "fla.ops.gated_delta_rule", "chunk_gated_delta_rule"
+# Bridge 0.6.2's full Transformer Engine layer spec (model.use_transformer_engine_full_layer_spec=true:
+# gpt_provider.default_layer_spec -> gpt_full_te_layer_autocast_spec.get_gpt_full_te_layer_autocast_spec) builds
+# the block's final norm as megatron-core's FusedLayerNorm, whatever Transformer Engine offers; that class raises
+# "Apex must be installed to use FusedLayerNorm." at build without Apex's fused layer norm
+# (megatron/core/fusions/fused_layer_norm.py: HAVE_FUSED_LAYER_NORM, or Apex's persistent kernel). Measured:
+# GPT-3 175B's recipe stops at model build on a machine without Apex.
+FULL_TE_SPEC_KEY = "use_transformer_engine_full_layer_spec"
+APEX_LN_MODULE, APEX_LN_ATTR = "apex.normalization.fused_layer_norm", "FusedLayerNormAffineFunction"
 
 
 def flex_backend(dispatcher: str | None, backend: str | None, enable_deepep: bool | None) -> str | None:
@@ -80,6 +89,18 @@ def missing_for(model, has_mamba: bool, mamba_importable: bool, importer: Callab
                 "refusal": f"the config builds gated delta net layers (model.experimental_attention_variant="
                 f"{GDN_VARIANT}), which need flash-linear-attention's kernels ({GDN_MODULE}.{GDN_ATTR}); it is not "
                 "installed in this Python (the pure-Python fla-core wheel, 0.4.x, is enough)",
+            }
+        )
+    if getattr(model, FULL_TE_SPEC_KEY, False) is True and not have_module(APEX_LN_MODULE, APEX_LN_ATTR, importer):
+        out.append(
+            {
+                "package": "Apex",
+                "setting": f"model.{FULL_TE_SPEC_KEY}=true",
+                "refusal": f"the config builds Bridge's full Transformer Engine layer spec (model.{FULL_TE_SPEC_KEY}"
+                "=true), whose final norm is megatron-core's FusedLayerNorm: it needs Apex's fused layer norm "
+                f"({APEX_LN_MODULE}), which is not installed here (NVIDIA's PyTorch containers have it); install "
+                f"Apex, or rehearse with model.{FULL_TE_SPEC_KEY}=false (Bridge's Transformer Engine layer spec: "
+                "other layer modules, so not this recipe's build)",
             }
         )
     if has_mamba and not mamba_importable:

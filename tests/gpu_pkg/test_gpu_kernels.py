@@ -86,3 +86,20 @@ def test_the_fallback_is_labelled_with_its_memory_and_time_effect():
     assert "all-to-all" in d["time_effect"]
     assert kernels.flex_backend("alltoall", "hybridep", False) is None
     assert kernels.flex_backend("flex", None, False) == "deepep"  # megatron-core's default backend
+
+
+def test_the_full_te_layer_spec_without_apex_is_refused_in_one_line():
+    """GPT-3 175B's recipe (the full Transformer Engine layer spec) stopped at model build on a machine without
+    Apex: its final norm is megatron-core's FusedLayerNorm. The rehearsal names the setting and the package first."""
+    full = SimpleNamespace(use_transformer_engine_full_layer_spec=True)
+    got = kernels.missing_for(full, False, True, _importer({}))
+    assert [m["package"] for m in got] == ["Apex"]
+    line = got[0]["refusal"]
+    assert "\n" not in line and "use_transformer_engine_full_layer_spec=true" in line and "=false" in line
+    present = {"apex.normalization.fused_layer_norm": ["FusedLayerNormAffineFunction"]}
+    assert kernels.missing_for(full, False, True, _importer(present)) == []
+    assert (
+        kernels.missing_for(SimpleNamespace(use_transformer_engine_full_layer_spec=False), False, True, _importer({}))
+        == []
+    )
+    assert kernels.missing_for(SimpleNamespace(), False, True, _importer({})) == []
