@@ -495,6 +495,9 @@ def needs_of(cfg: dict) -> dict:
         "dsa_kernels": dsa if dsa and dsa != "none" else None,
         # gated delta net layers import flash-linear-attention (mfsdp_gpu.kernels.GDN_MODULE): fla-core's wheel
         "fla": model.get("experimental_attention_variant") == "gated_delta_net",
+        # Bridge's full Transformer Engine layer spec builds its final norm as Apex's fused layer norm
+        # (mfsdp_gpu.kernels.FULL_TE_SPEC_KEY: why)
+        "apex": model.get("use_transformer_engine_full_layer_spec") is True,
     }
 
 
@@ -575,6 +578,8 @@ def expected_outcome(row: dict, rec: dict, cfg: dict) -> dict:
         notes.append("needs mamba-ssm on the GPU machine")
     if row["needs"].get("fla"):
         notes.append("needs flash-linear-attention (fla-core) on the GPU machine")
+    if row["needs"].get("apex"):
+        notes.append("needs Apex's fused layer norm on the GPU machine (the full Transformer Engine layer spec)")
     if row["needs"]["moe_dispatcher"]:
         notes.append(f"the recipe's {row['needs']['moe_dispatcher']} dispatcher needs DeepEP; without it, all-to-all")
     if row["memory_gib"]["predicted_peak"] is None:

@@ -88,6 +88,12 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
             "built, wrapped and sharded but fed no image, so the measured peak and throughput leave out image "
             "activations"
         )
+    if "diffusion" in (row.get("kinds") or []) and (row.get("measured") or {}).get("device"):
+        note(
+            f"{row['recipe']}: a diffusion model, driven by Bridge's own training step on Bridge's mock batches "
+            "(their latent tokens, not the recipe's dataset, set the activations); `memory` does not size diffusion "
+            "models yet and no token throughput is given"
+        )
     if (row.get("memory_gib") or {}).get("as_run"):
         note(
             f"{row['recipe']}: ran with `{'`, `'.join(row['memory_gib']['as_run'])}` (a labelled deviation of the "

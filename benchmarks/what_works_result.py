@@ -132,6 +132,19 @@ def fold_phases(engine_phases: list[dict], asked_save_load: bool) -> dict:
 NOT_FSDP = {
     "Invalid choices for recompute_modules": "the recipe as shipped names a selective-recompute module that "
     "megatron-core 0.19.2 does not accept (TransformerConfig.__post_init__); it fails with or without Megatron FSDP",
+    "Apex must be installed to use FusedLayerNorm.": "the recipe builds Bridge's full Transformer Engine layer spec "
+    "(model.use_transformer_engine_full_layer_spec=true), whose final norm is megatron-core's FusedLayerNorm, and "
+    "the GPU machine has no Apex (NVIDIA's PyTorch containers do): a missing package, not a verdict on Megatron "
+    "FSDP; with Apex the row is to be measured again",
+}
+
+# First errors whose cause is not established (the message's end -> why, category "open"): shown with the row
+# as failing where it stopped, never as a verdict on Megatron FSDP.
+OPEN_CAUSE = {
+    "CUDA Error: device-side assert triggered": "a device-side assert (the run's log: an index out of bounds in a "
+    "GPU indexing kernel) in the first training step; whether the recipe or the one-GPU rehearsal causes it (under "
+    "the fake backend a kernel can be handed values no rank computed) is not established, so this is not yet a "
+    "verdict on Megatron FSDP",
 }
 
 
@@ -154,6 +167,9 @@ def first_error(rank: dict, report: dict | None = None) -> dict | None:
     why = next((w for start, w in NOT_FSDP.items() if message.startswith(start)), None)
     if why:
         category = "not-fsdp"
+    open_why = next((w for end, w in OPEN_CAUSE.items() if message.rstrip().endswith(end)), None)
+    if open_why and not why:
+        why, category = open_why, "open"
     return {
         "message": message[:500],
         "type": f.get("type"),

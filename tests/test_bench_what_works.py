@@ -672,3 +672,25 @@ def test_a_run_cut_by_the_batch_budget_gives_no_row_and_replaces_none(tmp_path):
     (batch / "rows" / rid / "row.json").write_text(json.dumps(raw))
     assert wr.collect([batch], PLAN, None)["rows"] == []
     assert wr.collect([batch], PLAN, earlier)["rows"] == earlier["rows"]
+
+
+def test_a_missing_package_and_an_unestablished_cause_are_never_read_as_fsdp_verdicts():
+    """GPT-3 175B stopped at build for want of Apex (the full Transformer Engine layer spec's final norm), Wan 2.1
+    14B on a device-side assert whose cause is not established: each row keeps where it stopped, with a why that
+    says it is not a verdict on Megatron FSDP; any other error keeps its own category."""
+    apex = wr.first_error({"failure": {"message": "Apex must be installed to use FusedLayerNorm.", "category": None}})
+    assert apex["category"] == "not-fsdp" and "use_transformer_engine_full_layer_spec=true" in apex["why"]
+    assert_msg = (
+        "/TransformerEngine/common/util/rtc.cpp:110 in function operator(): CUDA Error: device-side assert triggered"
+    )
+    dev = wr.first_error({"failure": {"message": assert_msg, "category": "crash"}})
+    assert dev["category"] == "open" and "not established" in dev["why"]
+    oom = wr.first_error({"failure": {"message": "CUDA out of memory. Tried to allocate 2 GiB", "category": "oom"}})
+    assert oom["category"] == "oom" and oom["why"] is None
+    rows = {r["id"]: r for r in json.loads((ROOT / "benchmarks/results/what_works_1xh200.json").read_text())["rows"]}
+    assert rows["gpt3_175b_pretrain_32gpu_h100_bf16"]["first_error"]["category"] == "not-fsdp"
+    assert rows["wan_14b_sft_8gpu_h100_bf16"]["first_error"]["category"] == "open"
+    import what_works_doc as doc
+
+    page = doc.render([rows["wan_1_3b_text2image_pretrain_1gpu_h100_bf16"]], "f.json")
+    assert "a diffusion model, driven by Bridge's own training step on Bridge's mock batches" in page
