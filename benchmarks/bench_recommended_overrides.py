@@ -606,6 +606,8 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
     # a run whose override the plan no longer rehearses (now listed as not advice, with why) is left out
     by_id = {r["id"]: r for r in [*plan["baselines"], *plan["overrides"]] if r.get("job")}
     out = {r["id"]: r for r in (existing or {}).get("rows", []) if isinstance(r, dict) and r.get("id") in by_id}
+    # earlier runs a later one replaced after a flag or a failure: kept on record with the run that answers them
+    superseded = {h["raw"]: h for h in (existing or {}).get("superseded", []) if isinstance(h, dict) and h.get("raw")}
     for d in dirs:
         for p in sorted(d.glob("*/row.json")):
             raw = json.loads(p.read_text(encoding="utf-8"))
@@ -622,6 +624,17 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
             # a run that trained a config other than the advice (a value the engine read differently from Bridge's
             # override path, since fixed) is no verdict on the advice: not run, with the fault, to run again
             fault = not_applied(p.parent, given)
+            before = out.get(r["id"])
+            if before and (before.get("rehearsal_fault") or before.get("plan_changed") or before["result"] == "failed"):
+                superseded[before["raw"]] = {
+                    "id": r["id"],
+                    "raw": before["raw"],
+                    "result": before["result"],
+                    "plan_changed": before.get("plan_changed"),
+                    "rehearsal_fault": before.get("rehearsal_fault"),
+                    "first_error": (before.get("first_error") or {}).get("message"),
+                    "measured_again": wr.repo_path(p.parent),
+                }
             out[r["id"]] = {
                 "id": r["id"],
                 "key": r.get("key"),
@@ -691,7 +704,17 @@ def collect(dirs: list[Path], plan: dict, existing: dict | None) -> dict:
             ),
             f"{sum(1 for r in plan['overrides'] if not r['job'])} recommended values are not run (listed in "
             "not_run with why: a user's path, a value the text shows failing, MXFP8 on Hopper).",
+            *(
+                [
+                    f"{len(superseded)} earlier runs failed, were flagged (plan_changed, rehearsal_fault) or both, and "
+                    "were run again after the fix (superseded: each earlier run, what it met, and measured_again: "
+                    "the run that replaced it)."
+                ]
+                if superseded
+                else []
+            ),
         ],
+        "superseded": sorted(superseded.values(), key=lambda h: (h["id"], h["raw"])),
         "raw": "benchmarks/results/raw/recommended_overrides_1xh200",
         "schema": RESULT_SCHEMA,
         "generated_by": "python3 benchmarks/bench_recommended_overrides.py --collect "

@@ -270,3 +270,17 @@ def test_a_list_the_engine_read_as_text_is_a_fault_of_the_rehearsal_not_a_verdic
         "model.offload_modules=[core_attn] reached the config as the text '[core_attn]', not a list"
     ]
     assert bro.not_applied(tmp_path / "none", ["a.b=[1]"]) == []
+
+
+def test_every_run_replaced_after_a_flag_or_a_failure_stays_on_record_with_its_answer():
+    """The committed result keeps each earlier run that failed or was flagged (superseded), with what it met and the
+    run that replaced it; that run is the row the result shows now."""
+    result = json.loads((ROOT / "benchmarks/results/recommended_overrides_1xh200.json").read_text())
+    rows = {r["id"]: r for r in result["rows"]}
+    assert result["superseded"], "the recorded runs include failures that led to fixes"
+    for h in result["superseded"]:
+        assert h["result"] == "failed" or h["plan_changed"] or h["rehearsal_fault"], h
+        assert h["measured_again"] != h["raw"]
+        later = [x for x in result["superseded"] if x["id"] == h["id"] and x["raw"] == h["measured_again"]]
+        assert later or rows[h["id"]]["raw"] == h["measured_again"], h  # answered by the row, or by a later rerun
+    assert any("superseded" in n for n in result["notes"])

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 import raw_store  # benchmarks/: the raw GPU results, extracted from their archive on first use
+import what_works_result  # benchmarks/: which raw runs give a matrix row
 from mfsdp_lib import memory
 from mfsdp_lib.memory import calibration
 
@@ -199,6 +200,9 @@ def _trial_rows(folder: str = TRIAL):
         if not steps:
             continue  # the run did not train (it failed before its first step)
         row = rep_path.parents[2]
+        runs = json.loads((row / "row.json").read_text()).get("runs") or []
+        if not all(what_works_result.ran_to_a_verdict(r) for r in runs if r.get("name") == "rehearse"):
+            continue  # the GPU call's budget stopped it mid-run: no final record, and no row of the matrix
         mem = rep["memory"]
         out.append(
             (
@@ -222,7 +226,13 @@ def _predicted(enabled: Path, world: int, overrides: tuple[str, ...] = ()) -> di
     cmd = [sys.executable, str(ROOT / "scripts" / "mfsdp.py"), "memory", str(enabled), *overrides, "--gpus", str(world)]
     proc = subprocess.run([*cmd, "--gpu-mem-gib", "140", "--format", "json"], capture_output=True, text=True)
     rep = json.loads(proc.stdout)
+    if not rep.get("ok", True) and "strategies" not in rep:
+        return {"refused": rep.get("error")}
     return next(r for r in rep["strategies"] if r["configured"])
+
+
+# What memory declines to size, by design (its error names the model kind): the Wan rows of the matrix.
+NOT_SIZED = "diffusion models are not sized yet"
 
 
 def test_trial_recipes_are_never_under_predicted():
@@ -269,6 +279,9 @@ def test_what_works_matrix_rows_are_never_under_predicted():
     problems = []
     for name, enabled, world, peak, between, as_run in rows:
         row = _predicted(enabled, world, as_run)
+        if "refused" in row:  # only a diffusion model, which memory says it does not size, may go unpredicted
+            assert name.startswith("wan_") and NOT_SIZED in str(row["refused"]), (name, row["refused"])
+            continue
         for what, predicted, measured in (
             ("peak", row["total_gib"], peak),
             ("between steps", row["after_step_gib"], between),
