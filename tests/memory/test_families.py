@@ -17,7 +17,7 @@ import pytest
 
 from mfsdp_lib import config_io
 from mfsdp_lib import memory as m
-from mfsdp_lib.memory import hf
+from mfsdp_lib.memory import calibration, hf
 
 HF = Path(__file__).resolve().parent.parent / "fixtures" / "memory" / "hf_configs"
 GIB = 1024**3
@@ -614,3 +614,81 @@ def test_every_corpus_recipe_is_estimated_or_refused_with_a_reason():
     gdn_refused = {n: why for n, why in refused.items() if re.search(r"qwen3_next|qwen35", n)}
     assert all("transformer_block.py:150" in why for why in gdn_refused.values()), gdn_refused  # an impossible PP only
     assert len(refused) - len(unsized) - len(diffusion) < 25
+
+
+def test_dsa_shared_topk_indices_held_between_steps(mcore_src, bridge_src):
+    """With index sharing (topk_freq > 1) every layer that computes its top-k stores its int64 indices in a dict on
+    the model's TransformerConfig when the forward has neither packed sequences nor an attention mask (Bridge's
+    default), so they stay allocated between steps: one [b, s / CP, min(topk, s)] tensor per computing layer number.
+    An MTP depth is numbered from 1 and so replaces layer 1's entry instead of adding one."""
+    model = dict(
+        hidden_size=64,
+        num_layers=10,
+        num_attention_heads=4,
+        vocab_size=100,
+        normalization="RMSNorm",
+        multi_latent_attention=True,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_head_dim=8,
+        qk_pos_emb_head_dim=4,
+        v_head_dim=8,
+        mtp_num_layers=1,
+        experimental_attention_variant="dsa",
+        dsa_indexer_n_heads=4,
+        dsa_indexer_head_dim=8,
+        dsa_indexer_topk=512,
+        dsa_indexer_topk_freq=4,
+        dsa_indexer_skip_topk_offset=3,
+    )
+    shape = m.shape_from_config(model)
+    held = m.terms.dsa_topk_holder_bytes
+    # layers 1, 2, 3 and 7 of 10 compute (the MTP depth is layer 1 again): 4 tensors of 2 x 1024 x 512 int64
+    assert held(shape, 1024, 2, 1, 10, last_stage=True) == 4 * 2 * 1024 * 512 * 8
+    assert held(shape, 1024, 2, 4, 10, last_stage=True) == 4 * 2 * 256 * 512 * 8  # the rank's queries under CP
+    assert held(shape, 256, 1, 1, 10, last_stage=True) == 4 * 256 * 256 * 8  # top-k capped at the keys there are
+    # a later pipeline stage (layers 6-10) holds layer 7's and, with the MTP depth, layer 1's
+    assert held(shape, 1024, 1, 1, 5, last_stage=True) == 2 * 1024 * 512 * 8
+    assert held(m.shape_from_config(dict(model, dsa_indexer_topk_freq=1)), 1024, 1, 1, 10, last_stage=True) == 0
+    src = (mcore_src / MCORE / "transformer/experimental_attention_variant/dsa.py").read_text()
+    assert "topk_holder[self.layer_number] = topk_indices" in src
+    assert "return attention_mask if attention_mask is not None else self.config" in src
+    assert "topk_scores, topk_indices = index_scores.topk(topk_k, dim=-1)" in src  # torch.topk: int64 indices
+    gpt_step = (bridge_src / "megatron/bridge/training/gpt_step.py").read_text()
+    assert "skip_getting_attention_mask_from_dataset: bool = True" in gpt_step
+    # the rank's state between steps counts it (calibration.state_margin_bytes)
+    cfg = {"model": dict(model, seq_length=1024), "train": {"micro_batch_size": 1}}
+    with_topk = m.estimate(cfg, dp=8, strategies="optim_grads_params")
+    without = m.estimate(
+        {"model": dict(cfg["model"], dsa_indexer_topk_freq=1), "train": {"micro_batch_size": 1}},
+        dp=8,
+        strategies="optim_grads_params",
+    )
+    assert calibration.state_margin_bytes(with_topk) - calibration.state_margin_bytes(without) == 4 * 1024 * 512 * 8
+
+
+def test_moe_layer_state_is_sized_at_the_rank_tokens(bridge_src):
+    """The MoE layers' state between steps (calibration.MOE_STATE_BYTES_PER_TOKEN_HIDDEN, one bf16 tensor of the tokens
+    x hidden each) is of the rank's tokens: context parallelism splits the sequence before the decoder, so at CP 4
+    each of the 4 MoE layers holds a quarter of what it holds at CP 1. Tensor parallelism leaves it as fitted."""
+    model = dict(
+        hidden_size=256,
+        num_layers=4,
+        num_attention_heads=4,
+        vocab_size=1000,
+        normalization="RMSNorm",
+        position_embedding_type="rope",
+        num_moe_experts=8,
+        moe_ffn_hidden_size=128,
+        moe_router_topk=2,
+        seq_length=4096,
+    )
+    cfg = {"model": model, "train": {"micro_batch_size": 1}}
+    cp1 = calibration.state_margin_bytes(m.estimate(cfg, dp=8, ep=8, strategies="optim_grads_params"))
+    cp4 = calibration.state_margin_bytes(m.estimate(cfg, dp=2, cp=4, ep=8, strategies="optim_grads_params"))
+    per_layer = calibration.MOE_STATE_BYTES_PER_TOKEN_HIDDEN * 4096 * 256
+    assert cp1 - cp4 == 4 * per_layer * (1 - 1 / 4)
+    tp2 = calibration.state_margin_bytes(m.estimate(cfg, dp=4, tp=2, ep=8, etp=1, strategies="optim_grads_params"))
+    assert tp2 == cp1
+    gpt_step = (bridge_src / "megatron/bridge/training/gpt_step.py").read_text()
+    assert "batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False, cp_group=pg_collection.cp)" in gpt_step

@@ -348,6 +348,43 @@ def test_fsdp_chunk_factor_and_bucket_padding(mcore_src):
     assert "lcm_chunk_size_factor = math.lcm(chunk_size_factor, param_shape[1:].numel())" in src
 
 
+def test_construction_peak_takes_the_non_unit_group_when_it_is_larger(mcore_src):
+    """Built unsharded on the GPU, the model is wrapped group by group: each group's unsharded bucket is allocated
+    while its parameters still exist, then the originals are freed. The first group is the one outside the FSDP
+    units (the embedding comes first), with the final norm, each MTP depth's enorm, hnorm, eh_proj and final norm,
+    and the output layer: with a large vocabulary it, not a layer, sets the peak. Here (hidden 64, vocabulary
+    100,000, one MTP depth, DP 8): rows of eh_proj's 128, 2 x 6,400,000 + 4 x 64 + 8,192 = 12,808,448 elements,
+    padded to a multiple of 8 x 128: 12,809,216, in bf16 on top of the model."""
+    model = dict(
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        vocab_size=100_000,
+        normalization="RMSNorm",
+        position_embedding_type="rope",
+        gated_linear_unit=True,
+        ffn_hidden_size=256,
+        share_embeddings_and_output_weights=False,
+        mtp_num_layers=1,
+    )
+    c = m.count_parameters(m.shape_from_config(model))
+    assert c.nonunit_items == ((6_400_000, 64), (64, 1), (64, 1), (64, 1), (8_192, 128), (64, 1), (6_400_000, 64))
+    assert c.gpu_non_unit == 2 * 6_400_000 + 4 * 64 + 8_192  # all gathered together after first use
+    row = rows_for({"model": model}, dp=8)["optim_grads_params"]
+    assert c.gpu_unit < 12_809_216
+    assert row.init_peak == 2 * (c.gpu_total + 12_809_216)
+    # a layer larger than the group sets it as before
+    deep = dict(model, vocab_size=1000, hidden_size=512, ffn_hidden_size=4096)
+    c2 = m.count_parameters(m.shape_from_config(deep))
+    assert rows_for({"model": deep}, dp=8)["optim_grads_params"].init_peak == 2 * (c2.gpu_total + c2.gpu_unit)
+    src = (mcore_src / FSDP_PKG / "param_and_grad_buffer.py").read_text()
+    assert "bucket = wbuf.fetch_bucket(strict_assignments=False)" in src  # the whole group, unsharded
+    assert "wbuf.free_bucket_storage()" in src and "del old_param_data" in src
+    gpt = (mcore_src / "megatron/core/models/gpt/gpt_model.py").read_text()
+    assert gpt.index("self.decoder = TransformerBlock(") < gpt.index("self.mtp = MultiTokenPredictionBlock(")
+    assert gpt.index("self.mtp = MultiTokenPredictionBlock(") < gpt.index("self.output_layer = output_layer_cls(")
+
+
 def test_layers_gathered_after_the_step_by_hand(mcore_src):
     """start_param_sync gathers the embedding's bucket and prefetches bucket groups while the added
     ones hold fewer than 500 M elements. With overlap_grad_reduce Bridge's bucket_size (40 M) cuts the

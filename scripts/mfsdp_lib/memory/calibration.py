@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .terms import rope_cache_bytes
+from .terms import dsa_topk_holder_bytes, rope_cache_bytes
 
 # Allocated between steps beyond the model state in every measured run (cuBLAS and Transformer
 # Engine workspaces, RNG states, the batch, loss and logging tensors): 0.10-0.14 GiB on H200
@@ -28,6 +28,11 @@ from .terms import rope_cache_bytes
 FRAMEWORK_BYTES = 0.1 * 2**30
 # MoE layers leave about one bf16 s x b x h tensor each allocated between steps (router and token
 # dispatcher state): measured 0.13-0.15 GiB beyond the dense case on a 16-layer MoE at EP 8, N 8 and 64.
+# Sized at the rank's tokens: context parallelism splits the sequence before the decoder (Bridge gpt_step.py:336,
+# get_batch_on_this_cp_rank) and only attention exchanges keys and values across CP, so s is s / CP there. Tensor
+# parallelism is left as fitted: the measured MoE rows with TP > 1 (DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS) are sized
+# at the whole s. GLM-5.2's SFT recipe at CP 16 (rank 0 of 416, H200) lands 3.5 % over its measured state at the
+# whole s, 0.6 % under at s / CP.
 MOE_STATE_BYTES_PER_TOKEN_HIDDEN = 2
 # Multi-latent attention layers leave more allocated between steps than any modelled term: on Bridge's MoE + MLA
 # recipes rehearsed on an H200 under optim_grads_params (rank 0 of the recipe's world), DeepSeek-V2-Lite (27 MLA
@@ -176,7 +181,8 @@ def _total(est, strategy: str, dp: int, factor: float, fixed: float = 0.0, row=N
 
 def state_margin_bytes(est) -> float:
     """Bytes between steps beyond the model state: framework workspaces, MoE layer state, MLA layer state (measured),
-    Gemma 3's cached rotary tables (traced: ``terms.rope_cache_bytes``) and Gemma's build-time excess (measured)."""
+    Gemma 3's cached rotary tables and DSA's shared top-k indices (traced: ``terms.rope_cache_bytes``,
+    ``terms.dsa_topk_holder_bytes``) and Gemma's build-time excess (measured)."""
     out = FRAMEWORK_BYTES
     if est.shape is not None and est.shape.layer_post_norms:
         out += GEMMA_STATE_BYTES
@@ -185,11 +191,20 @@ def state_margin_bytes(est) -> float:
         out += rope_cache_bytes(est.shape, a.seq_length)
         kinds = est.counts.kinds[: est.counts.layers_on_gpu]
         moe_layers = sum(1 for k in kinds if "moe" in k)
-        out += MOE_STATE_BYTES_PER_TOKEN_HIDDEN * moe_layers * a.seq_length * a.micro_batch_size * est.shape.hidden_size
+        par = est.parallel
+        rank_tokens = a.seq_length * a.micro_batch_size / (par.cp or 1)
+        out += MOE_STATE_BYTES_PER_TOKEN_HIDDEN * moe_layers * rank_tokens * est.shape.hidden_size
+        out += dsa_topk_holder_bytes(
+            est.shape,
+            a.seq_length,
+            a.micro_batch_size,
+            par.cp or 1,
+            est.counts.layers_on_gpu,
+            last_stage=(par.pp or 1) == 1 or est.counts.stage == "last",
+        )
         mla_layers = sum(1 for k in kinds if k.startswith("mla+"))
         if mla_layers:
-            par = est.parallel
-            tokens = a.seq_length * a.micro_batch_size / (par.cp or 1)
+            tokens = rank_tokens
             if a.sequence_parallel and (par.tp or 1) > 1:
                 tokens /= par.tp  # the rank's sequence shard
             out += MLA_STATE_BYTES_PER_TOKEN * mla_layers * tokens

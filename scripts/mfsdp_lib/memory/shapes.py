@@ -159,6 +159,7 @@ class Shape:
     experimental_attention_variant: str | None = None
     dsa_indexer_n_heads: int | None = None
     dsa_indexer_head_dim: int | None = None
+    dsa_indexer_topk: int | None = None  # keys each query keeps (None: unknown, sized at the sequence)
     dsa_indexer_topk_freq: int = 1
     dsa_indexer_skip_topk_offset: int = 0
     # Gated delta net (experimental_attention_variant="gated_delta_net", ssm/gated_delta_net/): which layers are
@@ -350,6 +351,7 @@ _SHAPE_INTS = (
     "mamba_num_heads",
     "dsa_indexer_n_heads",
     "dsa_indexer_head_dim",
+    "dsa_indexer_topk",
     "dsa_indexer_topk_freq",
     "linear_conv_kernel_dim",
     "linear_key_head_dim",
@@ -810,6 +812,16 @@ def _mtp_parts(s: Shape, kinds: list[str], depth: int = 1) -> list[Part]:
     return parts
 
 
+def _mtp_non_unit_items(s: Shape, tp: int) -> list[tuple[float, int]]:
+    """One MTP depth's parameters outside its FSDP unit (its inner layer), in registration order
+    (multi_token_prediction.py:983-1055): enorm and hnorm, eh_proj (a column-parallel ``[h / TP, 2h]``
+    weight, rows of ``2h``), final_layernorm. As ``(numel on the GPU, numel of shape[1:])``
+    items: Megatron FSDP puts them in the group of the embedding and output layer."""
+    h = s.hidden_size
+    norm = float(s.norm(h))
+    return [(norm, 1), (norm, 1), (2 * h * h / tp, 2 * h), (norm, 1)]
+
+
 @dataclass(frozen=True)
 class Lora:
     """LoRA adapters (Bridge ``peft/lora.py`` LoRA: ``target_modules``, ``dim``): each targeted
@@ -1017,6 +1029,7 @@ def count_parameters(
 
     layers = [tally(_layer_parts(shape, k, i + 1)) for i, k in enumerate(kinds)]
     mtp_layers = [tally(_mtp_parts(shape, ks, d + 1)) for d, ks in enumerate(shape.mtp_kinds())]
+    mtp_items = [item for _ in shape.mtp_kinds() for item in _mtp_non_unit_items(shape, tp)]
     largest = 0.0
     for k in set(kinds):
         for p in _layer_parts(shape, k):
@@ -1081,8 +1094,9 @@ def count_parameters(
             if head:
                 terms["output_layer"] = head
             terms["norms"] = terms.get("norms", 0.0) + final_norm
-        # MTP's own projection and norms are not FSDP units; its inner layers are.
-        mtp_non_unit = sum(x[8].get("mtp", 0.0) for x in mtp_layers) if last else 0.0
+        # MTP's own projection and norms are not FSDP units; its inner layers are
+        # (``_mtp_non_unit_items``). They are counted in ``dense`` with their depth already.
+        mtp_non_unit = sum(x[0] for x in mtp_items) if last else 0.0
         for x in chosen:
             for t, v in x[8].items():
                 terms[t] = terms.get(t, 0.0) + v
@@ -1102,7 +1116,7 @@ def count_parameters(
             "matrix": sum(x[4] for x in chosen),
             "lora": sum(x[5] for x in chosen) + (vision_lora / tp if first else 0.0),
             "lora_experts": sum(x[6] for x in chosen),
-            "non_unit": non_unit,
+            "non_unit": non_unit + mtp_non_unit,
             "first_grads": out_grads,
             "terms": terms,
             "layers": len(idx),
@@ -1141,6 +1155,7 @@ def count_parameters(
             nonunit.append((float(position), h))
     if pp == 1 or where == "last":
         nonunit.append((float(final_norm), 1))
+        nonunit.extend(mtp_items)  # GPTModel registers decoder, then mtp, then output_layer (gpt_model.py:227-269)
         head = (output or (word if pp > 1 else 0)) / tp
         if head:
             nonunit.append((head, h))

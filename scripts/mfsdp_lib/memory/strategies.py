@@ -71,13 +71,8 @@ def gathered_after_step(
         )
     if not sizes:
         return 0, 0.0
-    later = _nonunit_buckets(counts, p, dp=dp, cp=cp)[1:]  # the embedding's bucket is gathered; these prefetched
-    offset = 0.0
-    for b in later:
-        chunk = fsdp_chunk_factor(b)
-        elems = _group_elements(b, chunk)
-        step = n_dense * chunk if n_dense > 1 else 1
-        offset += math.ceil(elems / step) * step
+    # the embedding's bucket is gathered; the later non-unit buckets are prefetched
+    offset = sum(_nonunit_bucket_sizes(counts, p, n_dense=n_dense, dp=dp, cp=cp)[1:])
     prefetched, layers, gathered = offset, 0, 0.0
     for dense, expert in sizes:
         if prefetched >= limit:
@@ -152,6 +147,18 @@ def _nonunit_buckets(counts: Counts, p: Precision, *, dp: int, cp: int) -> list[
         else:
             buckets.append([item])
     return [b for b in buckets if b]
+
+
+def _nonunit_bucket_sizes(counts: Counts, p: Precision, *, n_dense: int, dp: int, cp: int) -> list[float]:
+    """Unsharded elements of each bucket of the non-unit group (``_nonunit_buckets``), in order: its
+    items in rows of the bucket's ``chunk_size_factor``, padded to ``n_dense`` x chunk when sharded."""
+    sizes: list[float] = []
+    for b in _nonunit_buckets(counts, p, dp=dp, cp=cp):
+        chunk = fsdp_chunk_factor(b)
+        elems = _group_elements(b, chunk)
+        step = n_dense * chunk if n_dense > 1 else 1
+        sizes.append(float(math.ceil(elems / step) * step))
+    return sizes
 
 
 # --------------------------------------------------------------------------- model state per strategy
@@ -402,8 +409,11 @@ def strategy_memory(
     mem.step_transient += muon_step
     if p.built_on_gpu and w_sharded:
         # megatron_fsdp copies each parameter into its buffer and frees the original as it goes:
-        # the peak is the unsharded model plus the current group (ParamAndGradBuffer init).
-        mem.init_peak = pbytes * (full + counts.gpu_unit)
+        # the peak is the unsharded model plus the current group's unsharded bucket (ParamAndGradBuffer
+        # init). The first group is the one outside the FSDP units (embedding first in module order),
+        # whole while nothing is freed yet: its bucket, when larger than a layer, sets the peak.
+        nonunit_bucket = max(_nonunit_bucket_sizes(counts, p, n_dense=n_dense, dp=dp, cp=cp), default=0.0)
+        mem.init_peak = pbytes * full + max(pbytes * counts.gpu_unit, p.param_bytes * nonunit_bucket)
     g = p.fsdp_comm_grad_bytes * t_frac  # frozen weights send no gradients
     # optim_grads gradient buckets: a comm_overlap section's size when Bridge applies one (128 Mi at DP > 1),
     # else ddp.bucket_size; unset (or one bucket) is sized like _ddp_wrap's default.

@@ -22,7 +22,7 @@ from .common import (
     _int,
     dtype_bytes,
 )
-from .shapes import Shape
+from .shapes import Shape, dsa_computes_topk
 
 # --------------------------------------------------------------------------- precision settings
 
@@ -926,6 +926,40 @@ def _recompute_modules(cfg) -> tuple:
 # (sequence 32768, pretrain) and 101.25 MiB (4096, SFT) allocated beyond Adam's two moments and the fp32 gradient
 # copy, where Llama 3.2 1B's recipes leave 65-66 MiB; the four tables are 128 MiB and 16 MiB.
 GEMMA3_ROPE_TABLES = 4
+
+
+# torch.topk's indices are int64: the PyTorch DSA path's top-k (dsa.py:602, fused_qk_topk_naive). The fused
+# (cudnn/flash_mla) kernels come from outside megatron-core (dsa_kernels.py resolves them as hooks), so their index
+# dtype is not traced here: int64 for every backend, the safe side.
+DSA_TOPK_INDEX_BYTES = 8
+
+
+def dsa_topk_holder_bytes(
+    shape: Shape, seq_length: int, micro_batch_size: int, cp: int, layers_on_gpu: int, last_stage: bool
+) -> float:
+    """Bytes of DSA top-k indices held between steps when layers share their top-k (0 otherwise).
+
+    With ``dsa_indexer_topk_freq`` > 1 each layer that computes its top-k stores it in a dict keyed by
+    layer number, for the layers after it to reuse (dsa.py:2214-2216; the skipping ones read it at :1961-1974).
+    The dict hangs on a carrier (dsa.py:1593-1611 ``_get_index_share_carrier``): the forward's
+    ``packed_seq_params`` when given, else its attention mask, else the model's ``TransformerConfig``. Bridge
+    passes no attention mask unless the dataset asks for one (``skip_getting_attention_mask_from_dataset``,
+    default True: training/config.py:251, gpt_step.py:247), so without packed sequences the carrier is the
+    config, which lives as long as the model: each computing layer's ``[b, s / CP, min(topk, s)]`` indices
+    of the last forward stay allocated between steps, replaced (not freed) by the next forward. With packed
+    sequences the holder dies with its step; it is counted anyway, the safe side. Keys are layer numbers, so
+    an MTP depth (numbered from 1, multi_token_prediction.py:1036-1043) adds a tensor only where its number
+    is not a computing layer of this stage."""
+    if shape.experimental_attention_variant != "dsa" or (shape.dsa_indexer_topk_freq or 1) <= 1:
+        return 0.0
+    n = shape.num_layers
+    first = 1 if not last_stage or layers_on_gpu >= n else n - layers_on_gpu + 1
+    numbers = {i for i in range(first, first + layers_on_gpu) if dsa_computes_topk(shape, i)}
+    if last_stage:
+        numbers |= {d for d in range(1, len(shape.mtp_kinds()) + 1) if dsa_computes_topk(shape, d)}
+    topk = min(shape.dsa_indexer_topk or seq_length, seq_length)
+    rows = micro_batch_size * math.ceil(seq_length / max(cp, 1))
+    return float(len(numbers) * rows * topk * DSA_TOPK_INDEX_BYTES)
 
 
 def rope_cache_bytes(shape: Shape, seq_length: int) -> float:
