@@ -364,3 +364,18 @@ def test_calibration_constants_cover_the_matrix_hybrid_and_gpt_oss_rows():
     assert needed[("moe_clamped", "sharded")] > calibration.ACTIVATION_FACTOR[("moe", "sharded")]  # why it is apart
     for key, factor in needed.items():
         assert calibration.ACTIVATION_FACTOR[key] >= factor - 1e-9, f"{key}: constants need {factor:.4f}"
+
+
+def test_the_named_dsa_state_gap_is_what_the_raw_run_shows():
+    """references/memory.md names one measured under-prediction outside the matrix: GLM-5.2 pretrain's state after its
+    first step (a run cut by its GPU call's time limit). The figures it quotes are the raw run's and memory's, and the
+    headroom it tells users to keep covers the gap."""
+    base = raw_store.path(MATRIX) / "batch_s6a" / "rows" / "glm52_pretrain_416gpu_h100_bf16"
+    rep = json.loads((base / "rehearse" / "rank_0" / "report.json").read_text())
+    measured = rep["memory"]["steps"][0]["between_steps_bytes"] / 2**30
+    predicted = _predicted(base / "enabled.yaml", rep["request"]["world_size"])["after_step_gib"]
+    under = predicted / measured - 1
+    assert -0.04 <= under < -0.01, under  # a named gap: beyond the 1 % tolerance, inside the stated 4 %
+    text = (ROOT / "references" / "memory.md").read_text()
+    assert f"held {measured:.2f} GiB between steps against {predicted:.2f} GiB" in text
+    assert f"{abs(under):.1%} under".replace("%", " %") in text and "up to 4 % low" in text
