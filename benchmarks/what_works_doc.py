@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from mfsdp_lib import what_works  # noqa: E402
+from mfsdp_lib.memory.devices import GPU_PRESETS  # noqa: E402
+
+H100_GIB = GPU_PRESETS["h100"].gib  # what an 80 GB H100 gives a process (measured; devices.py says how)
 
 MODES = ("pretrain", "sft", "peft")
 MODE_TITLES = {"pretrain": "pretrain", "sft": "SFT", "peft": "PEFT (LoRA)"}
@@ -106,6 +109,22 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
             "and what this recipe trains sees none of it), so the measured peak is a forward pass's and no "
             "training throughput is given; `memory`'s training peak is held only never to be below it "
             "(references/memory.md, section 11)"
+        )
+    peak = (row.get("memory_gib") or {}).get("measured_peak")
+    if v == "passed" and isinstance(peak, (int, float)) and peak > H100_GIB and "_h100_" in str(row.get("id")):
+        pp_note = " with PP set to 1" if ((row.get("layout_before") or {}).get("pp") or 1) > 1 else ""
+        predicted = (row.get("memory_gib") or {}).get("predicted_peak")
+        before = (
+            f"`memory` predicted {predicted:.1f} GiB, so `memory CONFIG --gpu-mem-gib h100` says so before a run"
+            if isinstance(predicted, (int, float)) and predicted > H100_GIB
+            else "`memory` gives no prediction for it"
+            if predicted is None
+            else f"`memory` predicted {predicted:.1f} GiB"
+        )
+        note(
+            f"{row['recipe']}: its measured peak, {peak:.1f} GiB, is more than an 80 GB H100 gives a process "
+            f"({H100_GIB:.2f} GiB): as rehearsed (the enabled job{pp_note}), this rank does not fit the GPU the "
+            f"recipe is named for; {before}"
         )
     check = row.get("memory_check") or {}
     if check.get("within_tolerance") is False:

@@ -84,3 +84,18 @@ def test_no_reference_without_results():
     if md.exists():
         assert results.exists()
         assert doc.main(["--results", str(results), "--check", str(md)]) == 0
+
+
+def test_a_passing_row_above_an_h100s_memory_says_it_does_not_fit_the_gpu_its_recipe_names():
+    """A recipe named for the H100 whose rank peaked above what an 80 GB H100 gives a process gets a footnote, with
+    memory's prediction when there is one; a row within the H100, or one not named for it, gets none."""
+    rows = {r["id"]: r for r in what_works.load(str(ROOT / "benchmarks/results/what_works_1xh200.json"))}
+    page = doc.render(
+        [rows["qwen3_vl_8b_sft_2gpu_h100_bf16"], rows["wan_1_3b_text2image_pretrain_1gpu_h100_bf16"]], "f"
+    )
+    assert "its measured peak, 95.1 GiB, is more than an 80 GB H100 gives a process (79.18 GiB)" in page
+    assert "says so before a run" in page and "`memory` gives no prediction for it" in page  # Wan is not sized
+    small = rows["llama32_1b_sft_1gpu_h100_bf16"]
+    assert "80 GB H100" not in doc.render([small], "f")
+    other = {**rows["qwen3_vl_8b_sft_2gpu_h100_bf16"], "id": "qwen3_vl_8b_sft_2gpu_b200_bf16"}
+    assert "80 GB H100" not in doc.render([other], "f")
