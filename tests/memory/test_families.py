@@ -218,33 +218,38 @@ def test_olmoe_qk_norms_span_all_heads(bridge_src):
     assert src.count("* self.config.num_attention_heads,  # Main difference between Mcore QK Layernorm") == 2
 
 
+# A small MLA model with one MTP depth, and the same with DeepSeek sparse attention: top-k computed by layers
+# 1, 2, 3 and 7 of 10 (topk_freq 4, offset 3) and the MTP depth.
+SMALL_MLA = dict(
+    hidden_size=64,
+    num_layers=10,
+    num_attention_heads=4,
+    vocab_size=100,
+    normalization="RMSNorm",
+    multi_latent_attention=True,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_head_dim=8,
+    qk_pos_emb_head_dim=4,
+    v_head_dim=8,
+    mtp_num_layers=1,
+)
+SMALL_DSA = dict(
+    SMALL_MLA,
+    experimental_attention_variant="dsa",
+    dsa_indexer_n_heads=4,
+    dsa_indexer_head_dim=8,
+    dsa_indexer_topk_freq=4,
+    dsa_indexer_skip_topk_offset=3,
+)
+
+
 def test_dsa_indexer_by_hand(mcore_src):
     """DeepSeek sparse attention: each layer that computes its own top-k builds an indexer of
     wq_b q_lora x (heads x dim) + wk h x dim + a LayerNorm (weight, bias) over dim + weights_proj h x heads,
     all whole on every TP rank. With topk_freq 4 and offset 3, layers 1, 2, 3, 7 of 10 and the MTP
     layer (numbered 1 again) compute; GLM-5.2 (78 layers + 1 MTP) has 22 indexers of 9,371,904."""
-    base = dict(
-        hidden_size=64,
-        num_layers=10,
-        num_attention_heads=4,
-        vocab_size=100,
-        normalization="RMSNorm",
-        multi_latent_attention=True,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_head_dim=8,
-        qk_pos_emb_head_dim=4,
-        v_head_dim=8,
-        mtp_num_layers=1,
-    )
-    dsa = dict(
-        base,
-        experimental_attention_variant="dsa",
-        dsa_indexer_n_heads=4,
-        dsa_indexer_head_dim=8,
-        dsa_indexer_topk_freq=4,
-        dsa_indexer_skip_topk_offset=3,
-    )
+    base, dsa = SMALL_MLA, SMALL_DSA
     one = 32 * 4 * 8 + 64 * 8 + 2 * 8 + 64 * 4
     plain, sparse = m.count_parameters(m.shape_from_config(base)), m.count_parameters(m.shape_from_config(dsa))
     assert sparse.total - plain.total == 5 * one
@@ -621,26 +626,7 @@ def test_dsa_shared_topk_indices_held_between_steps(mcore_src, bridge_src):
     the model's TransformerConfig when the forward has neither packed sequences nor an attention mask (Bridge's
     default), so they stay allocated between steps: one [b, s / CP, min(topk, s)] tensor per computing layer number.
     An MTP depth is numbered from 1 and so replaces layer 1's entry instead of adding one."""
-    model = dict(
-        hidden_size=64,
-        num_layers=10,
-        num_attention_heads=4,
-        vocab_size=100,
-        normalization="RMSNorm",
-        multi_latent_attention=True,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_head_dim=8,
-        qk_pos_emb_head_dim=4,
-        v_head_dim=8,
-        mtp_num_layers=1,
-        experimental_attention_variant="dsa",
-        dsa_indexer_n_heads=4,
-        dsa_indexer_head_dim=8,
-        dsa_indexer_topk=512,
-        dsa_indexer_topk_freq=4,
-        dsa_indexer_skip_topk_offset=3,
-    )
+    model = dict(SMALL_DSA, dsa_indexer_topk=512)
     shape = m.shape_from_config(model)
     held = m.terms.dsa_topk_holder_bytes
     # layers 1, 2, 3 and 7 of 10 compute (the MTP depth is layer 1 again): 4 tensors of 2 x 1024 x 512 int64
