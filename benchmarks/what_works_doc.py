@@ -59,6 +59,7 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
     beside the throughput, which depends on it."""
     """One cell's text; footnotes are appended to ``notes`` and referenced by number."""
     v = what_works.verdict(row)
+    mem = row.get("memory_gib") or {}
     refs = []
 
     def note(text: str) -> None:
@@ -97,9 +98,9 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
             "(their latent tokens, not the recipe's dataset, set the activations); `memory` does not size diffusion "
             "models yet and no token throughput is given"
         )
-    if (row.get("memory_gib") or {}).get("as_run"):
+    if mem.get("as_run"):
         note(
-            f"{row['recipe']}: ran with `{'`, `'.join(row['memory_gib']['as_run'])}` (a labelled deviation of the "
+            f"{row['recipe']}: ran with `{'`, `'.join(mem['as_run'])}` (a labelled deviation of the "
             "rehearsal: a kernel package the recipe's setting needs was missing), so `memory` is compared with its "
             'prediction for the job as it ran ("as run")'
         )
@@ -110,10 +111,10 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
             "training throughput is given; `memory`'s training peak is held only never to be below it "
             "(references/memory.md, section 11)"
         )
-    peak = (row.get("memory_gib") or {}).get("measured_peak")
+    peak = mem.get("measured_peak")
     if v == "passed" and isinstance(peak, (int, float)) and peak > H100_GIB and "_h100_" in str(row.get("id")):
         pp_note = " with PP set to 1" if ((row.get("layout_before") or {}).get("pp") or 1) > 1 else ""
-        predicted = (row.get("memory_gib") or {}).get("predicted_peak")
+        predicted = mem.get("predicted_peak")
         before = (
             f"`memory` predicted {predicted:.1f} GiB, so `memory CONFIG --gpu-mem-gib h100` says so before a run"
             if isinstance(predicted, (int, float)) and predicted > H100_GIB
@@ -133,7 +134,6 @@ def cell(row: dict, notes: list[str], name_device: bool = False) -> str:
             f"peak {_num(check.get('peak_error'), '+.1%')} (tolerance: state 3 %, peak 5 %, never under by more "
             "than 1 %)"
         )
-    mem = row.get("memory_gib") or {}
     pp = (row.get("layout_before") or {}).get("pp") or 1
     layout = _layout(row.get("layout_before"))
     if row.get("layout_after") and _layout(row.get("layout_after")) != layout:

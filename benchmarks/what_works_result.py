@@ -167,8 +167,7 @@ def first_error(rank: dict, report: dict | None = None) -> dict | None:
     why = next((w for start, w in NOT_FSDP.items() if message.startswith(start)), None)
     if why:
         category = "not-fsdp"
-    open_why = next((w for end, w in OPEN_CAUSE.items() if message.rstrip().endswith(end)), None)
-    if open_why and not why:
+    elif open_why := next((w for end, w in OPEN_CAUSE.items() if message.rstrip().endswith(end)), None):
         why, category = open_why, "open"
     return {
         "message": message[:500],
