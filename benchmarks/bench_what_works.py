@@ -145,6 +145,34 @@ FAMILIES = (
     ("wan", r"wan_"),
 )
 
+# The model families as users name them (the matrix's coverage is counted over these x mode): each recipe family
+# above belongs to one. A family of FAMILIES missing here fails tests/test_bench_what_works.py.
+FAMILY_GROUPS = {
+    "Llama": ("llama2", "llama3"),
+    "Qwen": ("qwen2", "qwen3", "qwen3_moe", "qwen3_next", "qwen35"),
+    "Qwen-VL": ("qwen3_vl", "qwen35_vl"),
+    "DeepSeek": ("deepseek_v2", "deepseek_v3", "deepseek_v4"),
+    "GLM": ("glm",),
+    "GPT-OSS": ("gpt_oss",),
+    "Gemma": ("gemma2", "gemma3"),
+    "OLMoE": ("olmoe",),
+    "Nemotron-H / Nemotron 3": (
+        "nemotronh",
+        "nemotron_nano_v2",
+        "nemotron_3_nano",
+        "nemotron_3_super",
+        "nemotron_3_ultra",
+        "nemotron_3_5_lightning",
+    ),
+    "Wan": ("wan",),
+    "GPT-3": ("gpt",),
+}
+
+
+def group_of(family: str | None) -> str | None:
+    return next((g for g, members in FAMILY_GROUPS.items() if family in members), None)
+
+
 # The Megatron FSDP settings enable writes, applied to an as-shipped PP layout for the last-stage probe.
 FSDP_OVERRIDES = (
     "dist.use_megatron_fsdp=true",

@@ -148,7 +148,26 @@ OPEN_CAUSE = {
 }
 
 
-def first_error(rank: dict, report: dict | None = None) -> dict | None:
+# First errors whose cause runs beyond the row established, scoped to the recipe (row id, the message's end): why,
+# with the raw runs that show it. The cause lies outside Megatron FSDP, so it is shown as category "not-fsdp".
+CAUSE_RAW_WAN14B = "benchmarks/results/raw/wan14b_cause_1gpu"
+ESTABLISHED_CAUSE = {
+    ("wan_14b_sft_8gpu_h100_bf16", "CUDA Error: device-side assert triggered"): (
+        "the recipe's TP 2 with sequence parallelism, at CP 4, on THD batches. Bridge's Wan model scatters the video "
+        "tokens for sequence parallelism but not the text context (WanModel.forward), and the cross-attention's "
+        "key/value projection, a column-parallel linear layer, gathers its input over the TP ranks: each rank's keys "
+        "and values hold the context twice while `cu_seqlens_kv_padded` counts it once. In the backward of "
+        "Transformer Engine 2.20.2's context-parallel attention, `get_thd_padding_mask` (which zeroes THD padding) "
+        "then indexes past the sequence table for the extra rows; with blocking launches the assert is raised there. "
+        "The same job without sequence parallelism, at TP 1, or at CP 1 trains; with all-to-all context parallelism "
+        "it runs 2 steps, then its loss is NaN (the five runs: " + CAUSE_RAW_WAN14B + "). Any data-parallel strategy "
+        "meets it: not a verdict on Megatron FSDP",
+        CAUSE_RAW_WAN14B,
+    ),
+}
+
+
+def first_error(rank: dict, report: dict | None = None, row_id: str | None = None) -> dict | None:
     """The run's first error as the matrix shows it. The rule is the one recorded with the run; when none was,
     the engine report's raw failure (type, message, frames) is explained again with the current rule table
     (``mfsdp_lib.runs.rehearse.explain_failure``), so a rule added after the run names its cause."""
@@ -165,7 +184,14 @@ def first_error(rank: dict, report: dict | None = None) -> dict | None:
             rule, category = again["rule"], again.get("category")
     message = str(f.get("message") or "")
     why = next((w for start, w in NOT_FSDP.items() if message.startswith(start)), None)
-    if why:
+    evidence = None
+    established = next(
+        (c for (rid, end), c in ESTABLISHED_CAUSE.items() if rid == row_id and message.rstrip().endswith(end)), None
+    )
+    if established:
+        why, evidence = established
+        category = "not-fsdp"
+    elif why:
         category = "not-fsdp"
     elif open_why := next((w for end, w in OPEN_CAUSE.items() if message.rstrip().endswith(end)), None):
         why, category = open_why, "open"
@@ -177,6 +203,7 @@ def first_error(rank: dict, report: dict | None = None) -> dict | None:
         "rule": rule or "no rule",
         "category": category,
         "why": why or f.get("why"),
+        **({"evidence": evidence} if evidence else {}),
     }
 
 
@@ -281,9 +308,15 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     rank = ((main or {}).get("summary") or {}).get("ranks", [{}])[0] if main and main.get("summary") else {}
     report = _read(batch_dir / main["dir"] / "report.json") if main and main.get("dir") else None
     asked_sl = bool(plan_row.get("save_load"))
-    row["phases"] = fold_phases(rank.get("phases") or [], asked_sl)
-    row["first_error"] = first_error(rank, report) if rank else None
-    if main and main.get("stopped"):
+    phases_run = fold_phases(rank.get("phases") or [], asked_sl)
+    row["phases"] = phases_run
+    row["first_error"] = first_error(rank, report, row.get("id")) if rank else None
+    cut = cut_after_steps(main) if main else None
+    if main and cut:  # the steps passed, then the call's time ran out: the phase it cut was not run, nothing failed
+        phases_run[cut] = "not run"
+        row["first_error"] = None
+        row["cut"] = {"phase": cut, "by": "time limit of the GPU call", "wall_s": main.get("wall_s")}
+    elif main and main.get("stopped"):
         row["first_error"] = row["first_error"] or {
             "message": f"stopped: {main['stopped']}",
             "type": None,
@@ -346,11 +379,14 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     row["prepare_error"] = prep.get("error")  # the CPU route failed on the GPU machine: nothing ran
     if probe is not None:
         prank = ((probe.get("summary") or {}).get("ranks") or [{}])[0]
-        row["pp_probe"] = {
-            "role": probe.get("role"),
-            "phases": fold_phases(prank.get("phases") or [], False),
-            "first_error": first_error(prank),
-        }
+        if "budget" in str(probe.get("stopped") or ""):  # cut before it reached a verdict: nothing to record
+            row["pp_probe"] = {"role": probe.get("role"), "phases": None, "first_error": None, "cut": True}
+        else:
+            row["pp_probe"] = {
+                "role": probe.get("role"),
+                "phases": fold_phases(prank.get("phases") or [], False),
+                "first_error": first_error(prank),
+            }
     row["measured"] = {
         "device": rank.get("device"),
         "batch": raw.get("batch"),
@@ -427,10 +463,30 @@ def batch_timing_exclusive(batch_dir: Path) -> bool | None:
     return timing_exclusive(runs)
 
 
+# The matrix phases a cut by the GPU call's time limit may fall in and still leave a row: they come after the
+# training steps, so everything the matrix asks first (validate, wrap, optimizer, steps, memory, throughput) was
+# measured; the cut phase is shown as not run, with the cut named.
+CUT_LEAVES_A_ROW = ("save", "load")
+
+
+def cut_after_steps(run: dict) -> str | None:
+    """The phase (save or load) in which the batch's budget cut a run whose training steps had passed, else None."""
+    if "budget" not in str(run.get("stopped") or ""):
+        return None
+    rank = (((run.get("summary") or {}).get("ranks")) or [{}])[0]
+    phases = fold_phases(rank.get("phases") or [], True)
+    if phases.get("first_steps") != "passed":
+        return None
+    return next((p for p in CUT_LEAVES_A_ROW if phases.get(p) == "failed"), None)
+
+
 def ran_to_a_verdict(run: dict) -> bool:
-    """Whether a raw run ended by itself (or at its row's own timeout), not cut by the batch's budget: a run the
-    GPU call's budget stopped says nothing of the recipe, so it never gives or replaces a row."""
-    return run.get("exit") is not None and "budget" not in str(run.get("stopped") or "")
+    """Whether a raw run ended by itself (or at its row's own timeout), or was cut by the batch's budget only after
+    its training steps had passed (``cut_after_steps``). Any other run the GPU call's budget stopped says nothing
+    of the recipe, so it never gives or replaces a row."""
+    if run.get("exit") is None:
+        return False
+    return "budget" not in str(run.get("stopped") or "") or cut_after_steps(run) is not None
 
 
 def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
@@ -460,6 +516,8 @@ def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:
                 }
                 rows.pop(row["id"], None)
                 continue
+            if row.get("cut") and row["id"] in rows and not rows[row["id"]].get("cut"):
+                continue  # a cut run does not replace a row that ran every phase it was asked
             if row["id"] in faults:  # measured again since the fix: the fault stays on record, answered
                 faults[row["id"]]["measured_again"] = (row.get("measured") or {}).get("raw")
             rows[row["id"]] = row

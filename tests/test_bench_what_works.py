@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -674,10 +675,91 @@ def test_a_run_cut_by_the_batch_budget_gives_no_row_and_replaces_none(tmp_path):
     assert wr.collect([batch], PLAN, earlier)["rows"] == earlier["rows"]
 
 
+GLM_PRETRAIN = "glm52_pretrain_416gpu_h100_bf16"
+
+
+def test_a_run_cut_after_its_steps_gives_a_row_with_the_cut_phase_not_run():
+    """GLM-5.2 pretrain's recorded run: the GPU call's time limit cut the rehearsal in its load, after the training
+    steps and the save had passed, and cut the pipeline probe while it waited for the GPU. The row keeps what was
+    measured, shows the load as not run with the cut named (no error: nothing failed), records no probe verdict,
+    and never replaces a row that ran every phase. A cut before the steps passed still gives no row."""
+    import what_works_doc as doc
+
+    batch = RAW / "what_works_1xh200" / "batch_s7a"
+    raw = json.loads((batch / "rows" / GLM_PRETRAIN / "row.json").read_text())
+    main = next(r for r in raw["runs"] if r["name"] == "rehearse")
+    assert main["stopped"] == "budget" and main["exit"] != 0
+    assert wr.cut_after_steps(main) == "load" and wr.ran_to_a_verdict(main)
+    (row,) = wr.collect([batch], PLAN, None)["rows"]
+    assert row["phases"] == {
+        "validate": "passed",
+        "wrap": "passed",
+        "optimizer": "passed",
+        "first_steps": "passed",
+        "save": "passed",
+        "load": "not run",
+    }
+    assert row["first_error"] is None and row["cut"]["phase"] == "load"
+    assert row["pp_probe"]["cut"] is True and row["pp_probe"]["phases"] is None
+    assert row["memory_gib"]["measured_state"] and row["tokens_per_s_per_gpu"]
+    assert "the load was not run to its end" in doc.render([row], "f.json")
+    full = {k: v for k, v in row.items() if k != "cut"}
+    full["phases"] = {**row["phases"], "load": "passed"}
+    (kept,) = wr.collect([batch], PLAN, {"rows": [full]})["rows"]
+    assert kept["phases"]["load"] == "passed" and "cut" not in kept
+    in_steps = {
+        "exit": -9,
+        "stopped": "budget",
+        "summary": {
+            "ranks": [{"phases": [{"name": "model_wrap", "status": "passed"}, {"name": "train", "status": "failed"}]}]
+        },
+    }
+    assert wr.cut_after_steps(in_steps) is None and not wr.ran_to_a_verdict(in_steps)
+
+
+WAN14B = "wan_14b_sft_8gpu_h100_bf16"
+
+
+def test_wan14b_assert_cause_is_what_its_cause_runs_show():
+    """The Wan 2.1 14B row's cause is established by five runs of its enabled job (raw, beside the matrix): the
+    as-shipped job with blocking launches asserts in Transformer Engine's THD padding mask in a backward; the job
+    without sequence parallelism, at TP 1 and at CP 1 trains; all-to-all CP reads a NaN loss after 2 steps. Each
+    ran the byte-identical enabled YAML of the matrix row, with the overrides the record names."""
+    import hashlib
+
+    cause = Path(wr.CAUSE_RAW_WAN14B.replace("benchmarks/results/raw/", str(RAW) + "/"))
+    runs = json.loads((cause / "runs.json").read_text())
+    enabled = RAW / "what_works_1xh200" / "batch_s6a" / "rows" / WAN14B / "enabled.yaml"
+    assert runs["row"] == WAN14B and runs["yaml"]["sha256"] == hashlib.sha256(enabled.read_bytes()).hexdigest()
+    rep = {v: json.loads((cause / v / "report.json").read_text()) for v in runs["runs"]}
+    for v, spec in runs["runs"].items():
+        assert rep[v]["request"]["overrides"] == spec["overrides"], v
+        assert rep[v]["request"]["world_size"] == 8 and rep[v]["request"]["fake_pg"] is True
+    blocking = rep["blocking"]["first_failure"]
+    assert blocking["phase"] == "train" and "get_thd_padding_mask" in blocking["frames"]["innermost"]
+    assert "device-side assert" in blocking["message"]
+    assert "index out of bounds" in (cause / "blocking" / "stdout.log").read_text()
+    assert {v for v, r in rep.items() if r["result"] == "passed"} == {"cp1", "nosp", "tp1"}
+    for v in ("cp1", "nosp", "tp1"):
+        assert rep[v]["phases"]["train"]["losses_finite"] is True and rep[v]["phases"]["train"]["steps_done"] == 3
+    a2a = rep["a2a"]
+    assert a2a["first_failure"]["message"] == "Loss exploded: nan" and a2a["phases"]["train"]["steps_done"] == 2
+    assert_msg = (
+        "/TransformerEngine/common/util/rtc.cpp:110 in function operator(): CUDA Error: device-side assert triggered"
+    )
+    known = wr.first_error({"failure": {"message": assert_msg, "category": "crash"}}, None, WAN14B)
+    assert known["category"] == "not-fsdp" and known["evidence"] == wr.CAUSE_RAW_WAN14B
+    assert "get_thd_padding_mask" in known["why"] and "not a verdict on Megatron FSDP" in known["why"]
+    # scoped to the recipe: the same message from another row stays open
+    other = wr.first_error({"failure": {"message": assert_msg, "category": "crash"}}, None, "other_row")
+    assert other["category"] == "open"
+
+
 def test_a_missing_package_and_an_unestablished_cause_are_never_read_as_fsdp_verdicts():
-    """GPT-3 175B stopped at build for want of Apex (the full Transformer Engine layer spec's final norm), Wan 2.1
-    14B on a device-side assert whose cause is not established: each row keeps where it stopped, with a why that
-    says it is not a verdict on Megatron FSDP; any other error keeps its own category."""
+    """GPT-3 175B stopped at build for want of Apex (the full Transformer Engine layer spec's final norm); a
+    device-side assert with no established cause (a row other than Wan 2.1 14B, whose cause runs established it):
+    each row keeps where it stopped, with a why that says it is not a verdict on Megatron FSDP; any other error
+    keeps its own category."""
     apex = wr.first_error({"failure": {"message": "Apex must be installed to use FusedLayerNorm.", "category": None}})
     assert apex["category"] == "not-fsdp" and "use_transformer_engine_full_layer_spec=true" in apex["why"]
     assert_msg = (
@@ -689,7 +771,8 @@ def test_a_missing_package_and_an_unestablished_cause_are_never_read_as_fsdp_ver
     assert oom["category"] == "oom" and oom["why"] is None
     rows = {r["id"]: r for r in json.loads((ROOT / "benchmarks/results/what_works_1xh200.json").read_text())["rows"]}
     assert rows["gpt3_175b_pretrain_32gpu_h100_bf16"]["first_error"]["category"] == "not-fsdp"
-    assert rows["wan_14b_sft_8gpu_h100_bf16"]["first_error"]["category"] == "open"
+    assert rows[WAN14B]["first_error"]["category"] == "not-fsdp"
+    assert rows[WAN14B]["first_error"]["evidence"] == wr.CAUSE_RAW_WAN14B
     import what_works_doc as doc
 
     page = doc.render([rows["wan_1_3b_text2image_pretrain_1gpu_h100_bf16"]], "f.json")

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES
+from conftest import FIXTURES, ROOT
 from mfsdp_lib import what_works
 
 FIXTURE = FIXTURES / "what_works" / "what_works_TEST_FIXTURE.json"
@@ -90,6 +90,23 @@ def test_lines_carry_verdict_memory_changes_and_error():
     assert "first error (no rule): FIXTURE ERROR" in text
     ok = "\n".join(what_works.lines(_cfg(QWEN_PRE), rows))
     assert "passed" in ok and "10.0 GiB" in ok and "1,234 tokens/s/GPU" in ok
+
+
+def test_lines_name_a_cut_phase_and_a_cause_outside_megatron_fsdp(monkeypatch):
+    """A row whose load the GPU call's time limit cut says so; a row whose first error lies outside Megatron FSDP
+    (category not-fsdp) says it is no verdict on it. Both from the shipped results' rows."""
+    import json
+
+    shipped = {r["id"]: r for r in json.loads((ROOT / "benchmarks/results/what_works_1xh200.json").read_text())["rows"]}
+    for rid, expect in (
+        ("glm52_pretrain_416gpu_h100_bf16", "load: not run to its end"),
+        ("wan_14b_sft_8gpu_h100_bf16", "not a verdict on Megatron FSDP"),
+    ):
+        monkeypatch.setattr(what_works, "find", lambda cfg, rows=None, r=shipped[rid]: [(r, True)])
+        assert expect in "\n".join(what_works.lines({})), rid
+    monkeypatch.setattr(what_works, "find", lambda cfg, rows=None: [(shipped["olmoe_7b_sft_8gpu_h100_bf16"], True)])
+    text = "\n".join(what_works.lines({}))
+    assert "not run to its end" not in text and "not a verdict" not in text
 
 
 def test_check_prints_the_row(cli):

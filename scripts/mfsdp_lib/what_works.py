@@ -162,10 +162,15 @@ def lines(cfg: Mapping, rows: list[dict] | None = None) -> list[str]:
         fallbacks = row.get("fallbacks") or []
         if fallbacks:
             out.append("  ran with: " + ", ".join(fallbacks))
+        cut = row.get("cut")
+        if isinstance(cut, Mapping):
+            out.append(f"  {cut.get('phase')}: not run to its end (the GPU call's time limit cut it after the steps)")
         err = row.get("first_error")
         if isinstance(err, Mapping) and err.get("message"):
             rule = err.get("rule") or "no rule"
             out.append(f"  first error ({rule}): {str(err['message']).splitlines()[0][:200]}")
+            if err.get("category") == "not-fsdp":
+                out.append("  not a verdict on Megatron FSDP: the cause is outside it (the page's note says what)")
     if out:
         out.append("  the whole matrix: references/what-works.md")
     return out
