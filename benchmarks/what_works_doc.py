@@ -295,7 +295,9 @@ def render(rows: list[dict], source: str, faults: list[dict] | None = None, plan
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(Path(what_works.RESULTS)))
-    ap.add_argument("--plan", default=str(ROOT / "benchmarks" / "what_works_plan.json"), help="the plan (coverage)")
+    from bench_what_works import PLAN_PATH
+
+    ap.add_argument("--plan", default=str(PLAN_PATH), help="the plan (coverage)")
     out = ap.add_mutually_exclusive_group(required=True)
     out.add_argument("--write", metavar="MD")
     out.add_argument("--check", metavar="MD")

@@ -305,7 +305,7 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     runs = raw.get("runs") or []
     main = next((r for r in runs if r.get("name") == "rehearse"), None)
     probe = next((r for r in runs if r.get("name") == "pp_probe"), None)
-    rank = ((main or {}).get("summary") or {}).get("ranks", [{}])[0] if main and main.get("summary") else {}
+    rank = run_rank(main) if main and main.get("summary") else {}
     report = _read(batch_dir / main["dir"] / "report.json") if main and main.get("dir") else None
     asked_sl = bool(plan_row.get("save_load"))
     phases_run = fold_phases(rank.get("phases") or [], asked_sl)
@@ -378,8 +378,8 @@ def result_row(plan_row: dict, raw: dict, batch_dir: Path, batch: dict | None) -
     row["stale_plan"] = bool(prep.get("stale"))
     row["prepare_error"] = prep.get("error")  # the CPU route failed on the GPU machine: nothing ran
     if probe is not None:
-        prank = ((probe.get("summary") or {}).get("ranks") or [{}])[0]
-        if "budget" in str(probe.get("stopped") or ""):  # cut before it reached a verdict: nothing to record
+        prank = run_rank(probe)
+        if stopped_by_budget(probe):  # cut before it reached a verdict: nothing to record
             row["pp_probe"] = {"role": probe.get("role"), "phases": None, "first_error": None, "cut": True}
         else:
             row["pp_probe"] = {
@@ -469,12 +469,22 @@ def batch_timing_exclusive(batch_dir: Path) -> bool | None:
 CUT_LEAVES_A_ROW = ("save", "load")
 
 
+def stopped_by_budget(run: dict) -> bool:
+    """Whether the batch's budget stopped the run or kept it from starting (bench_what_works: "budget",
+    "not started: budget")."""
+    return "budget" in str(run.get("stopped") or "")
+
+
+def run_rank(run: dict) -> dict:
+    """The rank summary of a raw run (bench_what_works.summarize_run: one rank per run)."""
+    return (((run.get("summary") or {}).get("ranks")) or [{}])[0]
+
+
 def cut_after_steps(run: dict) -> str | None:
     """The phase (save or load) in which the batch's budget cut a run whose training steps had passed, else None."""
-    if "budget" not in str(run.get("stopped") or ""):
+    if not stopped_by_budget(run):
         return None
-    rank = (((run.get("summary") or {}).get("ranks")) or [{}])[0]
-    phases = fold_phases(rank.get("phases") or [], True)
+    phases = fold_phases(run_rank(run).get("phases") or [], True)
     if phases.get("first_steps") != "passed":
         return None
     return next((p for p in CUT_LEAVES_A_ROW if phases.get(p) == "failed"), None)
@@ -486,7 +496,7 @@ def ran_to_a_verdict(run: dict) -> bool:
     of the recipe, so it never gives or replaces a row."""
     if run.get("exit") is None:
         return False
-    return "budget" not in str(run.get("stopped") or "") or cut_after_steps(run) is not None
+    return not stopped_by_budget(run) or cut_after_steps(run) is not None
 
 
 def collect(batch_dirs: list[Path], plan: dict, existing: dict | None) -> dict:

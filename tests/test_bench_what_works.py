@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -727,7 +726,7 @@ def test_wan14b_assert_cause_is_what_its_cause_runs_show():
     ran the byte-identical enabled YAML of the matrix row, with the overrides the record names."""
     import hashlib
 
-    cause = Path(wr.CAUSE_RAW_WAN14B.replace("benchmarks/results/raw/", str(RAW) + "/"))
+    cause = raw_store.resolve(wr.CAUSE_RAW_WAN14B)
     runs = json.loads((cause / "runs.json").read_text())
     enabled = RAW / "what_works_1xh200" / "batch_s6a" / "rows" / WAN14B / "enabled.yaml"
     assert runs["row"] == WAN14B and runs["yaml"]["sha256"] == hashlib.sha256(enabled.read_bytes()).hexdigest()
